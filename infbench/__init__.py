@@ -1,0 +1,2 @@
+"""infbench: LLM inference performance toolkit."""
+__version__ = "0.1.0"

@@ -1,0 +1,470 @@
+"""Model, attention, quantization and engine configuration (stdlib only).
+
+Frozen dataclasses with `__post_init__` checks and named presets, in the style
+of gpt-fast's `transformer_configs` + `ModelArgs.from_name`.  The analytic model
+(`infbench.roofline`) and the engine (`infbench.engine`) both read shapes from
+here, so predictions and measurements always describe the same network.
+
+`ModelConfig.layers()` resolves the attention settings into one `LayerSpec`
+per layer (which mixer, which window, whether the layer owns a KV cache); the
+cost model and the engine iterate over that list instead of re-deriving hybrid
+patterns, CLA sharing or sliding windows themselves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from infbench.errors import ConfigError
+
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+ATTENTION_KINDS = ("mha", "gqa", "mqa", "mla", "cla", "sliding", "linear", "ssm")
+FEATURE_MAPS = ("elu", "relu", "favor", "taylor")
+WEIGHT_QUANT = ("none", "int8", "int4")
+KV_QUANT = ("none", "int8", "fp8")
+BACKENDS = ("auto", "torch", "triton")
+# Mixer kinds of a resolved layer.
+MIXERS = ("attention", "mla", "linear", "ssm")
+
+
+def _check_positive(owner: str, **values: int | float | None) -> None:
+    for key, value in values.items():
+        if value is not None and value <= 0:
+            raise ConfigError(f"{owner}.{key} must be > 0, got {value}")
+
+
+def _choice(owner: str, key: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{owner}.{key}: unknown value {value!r}; allowed: {', '.join(allowed)}")
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """How a model mixes tokens; each kind reads only its own parameters.
+
+    kind: mha | gqa | mqa | mla | cla | sliding | linear | ssm
+    kv_heads: KV heads for gqa/cla/sliding (None: the model's num_kv_heads).
+    window / global_every: sliding window; every `global_every`-th layer is full
+        attention (Gemma 3's 5 local : 1 global is global_every=6).
+    cla_group: CLA shares one KV among this many adjacent layers.
+    MLA (DeepSeek-V2): kv_lora_rank, q_lora_rank (None: full-rank query),
+        qk_rope_head_dim (decoupled RoPE key shared by all heads), qk_nope_head_dim,
+        v_head_dim.
+    linear: feature_map (elu | relu | favor | taylor) and feature_dim.
+    ssm (Mamba-1): d_state, d_conv, expand, dt_rank (None: ceil(hidden / 16)).
+    attn_every: for linear/ssm, every `attn_every`-th layer is a GQA attention
+        layer instead (Jamba's 1 attention : 7 Mamba is attn_every=8).
+    """
+
+    kind: str = "gqa"
+    kv_heads: int | None = None
+    window: int | None = None
+    global_every: int | None = None
+    cla_group: int = 2
+    kv_lora_rank: int = 512
+    q_lora_rank: int | None = None
+    qk_rope_head_dim: int = 64
+    qk_nope_head_dim: int = 128
+    v_head_dim: int = 128
+    feature_map: str = "elu"
+    feature_dim: int | None = None
+    d_state: int = 16
+    d_conv: int = 4
+    expand: int = 2
+    dt_rank: int | None = None
+    attn_every: int | None = None
+
+    def __post_init__(self) -> None:
+        _choice("attention", "kind", self.kind, ATTENTION_KINDS)
+        _choice("attention", "feature_map", self.feature_map, FEATURE_MAPS)
+        _check_positive(
+            "attention",
+            kv_heads=self.kv_heads,
+            window=self.window,
+            global_every=self.global_every,
+            cla_group=self.cla_group,
+            kv_lora_rank=self.kv_lora_rank,
+            q_lora_rank=self.q_lora_rank,
+            qk_rope_head_dim=self.qk_rope_head_dim,
+            qk_nope_head_dim=self.qk_nope_head_dim,
+            v_head_dim=self.v_head_dim,
+            feature_dim=self.feature_dim,
+            d_state=self.d_state,
+            d_conv=self.d_conv,
+            expand=self.expand,
+            dt_rank=self.dt_rank,
+            attn_every=self.attn_every,
+        )
+        if self.kind == "sliding" and self.window is None:
+            raise ConfigError("attention.window is required for kind 'sliding' (a token count > 0)")
+        if self.kind == "mla" and self.qk_rope_head_dim % 2:
+            raise ConfigError("attention.qk_rope_head_dim must be even (RoPE rotates pairs)")
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """Mixture of experts (DeepSeek style): routed + shared experts, first k layers dense."""
+
+    num_experts: int
+    num_experts_per_tok: int
+    moe_intermediate_size: int
+    num_shared_experts: int = 0
+    first_k_dense: int = 0
+
+    def __post_init__(self) -> None:
+        _check_positive(
+            "moe",
+            num_experts=self.num_experts,
+            num_experts_per_tok=self.num_experts_per_tok,
+            moe_intermediate_size=self.moe_intermediate_size,
+        )
+        if self.num_experts_per_tok > self.num_experts:
+            raise ConfigError(
+                f"moe.num_experts_per_tok ({self.num_experts_per_tok}) exceeds "
+                f"moe.num_experts ({self.num_experts})"
+            )
+
+    def expected_distinct_experts(self, num_tokens: int) -> float:
+        """Expected number of distinct routed experts touched by `num_tokens` tokens.
+
+        With uniform routing each token picks k of E experts, so one expert is missed
+        by one token with probability (1 - k/E); E * (1 - (1 - k/E)^n) are touched.
+        """
+        e, k = self.num_experts, self.num_experts_per_tok
+        return e * (1.0 - (1.0 - k / e) ** max(num_tokens, 0))
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    """Weight-only quantization and KV-cache dtype.
+
+    weights: none | int8 (per output channel scale) | int4 (group-wise scale+zero)
+    group_size: int4 group along the input dimension.
+    kv: none (the model dtype) | int8 | fp8 (one byte per value, per-token scales).
+    """
+
+    weights: str = "none"
+    group_size: int = 128
+    kv: str = "none"
+
+    def __post_init__(self) -> None:
+        _choice("quant", "weights", self.weights, WEIGHT_QUANT)
+        _choice("quant", "kv", self.kv, KV_QUANT)
+        _check_positive("quant", group_size=self.group_size)
+
+    def weight_bits(self, in_features: int, dtype_bytes: int) -> float:
+        """Average bits per weight element, scales and zero points included."""
+        if self.weights == "int8":
+            return 8.0 + 8.0 * dtype_bytes / in_features  # one scale per output row
+        if self.weights == "int4":
+            return 4.0 + 2 * 16.0 / self.group_size  # fp16 scale + fp16 zero per group
+        return 8.0 * dtype_bytes
+
+    def kv_bytes(self, dtype_bytes: int) -> int:
+        return dtype_bytes if self.kv == "none" else 1
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """One resolved layer: the cost model and the engine iterate over these."""
+
+    index: int
+    mixer: str  # attention | mla | linear | ssm
+    window: int | None = None  # attention only: None is full causal attention
+    owns_kv: bool = True  # CLA: only the first layer of a group writes KV
+    kv_source: int = -1  # CLA: index of the layer whose KV this layer reads
+
+    @property
+    def has_kv_cache(self) -> bool:
+        return self.mixer in ("attention", "mla") and self.owns_kv
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shapes of a decoder-only language model (Llama family and its variants)."""
+
+    name: str = "custom"
+    vocab_size: int = 32000
+    hidden_size: int = 4096
+    num_layers: int = 32
+    num_heads: int = 32
+    num_kv_heads: int | None = None  # None: num_heads (MHA)
+    head_dim: int | None = None  # None: hidden_size // num_heads
+    intermediate_size: int = 11008
+    max_seq_len: int = 4096
+    rope_theta: float = 10000.0
+    rope_scaling: tuple[tuple[str, Any], ...] | None = None  # HF rope_scaling dict as items
+    rms_norm_eps: float = 1e-5
+    tie_word_embeddings: bool = False
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    moe: MoEConfig | None = None
+    arch: str = "llama"  # llama | mistral | deepseek_v2 | mamba (what a loader maps)
+
+    def __post_init__(self) -> None:
+        _check_positive(
+            "model",
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            num_layers=self.num_layers,
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            intermediate_size=self.intermediate_size,
+            max_seq_len=self.max_seq_len,
+            rope_theta=self.rope_theta,
+        )
+        if self.head_dim is None and self.hidden_size % self.num_heads:
+            raise ConfigError(
+                f"model.hidden_size ({self.hidden_size}) is not divisible by "
+                f"model.num_heads ({self.num_heads}); set model.head_dim"
+            )
+        kv = self.kv_heads
+        if self.num_heads % kv:
+            raise ConfigError(
+                f"attention.kv_heads ({kv}) must divide model.num_heads ({self.num_heads}); "
+                f"allowed: {', '.join(str(d) for d in _divisors(self.num_heads))}"
+            )
+        a = self.attention
+        if a.kind == "cla" and self.num_layers % a.cla_group:
+            raise ConfigError(
+                f"attention.cla_group ({a.cla_group}) must divide model.num_layers "
+                f"({self.num_layers})"
+            )
+        if a.kind == "mla":
+            if a.kv_lora_rank > self.hidden_size:
+                raise ConfigError(
+                    f"attention.kv_lora_rank ({a.kv_lora_rank}) exceeds model.hidden_size "
+                    f"({self.hidden_size})"
+                )
+            if a.q_lora_rank is not None and a.q_lora_rank > self.hidden_size * 4:
+                raise ConfigError(f"attention.q_lora_rank ({a.q_lora_rank}) is implausibly large")
+        if a.kind == "sliding" and a.window is not None and a.window > self.max_seq_len:
+            raise ConfigError(
+                f"attention.window ({a.window}) is larger than the model context "
+                f"model.max_seq_len ({self.max_seq_len}); allowed: 1..{self.max_seq_len}"
+            )
+        if self.moe is not None and self.moe.first_k_dense > self.num_layers:
+            raise ConfigError("moe.first_k_dense exceeds model.num_layers")
+
+    # ----------------------------------------------------------------- shapes
+    @property
+    def kv_heads(self) -> int:
+        """KV heads after applying the attention kind (mqa: 1, mha: num_heads)."""
+        a = self.attention
+        if a.kind == "mha":
+            return self.num_heads
+        if a.kind == "mqa":
+            return 1
+        if a.kv_heads is not None:
+            return a.kv_heads
+        return self.num_kv_heads if self.num_kv_heads is not None else self.num_heads
+
+    @property
+    def dim_head(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.hidden_size // self.num_heads
+
+    @property
+    def rope_scaling_dict(self) -> dict[str, Any] | None:
+        return dict(self.rope_scaling) if self.rope_scaling else None
+
+    def layers(self) -> tuple[LayerSpec, ...]:
+        """Resolve the attention settings into one LayerSpec per layer."""
+        a, n = self.attention, self.num_layers
+        specs: list[LayerSpec] = []
+        for i in range(n):
+            if a.kind in ("linear", "ssm"):
+                # Jamba puts the attention layer in the middle of each block of attn_every.
+                is_attn = a.attn_every is not None and i % a.attn_every == a.attn_every // 2
+                mixer = "attention" if is_attn else a.kind
+                specs.append(LayerSpec(i, mixer, kv_source=i))
+            elif a.kind == "mla":
+                specs.append(LayerSpec(i, "mla", kv_source=i))
+            elif a.kind == "cla":
+                owner = i - i % a.cla_group
+                specs.append(LayerSpec(i, "attention", owns_kv=owner == i, kv_source=owner))
+            elif a.kind == "sliding":
+                is_global = a.global_every is not None and (i + 1) % a.global_every == 0
+                specs.append(LayerSpec(i, "attention", None if is_global else a.window, True, i))
+            else:
+                specs.append(LayerSpec(i, "attention", kv_source=i))
+        return tuple(specs)
+
+    def with_overrides(self, **overrides: Any) -> ModelConfig:
+        """Return a copy with fields replaced; `attention`/`moe` accept dicts of fields."""
+        return _replace(self, overrides)
+
+    @classmethod
+    def from_name(cls, name: str, **overrides: Any) -> ModelConfig:
+        key = name.lower()
+        if key not in PRESETS:
+            raise ConfigError(f"unknown model preset {name!r}; allowed: {', '.join(PRESETS)}")
+        return PRESETS[key].with_overrides(**overrides) if overrides else PRESETS[key]
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _replace(cfg: ModelConfig, overrides: dict[str, Any]) -> ModelConfig:
+    names = {f.name for f in dataclasses.fields(ModelConfig)}
+    changes: dict[str, Any] = {}
+    for key, value in overrides.items():
+        if key not in names:
+            raise ConfigError(f"unknown model field {key!r}; allowed: {', '.join(sorted(names))}")
+        if key == "attention" and isinstance(value, dict):
+            value = make_attention(value, base=cfg.attention)
+        elif key == "moe" and isinstance(value, dict):
+            value = _make(MoEConfig, "moe", {**_asdict(cfg.moe), **value})
+        elif key == "rope_scaling" and isinstance(value, dict):
+            value = tuple(sorted(value.items()))
+        changes[key] = value
+    try:
+        return dataclasses.replace(cfg, **changes)
+    except TypeError as exc:  # wrong type for a field
+        raise ConfigError(f"model overrides: {exc}") from None
+
+
+def _asdict(obj: Any) -> dict[str, Any]:
+    return dataclasses.asdict(obj) if obj is not None else {}
+
+
+def _make(cls: type, owner: str, values: dict[str, Any]) -> Any:
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise ConfigError(f"unknown {owner} key {unknown[0]!r}; allowed: {', '.join(sorted(names))}")
+    try:
+        return cls(**values)
+    except TypeError as exc:
+        raise ConfigError(f"{owner}: {exc}") from None
+
+
+def make_attention(values: dict[str, Any], base: AttentionConfig | None = None) -> AttentionConfig:
+    """Build an AttentionConfig from a dict, starting from `base` when the kind is unchanged."""
+    start = _asdict(base) if base is not None and values.get("kind", base.kind) == base.kind else {}
+    return _make(AttentionConfig, "attention", {**start, **values})  # type: ignore[no-any-return]
+
+
+def make_quant(values: dict[str, Any]) -> QuantConfig:
+    return _make(QuantConfig, "quant", values)  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Settings of the built-in engine (the names follow vLLM's engine arguments)."""
+
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    backend: str = "auto"  # auto | torch | triton
+    # KV memory budget: bytes if > 1, else a fraction of the device memory left after weights.
+    kv_cache_memory: float = 0.9
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    cuda_graphs: bool = False
+    num_threads: int | None = None  # CPU: torch intra-op threads (None: torch's default)
+
+    def __post_init__(self) -> None:
+        _choice("engine", "backend", self.backend, BACKENDS)
+        _check_positive(
+            "engine",
+            block_size=self.block_size,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            kv_cache_memory=self.kv_cache_memory,
+            num_threads=self.num_threads,
+        )
+
+
+# ---------------------------------------------------------------------- presets
+# Shapes from each model's published config.json (Hugging Face hub), cited per entry.
+_GQA = AttentionConfig(kind="gqa")
+PRESETS: dict[str, ModelConfig] = {
+    # meta-llama/Llama-2-7b-hf
+    "llama2-7b": ModelConfig(
+        name="llama2-7b", vocab_size=32000, hidden_size=4096, num_layers=32, num_heads=32,
+        num_kv_heads=32, intermediate_size=11008, max_seq_len=4096, attention=AttentionConfig("mha"),
+    ),
+    # meta-llama/Llama-2-13b-hf
+    "llama2-13b": ModelConfig(
+        name="llama2-13b", vocab_size=32000, hidden_size=5120, num_layers=40, num_heads=40,
+        num_kv_heads=40, intermediate_size=13824, max_seq_len=4096, attention=AttentionConfig("mha"),
+    ),
+    # meta-llama/Llama-2-70b-hf (GQA, 8 KV heads)
+    "llama2-70b": ModelConfig(
+        name="llama2-70b", vocab_size=32000, hidden_size=8192, num_layers=80, num_heads=64,
+        num_kv_heads=8, intermediate_size=28672, max_seq_len=4096, attention=_GQA,
+    ),
+    # meta-llama/Meta-Llama-3-8B
+    "llama3-8b": ModelConfig(
+        name="llama3-8b", vocab_size=128256, hidden_size=4096, num_layers=32, num_heads=32,
+        num_kv_heads=8, intermediate_size=14336, max_seq_len=8192, rope_theta=500000.0,
+        attention=_GQA,
+    ),
+    # meta-llama/Meta-Llama-3-70B
+    "llama3-70b": ModelConfig(
+        name="llama3-70b", vocab_size=128256, hidden_size=8192, num_layers=80, num_heads=64,
+        num_kv_heads=8, intermediate_size=28672, max_seq_len=8192, rope_theta=500000.0,
+        attention=_GQA,
+    ),
+    # mistralai/Mistral-7B-v0.1 (sliding_window 4096)
+    "mistral-7b": ModelConfig(
+        name="mistral-7b", vocab_size=32000, hidden_size=4096, num_layers=32, num_heads=32,
+        num_kv_heads=8, intermediate_size=14336, max_seq_len=32768, arch="mistral",
+        attention=AttentionConfig(kind="sliding", window=4096),
+    ),
+    # deepseek-ai/DeepSeek-V2 (236B total, 21B active)
+    "deepseek-v2": ModelConfig(
+        name="deepseek-v2", vocab_size=102400, hidden_size=5120, num_layers=60, num_heads=128,
+        num_kv_heads=128, intermediate_size=12288, max_seq_len=163840, rms_norm_eps=1e-6,
+        arch="deepseek_v2",
+        attention=AttentionConfig(
+            kind="mla", kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64,
+            qk_nope_head_dim=128, v_head_dim=128,
+        ),
+        moe=MoEConfig(num_experts=160, num_experts_per_tok=6, moe_intermediate_size=1536,
+                      num_shared_experts=2, first_k_dense=1),
+    ),
+    # deepseek-ai/DeepSeek-V2-Lite (15.7B total, 2.4B active)
+    "deepseek-v2-lite": ModelConfig(
+        name="deepseek-v2-lite", vocab_size=102400, hidden_size=2048, num_layers=27, num_heads=16,
+        num_kv_heads=16, intermediate_size=10944, max_seq_len=163840, rms_norm_eps=1e-6,
+        arch="deepseek_v2",
+        attention=AttentionConfig(
+            kind="mla", kv_lora_rank=512, q_lora_rank=None, qk_rope_head_dim=64,
+            qk_nope_head_dim=128, v_head_dim=128,
+        ),
+        moe=MoEConfig(num_experts=64, num_experts_per_tok=6, moe_intermediate_size=1408,
+                      num_shared_experts=2, first_k_dense=1),
+    ),
+    # HuggingFaceTB/SmolLM2-135M(-Instruct)
+    "smollm2-135m": ModelConfig(
+        name="smollm2-135m", vocab_size=49152, hidden_size=576, num_layers=30, num_heads=9,
+        num_kv_heads=3, intermediate_size=1536, max_seq_len=8192, rope_theta=100000.0,
+        tie_word_embeddings=True, attention=_GQA,
+    ),
+    # Tiny presets for tests and quick CPU runs.
+    "tiny": ModelConfig(
+        name="tiny", vocab_size=256, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+        intermediate_size=128, max_seq_len=1024, attention=_GQA,
+    ),
+    "tiny-mla": ModelConfig(
+        name="tiny-mla", vocab_size=256, hidden_size=64, num_layers=2, num_heads=4,
+        num_kv_heads=4, intermediate_size=128, max_seq_len=1024, arch="deepseek_v2",
+        attention=AttentionConfig(kind="mla", kv_lora_rank=32, q_lora_rank=None,
+                                  qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16),
+    ),
+    "tiny-moe": ModelConfig(
+        name="tiny-moe", vocab_size=256, hidden_size=64, num_layers=2, num_heads=4,
+        num_kv_heads=2, intermediate_size=128, max_seq_len=1024, attention=_GQA,
+        moe=MoEConfig(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                      num_shared_experts=1, first_k_dense=0),
+    ),
+    # A llama-shaped model small enough for a 2-core CPU (about 200M parameters).
+    "llama-small": ModelConfig(
+        name="llama-small", vocab_size=32000, hidden_size=1024, num_layers=12, num_heads=16,
+        num_kv_heads=4, intermediate_size=2816, max_seq_len=4096, attention=_GQA,
+    ),
+}

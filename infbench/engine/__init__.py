@@ -1,0 +1,1 @@
+"""The built-in batched inference engine (nano-vllm / vLLM design)."""
