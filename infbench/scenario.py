@@ -1,0 +1,690 @@
+"""Scenario YAML -> validated `Scenario` -> a list of `ScenarioPoint`s (one per sweep point).
+
+User input is validated once, here, with pydantic (extra keys forbidden at every
+level).  Every problem becomes a one-line `UserError` that names the file, the
+dotted key and what is allowed, e.g.
+`scenarios/x.yaml: workload.batch_size: must be > 0 (got -1)`.
+
+Sweeps: any list value of a sweepable workload key (batch_size, prompt_len, ...)
+and every entry of the `sweep:` block (dotted key -> list of values) multiply
+into a cartesian product; the sweep block is the outer loop.  Points are plain
+frozen dataclasses, so the engine and the analytic model never see pydantic.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import itertools
+import os
+import sys
+import types
+import typing
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    create_model,
+    field_validator,
+    model_validator,
+)
+
+from infbench.config import PRESETS, EngineConfig, ModelConfig, QuantConfig, make_quant
+from infbench.errors import ConfigError, UserError
+
+_ENGINE = EngineConfig()
+# Workload keys whose list values sweep, in the order they nest in the product.
+SWEEPABLE_WORKLOAD = (
+    "batch_size", "prompt_len", "gen_len", "num_requests", "rate", "shared_prefix_len",
+    "samples_per_prompt",
+)
+_LENGTH_DISTS = ("fixed", "uniform", "normal", "lognormal")
+_SECTIONS = ("device", "dtype", "hardware", "model", "workload", "engine", "speculative",
+             "measure", "gate")
+
+
+def _as_list(value: Any) -> Any:
+    return value if isinstance(value, list) or value is None else [value]
+
+
+def _percent(value: Any) -> Any:
+    if isinstance(value, str) and value.strip().endswith("%"):
+        try:
+            return float(value.strip()[:-1]) / 100.0
+        except ValueError:
+            raise ValueError(f"must be a fraction like 0.05 or '5%' (got {value!r})") from None
+    return value
+
+
+PosInt = Annotated[int, Field(gt=0)]
+NonNegInt = Annotated[int, Field(ge=0)]
+PosFloat = Annotated[float, Field(gt=0)]
+NonNegFloat = Annotated[float, Field(ge=0)]
+_SweepPosInt = Annotated[list[PosInt], Field(min_length=1), BeforeValidator(
+    _as_list, json_schema_input_type=Union[PosInt, list[PosInt]])]
+_SweepNonNegInt = Annotated[list[NonNegInt], Field(min_length=1), BeforeValidator(
+    _as_list, json_schema_input_type=Union[NonNegInt, list[NonNegInt]])]
+_SweepPosFloat = Annotated[list[PosFloat] | None, Field(min_length=1), BeforeValidator(
+    _as_list, json_schema_input_type=Union[PosFloat, list[PosFloat], None])]
+
+_CONFIG = ConfigDict(extra="forbid", coerce_numbers_to_str=True, use_attribute_docstrings=True)
+
+
+class _Section(BaseModel):
+    model_config = _CONFIG
+
+
+class QuantSection(_Section):
+    weights: Literal["none", "int8", "int4"] = "none"
+    group_size: PosInt = 128
+    kv: Literal["none", "int8", "fp8"] = "none"
+
+
+class AttentionSection(_Section):
+    """Attention/mixer settings; unset fields keep the model's own (see config.AttentionConfig)."""
+
+    kind: Literal["mha", "gqa", "mqa", "mla", "cla", "sliding", "linear", "ssm"] | None = None
+    kv_heads: PosInt | None = None
+    window: PosInt | None = None
+    global_every: PosInt | None = None
+    cla_group: PosInt | None = None
+    kv_lora_rank: PosInt | None = None
+    q_lora_rank: PosInt | None = None
+    qk_rope_head_dim: PosInt | None = None
+    qk_nope_head_dim: PosInt | None = None
+    v_head_dim: PosInt | None = None
+    feature_map: Literal["elu", "relu", "favor", "taylor"] | None = None
+    feature_dim: PosInt | None = None
+    d_state: PosInt | None = None
+    d_conv: PosInt | None = None
+    expand: PosInt | None = None
+    dt_rank: PosInt | None = None
+    attn_every: PosInt | None = None
+
+
+def _overrides_section() -> Any:
+    """A pydantic model with every ModelConfig field (optional), typed like the dataclass."""
+    hints = typing.get_type_hints(ModelConfig)
+    fields: dict[str, Any] = {}
+    for f in dataclasses.fields(ModelConfig):
+        if f.name == "attention":  # model.attention has its own section
+            continue
+        hint = dict[str, Any] if f.name in ("moe", "rope_scaling") else hints[f.name]
+        fields[f.name] = (Union[hint, None], None)
+    return create_model("OverridesSection", __base__=_Section, **fields)
+
+
+if typing.TYPE_CHECKING:
+    OverridesSection = _Section
+else:
+    OverridesSection = _overrides_section()
+
+
+class ModelSection(_Section):
+    preset: str | None = None
+    """A preset name from infbench.config.PRESETS."""
+    path: str | None = None
+    """A Hugging Face model directory (config.json + safetensors)."""
+    gguf: str | None = None
+    """A .gguf file, or `smollm2-135m` for the packaged SmolLM2-135M-Instruct."""
+    overrides: OverridesSection = Field(default_factory=OverridesSection)
+    """ModelConfig fields to replace, e.g. {num_layers: 2}."""
+    attention: AttentionSection = Field(default_factory=AttentionSection)
+    quant: QuantSection = Field(default_factory=QuantSection)
+
+    @field_validator("preset")
+    @classmethod
+    def _known_preset(cls, value: str | None) -> str | None:
+        if value is not None and value.lower() not in PRESETS:
+            raise ValueError(f"unknown value {value!r}; allowed: {', '.join(PRESETS)}")
+        return value
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelSection:
+        given = [k for k in ("preset", "path", "gguf") if getattr(self, k) is not None]
+        if len(given) != 1:
+            got = ", ".join(given) if given else "none"
+            raise ValueError(f"give exactly one of preset, path, gguf (got {got})")
+        return self
+
+
+class WorkloadSection(_Section):
+    kind: Literal["static", "offline", "poisson"] = "static"
+    """static: batch_size requests at t=0; offline: num_requests at t=0; poisson: arrivals."""
+    batch_size: _SweepPosInt = [1]
+    prompt_len: _SweepPosInt = [128]
+    gen_len: _SweepPosInt = [32]
+    num_requests: _SweepPosInt = [64]
+    rate: _SweepPosFloat = None
+    """Poisson arrival rate in requests per second (required for kind poisson)."""
+    shared_prefix_len: _SweepNonNegInt = [0]
+    """The first N tokens of every prompt are identical (a shared system prompt)."""
+    samples_per_prompt: _SweepPosInt = [1]
+    seed: NonNegInt = 0
+    prompt_source: Literal["random", "text"] = "random"
+    """random token ids, or windows of the shipped public-domain text (needs a tokenizer)."""
+    prompt_len_dist: Literal["fixed", "uniform", "normal", "lognormal"] = "fixed"
+    gen_len_dist: Literal["fixed", "uniform", "normal", "lognormal"] = "fixed"
+    len_spread: NonNegFloat = 0.5
+    """Relative spread of the length distributions (uniform: L*(1-s)..L*(1+s))."""
+    chat: bool = False
+    """Wrap text prompts in the model's chat template."""
+    temperature: NonNegFloat = 0.0
+    top_k: NonNegInt = 0
+    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
+    ignore_eos: bool = True
+
+
+class EngineSection(_Section):
+    block_size: PosInt = _ENGINE.block_size
+    max_num_seqs: PosInt = _ENGINE.max_num_seqs
+    max_num_batched_tokens: PosInt = _ENGINE.max_num_batched_tokens
+    backend: Literal["auto", "torch", "triton"] = "auto"
+    kv_cache_memory: PosFloat = _ENGINE.kv_cache_memory
+    """KV budget: bytes if > 1, else a fraction of the memory left after the weights."""
+    enable_prefix_caching: bool = _ENGINE.enable_prefix_caching
+    enable_chunked_prefill: bool = _ENGINE.enable_chunked_prefill
+    cuda_graphs: bool = _ENGINE.cuda_graphs
+    num_threads: PosInt | None = None
+
+
+class SpeculativeSection(_Section):
+    method: Literal["none", "ngram", "draft"] = "none"
+    num_tokens: PosInt = 4
+    """Draft tokens proposed per step (k)."""
+    acceptance: Annotated[float, Field(ge=0, le=1)] = 0.7
+    """Per-token acceptance probability a: a step yields (1 - a^(k+1)) / (1 - a) tokens."""
+    draft_cost_ratio: NonNegFloat | None = None
+    """Cost of one draft step relative to one target step (default: ngram 0, draft 0.1)."""
+
+
+class MeasureSection(_Section):
+    warmup: NonNegInt = 1
+    repeats: PosInt = 3
+    profile: Literal["none", "ncu"] = "none"
+
+
+class GateSection(_Section):
+    metric: str = "output_tokens_per_s"
+    baseline: str | None = None
+    """Result file (JSON) to compare with."""
+    max_regression: Annotated[float, Field(ge=0, le=1), BeforeValidator(_percent)] = 0.05
+    """Largest tolerated regression as a fraction (0.05) or a percentage string ("5%")."""
+    normalize: Literal["none", "mbu", "roofline_fraction", "reference"] = "none"
+
+    @field_validator("metric")
+    @classmethod
+    def _known_metric(cls, value: str) -> str:
+        from infbench.metrics import GATE_METRICS, LATENCY_METRICS, SCALAR_METRICS
+
+        head, dot, _ = value.partition(".")
+        # Nested paths under other heads ("decode.mbu") come from the traffic accounting.
+        is_nested = bool(dot) and head not in SCALAR_METRICS + LATENCY_METRICS
+        if value in GATE_METRICS or value in LATENCY_METRICS or is_nested:
+            return value
+        raise ValueError(f"unknown value {value!r}; allowed: {', '.join(GATE_METRICS)}, "
+                         "or a dotted path into the metrics (decode.mbu)")
+
+
+class Scenario(_Section):
+    """A scenario file: one model, one workload shape, optional sweeps and a CI gate."""
+
+    name: Annotated[str, Field(min_length=1)]
+    description: str = ""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
+    """auto: float32 on CPU (bf16 is emulated there), bfloat16 on CUDA."""
+    hardware: str | None = None
+    """A hardware name, `local` (calibrated profile) or a profile .json (default: by device)."""
+    model: ModelSection
+    workload: WorkloadSection = Field(default_factory=WorkloadSection)
+    engine: EngineSection = Field(default_factory=EngineSection)
+    speculative: SpeculativeSection = Field(default_factory=SpeculativeSection)
+    measure: MeasureSection = Field(default_factory=MeasureSection)
+    gate: GateSection | None = None
+    sweep: dict[str, list[Any]] = Field(default_factory=dict)
+    """Dotted key -> list of values, e.g. {model.attention.kind: [mha, gqa]}."""
+
+    _raw: dict[str, Any] = {}
+    _source: str = "<scenario>"
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _keep_raw(cls, data: Any, handler: Any) -> Scenario:
+        scenario: Scenario = handler(data)
+        if isinstance(data, dict):
+            scenario._raw = copy.deepcopy(data)
+        return scenario
+
+    @field_validator("hardware")
+    @classmethod
+    def _known_hardware(cls, value: str | None) -> str | None:
+        from infbench.hardware import HARDWARE, profile_path
+
+        if value is None or value == "auto":
+            return None
+        if (value.lower() in HARDWARE or value.lower() == "local" or value.endswith(".json")
+                or profile_path(value.lower()).exists()):
+            return value
+        raise ValueError(f"unknown value {value!r}; allowed: {', '.join(HARDWARE)}, local, "
+                         "or a calibrated profile .json")
+
+    @field_validator("sweep")
+    @classmethod
+    def _sweep_keys(cls, value: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        for key, values in value.items():
+            if key.split(".")[0] not in _SECTIONS:
+                raise ValueError(f"{key}: unknown key; allowed: keys under {', '.join(_SECTIONS)}")
+            if not values:
+                raise ValueError(f"{key}: needs at least one value")
+        return value
+
+    @property
+    def source(self) -> str:
+        return self._source
+
+    def points(self) -> list[ScenarioPoint]:
+        """Expand the sweep block (outer) and the workload lists (inner) into points."""
+        base = {k: v for k, v in self._raw.items() if k != "sweep"}
+        keys = list(self.sweep)
+        out: list[ScenarioPoint] = []
+        for combo in itertools.product(*self.sweep.values()):
+            sub: Scenario = self
+            if keys:
+                data = copy.deepcopy(base)
+                for key, value in zip(keys, combo, strict=True):
+                    _set_dotted(data, key, value, self._source, what="sweep." + key)
+                sub = _validate(data, self._source, sweep_keys=keys)
+            swept = {_short(k): v for k, v in zip(keys, combo, strict=True)}
+            raw_wl = sub._raw.get("workload") or {}
+            lists = [k for k in SWEEPABLE_WORKLOAD if isinstance(raw_wl.get(k), list)]
+            values = [getattr(sub.workload, k) for k in lists]
+            for wl_combo in itertools.product(*values):
+                point_swept = {**swept, **dict(zip(lists, wl_combo, strict=True))}
+                out.append(sub._point(len(out), point_swept))
+        return out
+
+    def _model_source(self) -> dict[str, str]:
+        m = self.model
+        return {k: v for k, v in (("preset", m.preset), ("path", m.path), ("gguf", m.gguf))
+                if v is not None}
+
+    def _point(self, index: int, swept: dict[str, Any]) -> ScenarioPoint:
+        wl = self.workload.model_dump()
+        for key in SWEEPABLE_WORKLOAD:
+            values = wl[key]
+            wl[key] = swept.get(key, values[0] if values else None)
+        device = resolve_device(self.device)
+        spec = self.speculative
+        ratio = spec.draft_cost_ratio
+        if ratio is None:
+            ratio = 0.1 if spec.method == "draft" else 0.0
+        try:
+            return ScenarioPoint(
+                name=self.name,
+                index=index,
+                device=self.device,
+                dtype=self.dtype if self.dtype != "auto" else
+                ("float32" if device == "cpu" else "bfloat16"),
+                hardware=self.hardware or ("cpu" if device == "cpu" else "h100-sxm"),
+                model={**self._model_source(),
+                       "overrides": self.model.overrides.model_dump(exclude_unset=True),
+                       "attention": self.model.attention.model_dump(exclude_unset=True),
+                       "quant": self.model.quant.model_dump()},
+                workload=WorkloadPoint(**wl),
+                engine=EngineConfig(**self.engine.model_dump()),
+                speculative=SpeculativeConfig(spec.method, spec.num_tokens, spec.acceptance, ratio),
+                measure=MeasureConfig(**self.measure.model_dump()),
+                gate=GateConfig(**self.gate.model_dump()) if self.gate is not None else None,
+                swept=swept,
+                source=self._source,
+            )
+        except ConfigError as exc:
+            where = f" (at {point_label(swept)})" if swept else ""
+            raise UserError(f"{self._source}: {exc}{where}") from None
+
+
+# ------------------------------------------------------------------ point dataclasses
+@dataclass(frozen=True)
+class WorkloadPoint:
+    """One workload shape, all scalars (see WorkloadSection for the meaning of each key)."""
+
+    kind: str = "static"
+    batch_size: int = 1
+    prompt_len: int = 128
+    gen_len: int = 32
+    num_requests: int = 64
+    rate: float | None = None
+    shared_prefix_len: int = 0
+    samples_per_prompt: int = 1
+    seed: int = 0
+    prompt_source: str = "random"
+    prompt_len_dist: str = "fixed"
+    gen_len_dist: str = "fixed"
+    len_spread: float = 0.5
+    chat: bool = False
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    ignore_eos: bool = True
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("static", "offline", "poisson"):
+            raise ConfigError(f"workload.kind: unknown value {self.kind!r}; "
+                              "allowed: static, offline, poisson")
+        for key, value, allowed in (
+            ("prompt_source", self.prompt_source, ("random", "text")),
+            ("prompt_len_dist", self.prompt_len_dist, _LENGTH_DISTS),
+            ("gen_len_dist", self.gen_len_dist, _LENGTH_DISTS),
+        ):
+            if value not in allowed:
+                raise ConfigError(f"workload.{key}: unknown value {value!r}; "
+                                  f"allowed: {', '.join(allowed)}")
+        for key in ("batch_size", "prompt_len", "gen_len", "num_requests", "samples_per_prompt"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"workload.{key}: must be > 0 (got {getattr(self, key)})")
+        if self.kind == "poisson" and (self.rate is None or self.rate <= 0):
+            raise ConfigError(f"workload.rate: required for kind 'poisson' as requests per "
+                              f"second > 0 (got {self.rate})")
+        if not 0 <= self.shared_prefix_len <= self.prompt_len:
+            raise ConfigError(f"workload.shared_prefix_len: must be in 0..workload.prompt_len "
+                              f"({self.prompt_len}) (got {self.shared_prefix_len})")
+        if self.chat and self.prompt_source != "text":
+            raise ConfigError("workload.chat: applies to text prompts; set "
+                              "workload.prompt_source: text (got random)")
+
+    @property
+    def num_prompts(self) -> int:
+        """Distinct prompts: batch_size for static workloads, num_requests otherwise."""
+        return self.batch_size if self.kind == "static" else self.num_requests
+
+    @property
+    def num_sequences(self) -> int:
+        return self.num_prompts * self.samples_per_prompt
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    method: str = "none"  # none | ngram | draft (only none runs in the engine today)
+    num_tokens: int = 4
+    acceptance: float = 0.7
+    draft_cost_ratio: float = 0.0
+
+
+@dataclass(frozen=True)
+class MeasureConfig:
+    warmup: int = 1
+    repeats: int = 3
+    profile: str = "none"  # none | ncu
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    metric: str = "output_tokens_per_s"
+    baseline: str | None = None
+    max_regression: float = 0.05
+    normalize: str = "none"  # none | mbu | roofline_fraction | reference (see gate.py)
+
+
+@dataclass(frozen=True)
+class ScenarioPoint:
+    """One fully resolved point of a scenario: what `bench.run_point` and `predict` consume."""
+
+    name: str
+    index: int
+    device: str  # auto | cpu | cuda (as written; the runner resolves auto)
+    dtype: str  # resolved: float32 | float16 | bfloat16
+    hardware: str  # resolved: cpu when the device resolves to cpu, else h100-sxm
+    model: dict[str, Any]  # preset|path|gguf + overrides + attention + quant
+    workload: WorkloadPoint
+    engine: EngineConfig
+    speculative: SpeculativeConfig
+    measure: MeasureConfig
+    gate: GateConfig | None
+    swept: dict[str, Any] = field(default_factory=dict)  # swept keys -> values at this point
+    source: str = "<scenario>"  # the scenario file, for error messages
+
+    @property
+    def label(self) -> str:
+        """`batch_size=8,prompt_len=128` from the swept keys, or `default`."""
+        return point_label(self.swept)
+
+    def model_source(self) -> dict[str, str]:
+        return {k: self.model[k] for k in ("preset", "path", "gguf") if k in self.model}
+
+    def model_config(self) -> ModelConfig:
+        """The ModelConfig of this point: preset or loaded config, then overrides + attention."""
+        try:
+            if "preset" in self.model:
+                cfg = ModelConfig.from_name(self.model["preset"])
+            else:
+                from infbench.model import configs
+
+                if "path" in self.model:
+                    cfg = configs.config_from_hf_dir(self.model["path"])
+                else:
+                    cfg = configs.config_from_gguf(configs.resolve_gguf(self.model["gguf"]))
+            changes = dict(self.model.get("overrides") or {})
+            if self.model.get("attention"):
+                changes["attention"] = dict(self.model["attention"])
+            return cfg.with_overrides(**changes) if changes else cfg
+        except UserError as exc:
+            raise UserError(f"{self.source}: {self._where()}{exc}") from None
+
+    def quant_config(self) -> QuantConfig:
+        try:
+            return make_quant(dict(self.model.get("quant") or {}))
+        except ConfigError as exc:
+            raise UserError(f"{self.source}: {self._where()}{exc}") from None
+
+    def _where(self) -> str:
+        return f"point {self.index} ({self.label}): " if self.swept else ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved point as JSON-able data (stored inside every result file)."""
+        return {
+            "name": self.name, "index": self.index, "label": self.label, "source": self.source,
+            "device": self.device, "dtype": self.dtype, "hardware": self.hardware,
+            "model": copy.deepcopy(self.model),
+            "workload": dataclasses.asdict(self.workload),
+            "engine": dataclasses.asdict(self.engine),
+            "speculative": dataclasses.asdict(self.speculative),
+            "measure": dataclasses.asdict(self.measure),
+            "gate": dataclasses.asdict(self.gate) if self.gate is not None else None,
+            "swept": dict(self.swept),
+        }
+
+
+# ------------------------------------------------------------------ loading
+def point_label(swept: dict[str, Any]) -> str:
+    return ",".join(f"{k}={v}" for k, v in swept.items()) or "default"
+
+
+def resolve_device(device: str) -> str:
+    """auto -> cuda or cpu without importing torch (only asks torch if it is already loaded)."""
+    if device != "auto":
+        return device
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return "cuda" if os.path.exists("/proc/driver/nvidia/version") else "cpu"
+
+
+def load_scenario(path: str | os.PathLike[str], sets: Sequence[str] = ()) -> Scenario:
+    """Read, override (`--set key=value`), validate and expand-check one scenario file."""
+    source = str(path)
+    file = Path(path)
+    if not file.exists():
+        raise UserError(f"{source}: no such scenario file")
+    if not file.is_file():
+        raise UserError(f"{source}: not a file")
+    try:
+        data = yaml.load(file.read_text(), Loader=_UniqueKeyLoader)  # noqa: S506 (safe loader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = f":{mark.line + 1}" if mark is not None else ""
+        raise UserError(f"{source}{line}: invalid YAML: {exc.problem or exc.context}") from None
+    except yaml.YAMLError as exc:
+        raise UserError(f"{source}: invalid YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        got = "an empty file" if data is None else type(data).__name__
+        raise UserError(f"{source}: expected a mapping of keys at the top level (got {got})")
+    for item in sets:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise UserError(f"--set {item!r}: expected KEY=VALUE, e.g. workload.batch_size=8")
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError:
+            raise UserError(f"--set {item!r}: the value is not valid YAML") from None
+        key = key.strip()
+        if key.startswith("sweep."):
+            data.setdefault("sweep", {})
+            if not isinstance(data["sweep"], dict):
+                raise UserError(f"{source}: sweep: must be a mapping of dotted keys to lists")
+            data["sweep"][key[len("sweep."):]] = value
+        else:
+            _set_dotted(data, key, value, source, what="--set " + key)
+    scenario = _validate(data, source)
+    for point in scenario.points():  # fail at load time, not halfway through a sweep
+        if "preset" in point.model:
+            point.model_config()
+        point.quant_config()
+    return scenario
+
+
+def scenario_json_schema() -> dict[str, Any]:
+    return Scenario.model_json_schema()
+
+
+def _validate(data: dict[str, Any], source: str, sweep_keys: Sequence[str] = ()) -> Scenario:
+    try:
+        scenario = Scenario.model_validate(data)
+    except ValidationError as exc:
+        errors = exc.errors()
+        more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
+        raise UserError(f"{source}: {_format_error(errors[0], data, sweep_keys)}{more}") from None
+    scenario._source = source
+    return scenario
+
+
+def _set_dotted(data: dict[str, Any], key: str, value: Any, source: str, what: str) -> None:
+    node = data
+    parts = key.split(".")
+    for i, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise UserError(f"{source}: {what}: {'.'.join(parts[:i + 1])} is not a mapping")
+        node = child
+    node[parts[-1]] = value
+
+
+def _short(key: str) -> str:
+    return key[len("workload."):] if key.startswith("workload.") else key
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that rejects duplicate keys (PyYAML silently keeps the last one)."""
+
+
+def _unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node)
+        if key in seen:
+            raise yaml.MarkedYAMLError(problem=f"duplicate key {key!r}",
+                                       problem_mark=key_node.start_mark)
+        seen.add(key)
+    return loader.construct_mapping(node)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+
+
+# ------------------------------------------------------------------ error translation
+def _format_error(err: Any, raw: Any, sweep_keys: Sequence[str] = ()) -> str:
+    """One pydantic error -> `dotted.key: what is wrong (got X)`."""
+    parts: list[str] = []
+    node = raw
+    for part in err["loc"]:
+        if isinstance(part, int):
+            if isinstance(node, list):  # a real list index; a scalar wrapped by _as_list has none
+                parts[-1] += f"[{part}]"
+                node = node[part] if part < len(node) else None
+            continue
+        parts.append(str(part))
+        node = node.get(part) if isinstance(node, dict) else None
+    key = ".".join(parts)
+    if any(key == k or key.startswith(k + ".") for k in sweep_keys):
+        key = "sweep." + key
+    kind, ctx, got = err["type"], err.get("ctx") or {}, err.get("input")
+    if kind == "extra_forbidden":
+        allowed = _allowed_keys([p for p in err["loc"] if isinstance(p, str)][:-1])
+        hint = difflib.get_close_matches(parts[-1], allowed, n=1)
+        mean = f" (did you mean {hint[0]}?)" if hint else ""
+        msg = f"unknown key{mean}; allowed: {', '.join(allowed)}"
+    elif kind == "missing":
+        msg = "required key is missing"
+    elif kind == "literal_error":
+        allowed = [a.strip("'") for a in str(ctx.get("expected", "")).replace(" or ", ", ")
+                   .split(", ")]
+        msg = f"unknown value {got!r}; allowed: {', '.join(allowed)}"
+    elif kind in _BOUNDS:
+        op, bound = _BOUNDS[kind]
+        limit = ctx.get(bound)
+        if isinstance(limit, float) and limit.is_integer():
+            limit = int(limit)
+        msg = f"must be {op} {limit} (got {got!r})"
+    elif kind in _TYPES:
+        msg = f"must be {_TYPES[kind]} (got {got!r})"
+    elif kind == "too_short":
+        msg = "needs at least one value"
+    elif kind in ("value_error", "assertion_error"):
+        msg = str(ctx.get("error", err["msg"]))
+    else:
+        msg = f"{err['msg'][:1].lower()}{err['msg'][1:]} (got {got!r})"
+    return f"{key}: {msg}" if key else msg
+
+
+_BOUNDS = {"greater_than": (">", "gt"), "greater_than_equal": (">=", "ge"),
+           "less_than": ("<", "lt"), "less_than_equal": ("<=", "le")}
+_TYPES = {
+    "int_parsing": "an integer", "int_type": "an integer", "int_from_float": "an integer",
+    "float_parsing": "a number", "float_type": "a number", "bool_parsing": "true or false",
+    "bool_type": "true or false", "string_type": "a string", "model_type": "a mapping of keys",
+    "dict_type": "a mapping", "list_type": "a list", "model_attributes_type": "a mapping of keys",
+}
+
+
+def _allowed_keys(loc: list[str]) -> list[str]:
+    cls: Any = Scenario
+    for part in loc:
+        fields = cls.model_fields
+        if part not in fields:
+            return []
+        cls = _model_class(fields[part].annotation)
+        if cls is None:
+            return []
+    return sorted(cls.model_fields)
+
+
+def _model_class(annotation: Any) -> Any:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if typing.get_origin(annotation) in (Union, types.UnionType, Annotated):
+        for arg in typing.get_args(annotation):
+            found = _model_class(arg)
+            if found is not None:
+                return found
+    return None
