@@ -1,0 +1,253 @@
+"""Measure this machine's roofline: read/copy bandwidth, GEMV bandwidth, GEMM FLOP/s.
+
+`infbench calibrate` calls `calibrate()` and `save_profile()` so that scenarios can
+say `hardware: local`.  Every figure is the median of several timed repeats after
+warm-up; on CUDA the timing uses CUDA events, on CPU `time.perf_counter`.
+
+- read bandwidth: `x.sum()` over a buffer far larger than the last-level cache.
+  This is the profile's `bandwidth`, because decode is a read-dominated stream of
+  weights and KV.
+- copy bandwidth: `dst.copy_(src)`, counted as 2x the buffer (read + write).
+- GEMV bandwidth: a weights-like matrix times a vector (what a decode step does to
+  each linear layer); usually below the read figure, reported in `extra`.
+- GEMM FLOP/s per dtype: square matmuls at a few sizes, the best size wins.  Sizes
+  that would take too long (bf16 on a CPU is emulated, ~50x slower) are skipped.
+
+`measure_reference_bandwidth()` is a short read probe a run can take next to its
+measurement, so a CI gate can compare tokens/s per GB/s on a noisy shared machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from infbench.errors import UserError
+from infbench.hardware import HardwareSpec, profile_path
+
+
+@dataclass(frozen=True)
+class CalibrationPlan:
+    """Sizes and repeat counts for one calibration (quick mode keeps tests short)."""
+
+    buffer_bytes: int  # read / copy buffer, far above the LLC outside quick mode
+    gemv_shape: tuple[int, int]  # (rows, cols) of the weights-like matrix
+    gemm_sizes: tuple[int, ...]  # square n x n x n matmuls
+    repeats: int
+    warmup: int
+    max_single_s: float  # skip larger GEMMs once one run takes longer than this
+
+
+_MB = 1 << 20
+PLANS: dict[tuple[str, bool], CalibrationPlan] = {
+    ("cpu", False): CalibrationPlan(512 * _MB, (8192, 8192), (512, 1024, 2048), 10, 2, 2.0),
+    ("cpu", True): CalibrationPlan(64 * _MB, (2048, 4096), (128, 256, 512), 3, 1, 0.1),
+    ("cuda", False): CalibrationPlan(2048 * _MB, (16384, 16384), (2048, 4096, 8192), 20, 3, 2.0),
+    ("cuda", True): CalibrationPlan(256 * _MB, (8192, 8192), (1024, 2048, 4096), 5, 2, 0.5),
+}
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def resolve_calibration_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cpu", "cuda"):
+        raise UserError(f"--device: unknown value {device!r}; allowed: auto, cpu, cuda")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda: CUDA is not available here; allowed: auto, cpu")
+    return device
+
+
+def time_op(fn: Callable[[], object], device: str, repeats: int, warmup: int,
+            inner: int = 1) -> list[float]:
+    """Seconds per call of `fn`, one entry per repeat (each repeat runs it `inner` times)."""
+    for _ in range(warmup):
+        fn()
+    times: list[float] = []
+    if device == "cuda":
+        torch.cuda.synchronize()
+        for _ in range(repeats):
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(inner):
+                fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3 / inner)  # elapsed_time is in ms
+        return times
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        times.append((time.perf_counter() - t0) / inner)
+    return times
+
+
+def _inner(device: str) -> int:
+    # GPU kernels take microseconds to milliseconds: batch launches between events.
+    return 5 if device == "cuda" else 1
+
+
+def read_bandwidth(device: str, nbytes: int, repeats: int, warmup: int) -> float:
+    x = torch.ones(nbytes // 4, dtype=torch.float32, device=device)  # touch every page
+    t = statistics.median(time_op(lambda: x.sum(), device, repeats, warmup, _inner(device)))
+    return x.numel() * 4 / t
+
+
+def copy_bandwidth(device: str, nbytes: int, repeats: int, warmup: int) -> float:
+    src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+    dst = torch.zeros_like(src)
+    t = statistics.median(time_op(lambda: dst.copy_(src), device, repeats, warmup,
+                                  _inner(device)))
+    return 2 * src.numel() * 4 / t  # read src + write dst
+
+
+def gemv_bandwidth(device: str, shape: tuple[int, int], dtype: torch.dtype, repeats: int,
+                   warmup: int) -> float:
+    rows, cols = shape
+    w = torch.randn(rows, cols, dtype=dtype, device=device)  # (rows, cols), like a Linear weight
+    v = torch.randn(cols, dtype=dtype, device=device)
+    t = statistics.median(time_op(lambda: torch.mv(w, v), device, repeats, warmup,
+                                  _inner(device)))
+    return (w.numel() + v.numel() + rows) * w.element_size() / t
+
+
+def gemm_flops(device: str, dtype: torch.dtype, sizes: tuple[int, ...], repeats: int,
+               warmup: int, max_single_s: float) -> dict[int, float]:
+    """FLOP/s per square size; stops growing once a single matmul exceeds `max_single_s`."""
+    out: dict[int, float] = {}
+    for n in sizes:
+        a = torch.randn(n, n, dtype=dtype, device=device)
+        b = torch.randn(n, n, dtype=dtype, device=device)
+        def matmul(a: torch.Tensor = a, b: torch.Tensor = b) -> torch.Tensor:
+            return a @ b  # (n, n)
+
+        first = time_op(matmul, device, 1, 1)[0]  # warm-up + a size probe
+        if first > max_single_s:
+            out[n] = 2.0 * n**3 / first
+            break
+        t = statistics.median(time_op(matmul, device, repeats, max(warmup - 1, 0),
+                                      _inner(device)))
+        out[n] = 2.0 * n**3 / t
+    return out
+
+
+def memory_capacity(device: str) -> float:
+    if device == "cuda":
+        return float(torch.cuda.get_device_properties(0).total_memory)
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                return float(line.split()[1]) * 1024  # kB
+    raise UserError("calibrate: /proc/meminfo has no MemTotal line")
+
+
+def device_description(device: str) -> str:
+    if device == "cuda":
+        return torch.cuda.get_device_name(0)
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "CPU"
+
+
+def calibrate(device: str = "cpu", quick: bool = False,
+              dtypes: tuple[str, ...] | None = None, name: str = "local") -> HardwareSpec:
+    """Measure bandwidths and GEMM peaks on `device` and return them as a HardwareSpec."""
+    device = resolve_calibration_device(device)
+    plan = PLANS[(device, quick)]
+    if dtypes is None:
+        dtypes = ("float32", "bfloat16") if device == "cpu" else ("float32", "bfloat16",
+                                                                  "float16")
+    unknown = [d for d in dtypes if d not in _DTYPES]
+    if unknown:
+        raise UserError(f"calibrate: unknown dtype {unknown[0]!r}; allowed: {', '.join(_DTYPES)}")
+    read = read_bandwidth(device, plan.buffer_bytes, plan.repeats, plan.warmup)
+    copy = copy_bandwidth(device, plan.buffer_bytes, plan.repeats, plan.warmup)
+    gemv_dtype = "float32" if device == "cpu" else "bfloat16"  # bf16 GEMV is emulated on CPU
+    gemv = gemv_bandwidth(device, plan.gemv_shape, _DTYPES[gemv_dtype], plan.repeats,
+                          plan.warmup)
+    per_size = {d: gemm_flops(device, _DTYPES[d], plan.gemm_sizes, plan.repeats, plan.warmup,
+                              plan.max_single_s) for d in dtypes}
+    peaks = {d: max(v.values()) for d, v in per_size.items()}
+    threads = torch.get_num_threads()
+    desc = device_description(device)
+    extra: dict[str, Any] = {
+        "device": device,
+        "quick": quick,
+        "read_bytes_per_s": read,
+        "copy_bytes_per_s": copy,
+        "gemv_bytes_per_s": gemv,
+        "gemv_shape": list(plan.gemv_shape),
+        "gemv_dtype": gemv_dtype,
+        "gemm_flops_per_s": {d: {str(n): f for n, f in v.items()} for d, v in per_size.items()},
+        "buffer_bytes": plan.buffer_bytes,
+        "repeats": plan.repeats,
+        "warmup": plan.warmup,
+        "torch_threads": threads,
+        "torch_version": torch.__version__,
+        "allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    return HardwareSpec(
+        name=name,
+        description=f"{desc} ({threads} torch threads), calibrated" if device == "cpu"
+        else f"{desc}, calibrated",
+        peak_flops=peaks,
+        bandwidth=read,
+        memory_bytes=memory_capacity(device),
+        source="infbench calibrate" + (" --quick" if quick else "")
+        + f": median of {plan.repeats} repeats",
+        kind="gpu" if device == "cuda" else "cpu",
+        extra=extra,
+    )
+
+
+def save_profile(spec: HardwareSpec, name: str = "local") -> Path:
+    """Write `spec` as the profile `name` (atomic: a temp file renamed into place)."""
+    path = profile_path(name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = asdict(spec)
+    data["name"] = name
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{name}.", suffix=".json.tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2, sort_keys=True)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def measure_reference_bandwidth(device: str = "cpu", seconds: float = 0.5,
+                                nbytes: int | None = None) -> float:
+    """Median read bandwidth (bytes/s) of repeated `x.sum()` for about `seconds`.
+
+    Taken in the same process as a measured run, it tells how fast memory is *now*:
+    tokens/s divided by it is comparable across runs on a shared, noisy machine.
+    """
+    device = resolve_calibration_device(device)
+    nbytes = nbytes or (128 * _MB if device == "cpu" else 1024 * _MB)
+    x = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+    inner = _inner(device)
+    samples = time_op(lambda: x.sum(), device, 1, 1, inner)  # warm-up + first sample
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline or len(samples) < 3:
+        samples += time_op(lambda: x.sum(), device, 1, 0, inner)
+    return x.numel() * 4 / statistics.median(samples)

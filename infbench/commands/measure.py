@@ -1,0 +1,147 @@
+"""`infbench calibrate`, `infbench report`, `infbench compare` and `infbench plots`.
+
+Only `calibrate` needs torch, and imports it inside the command: `report` and
+`compare` read JSON and start without it (a CI gate should not pay for torch).
+Exit codes of `compare`: 0 pass, 1 regression beyond the threshold, 2 unusable input.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from infbench.errors import UserError
+
+
+def register(app: typer.Typer) -> None:
+    app.command("calibrate")(calibrate)
+    app.command("report")(report)
+    app.command("compare")(compare)
+    app.command("plots")(plots)
+
+
+def calibrate(
+    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda"),
+    quick: bool = typer.Option(False, "--quick", help="Small buffers and few repeats (seconds)."),
+    name: str = typer.Option("local", "--name", help="Profile name: `hardware: NAME`."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """Measure this machine's bandwidth and FLOP/s and save them as a hardware profile."""
+    from infbench.calibrate import calibrate as run_calibration
+    from infbench.calibrate import save_profile
+
+    if not name or "/" in name or name.startswith("."):
+        raise UserError(f"--name: {name!r} is not a usable profile name; use e.g. local")
+    spec = run_calibration(device=device, quick=quick, name=name)
+    path = save_profile(spec, name)
+    extra = spec.extra
+    if as_json:
+        print(json.dumps({
+            "name": name,
+            "device": extra["device"],
+            "quick": quick,
+            "bandwidth_bytes_per_s": spec.bandwidth,
+            "copy_bandwidth_bytes_per_s": extra["copy_bytes_per_s"],
+            "gemv_bandwidth_bytes_per_s": extra["gemv_bytes_per_s"],
+            "flops_per_s": spec.peak_flops,
+            "memory_bytes": spec.memory_bytes,
+            "torch_threads": extra["torch_threads"],
+            "profile_path": str(path),
+        }, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{spec.description}{' (quick)' if quick else ''}")
+    table.add_column("measurement")
+    table.add_column("value", justify="right")
+    table.add_row("read bandwidth (profile bandwidth)", f"{spec.bandwidth / 1e9:.1f} GB/s")
+    table.add_row("copy bandwidth (read + write)", f"{extra['copy_bytes_per_s'] / 1e9:.1f} GB/s")
+    rows, cols = extra["gemv_shape"]
+    table.add_row(f"GEMV {rows}x{cols} {extra['gemv_dtype']}",
+                  f"{extra['gemv_bytes_per_s'] / 1e9:.1f} GB/s")
+    for dtype, flops in spec.peak_flops.items():
+        table.add_row(f"GEMM {dtype} (best size)", f"{flops / 1e9:,.1f} GFLOP/s")
+    for dtype in spec.peak_flops:
+        table.add_row(f"ridge point {dtype}", f"{spec.ridge_point(dtype):.1f} FLOP/byte")
+    table.add_row("memory", f"{spec.memory_bytes / 1e9:.1f} GB")
+    console = Console()
+    console.print(table)
+    console.print(f"saved {path}; use `hardware: {name}` in a scenario")
+
+
+def report(
+    results: list[Path] = typer.Argument(..., help="Result JSON files or directories."),
+    markdown: Path | None = typer.Option(None, "--markdown", help="Also write a Markdown table."),
+    csv: Path | None = typer.Option(None, "--csv", help="Also write the table as CSV."),
+) -> None:
+    """Measured vs predicted TTFT, TPOT and throughput, with the model's error %."""
+    from rich.console import Console
+
+    from infbench.gate import load_results
+    from infbench.report import report_frame, report_table, write_csv, write_markdown
+
+    df = report_frame(load_results(results))
+    Console().print(report_table(df))
+    if markdown is not None:
+        write_markdown(df, markdown)
+    if csv is not None:
+        write_csv(df, csv)
+
+
+def compare(
+    baseline: Path = typer.Argument(..., help="Baseline result JSON (or a directory of them)."),
+    new: Path = typer.Argument(..., help="New result JSON (or a directory of them)."),
+    metric: str = typer.Option("output_tokens_per_s", "--metric",
+                               help="Metric path, e.g. output_tokens_per_s, ttft_s.p99, "
+                                    "decode.mbu"),
+    max_regression: str = typer.Option("5%", "--max-regression", help="5% or 0.05"),
+    normalize: str = typer.Option("none", "--normalize",
+                                  help="none | mbu | roofline_fraction | reference"),
+) -> None:
+    """Compare two runs; exit 1 if the metric regressed beyond the threshold, 2 on bad input."""
+    from rich.console import Console
+
+    from infbench.gate import (
+        NORMALIZE_MODES,
+        compare_many,
+        load_results,
+        parse_threshold,
+        print_gate,
+    )
+
+    if normalize not in NORMALIZE_MODES:
+        raise UserError(f"--normalize: unknown value {normalize!r}; "
+                        f"allowed: {', '.join(NORMALIZE_MODES)}")
+    threshold = parse_threshold(max_regression)
+    result = compare_many(load_results([baseline]), load_results([new]), metric=metric,
+                          max_regression=threshold, normalize=normalize)
+    print_gate(result, Console())
+    if not result.passed:
+        raise typer.Exit(1)
+
+
+def plots(
+    results: list[Path] = typer.Argument(..., help="Result JSON files or directories."),
+    out: Path = typer.Option(..., "--out", help="Directory for the PNG files."),
+    steps: bool = typer.Option(False, "--steps", help="Also put every step on the roofline."),
+) -> None:
+    """Latency-throughput, distributions and measured-roofline PNGs."""
+    from infbench.gate import load_results
+    from infbench.plots_measured import (
+        distributions_figure,
+        latency_throughput_figure,
+        measured_roofline_figure,
+    )
+
+    loaded = load_results(results)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {name: out / f"{name}.png"
+             for name in ("latency_throughput", "distributions", "roofline_measured")}
+    latency_throughput_figure(loaded, paths["latency_throughput"])
+    distributions_figure(loaded, paths["distributions"])
+    measured_roofline_figure(loaded, paths["roofline_measured"], include_steps=steps)
+    for path in paths.values():
+        print(path)

@@ -1,0 +1,319 @@
+"""Compare result files and fail CI on a regression (exit 0 pass, 1 regression, 2 bad input).
+
+`compare()` gates one metric of one baseline point against one new point;
+`compare_many()` matches several points per side by (name, point_index);
+`gate_from_scenario()` runs a scenario's `gate:` block after `infbench run`.
+
+Noise: a result's `metrics` hold the median of its repeats, and the gate uses the
+median of the repeats' values when `repeats` carry the metric, so one slow repeat
+does not fail a job.  The baseline's spread (min..max over its repeats) is shown
+next to the verdict, with a note when the threshold is inside that spread.
+
+Normalized gating answers "is the code slower, or the machine busier?":
+- `mbu`: gate on decode MBU (achieved / peak bandwidth) instead of a raw metric;
+- `roofline_fraction`: measured / predicted value of the metric (tokens/s by default);
+- `reference`: tokens/s per GB/s of a read-bandwidth probe taken in the same run.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from infbench.errors import ResultSchemaError, UserError
+
+NORMALIZE_MODES = ("none", "mbu", "roofline_fraction", "reference")
+# Scenario keys that may differ between runs of the same benchmark.
+VOLATILE_SCENARIO_KEYS = frozenset({"gate", "measure", "source", "out", "out_dir"})
+DEFAULT_METRIC = "output_tokens_per_s"
+
+
+@dataclass(frozen=True)
+class GateRow:
+    """The verdict for one point: the gated value on both sides and the relative change."""
+
+    point: str
+    metric: str
+    baseline: float
+    new: float
+    change_pct: float  # (new - baseline) / baseline * 100
+    threshold_pct: float
+    status: str  # ok | improved | regression
+    is_lower_better: bool
+    baseline_spread: dict[str, float] | None = None  # min, max, stdev over repeats
+    source: str = "metrics"  # where the values came from: metrics | median of N repeats
+
+
+@dataclass
+class GateResult:
+    metric: str
+    normalize: str
+    max_regression: float
+    rows: list[GateRow] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return all(r.status != "regression" for r in self.rows)
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.passed else 1
+
+
+def parse_threshold(value: str | float) -> float:
+    """'5%' -> 0.05, '0.05' -> 0.05; bare numbers above 1 are refused as ambiguous."""
+    text = str(value).strip()
+    try:
+        frac = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise UserError(f"--max-regression: {value!r} is not a number; use 5% or 0.05") from None
+    if not 0 <= frac < 1:
+        raise UserError(f"--max-regression: {value!r} out of range; use a percentage like 5% "
+                        "or a fraction like 0.05")
+    return frac
+
+
+def is_lower_better(metric: str) -> bool:
+    """Latencies (names ending in _s, not rates ending in _per_s), bytes and memory."""
+    name = metric.split(".")
+    for part in reversed(name):
+        if part in ("mean", "p50", "p90", "p99", "min", "max"):
+            continue
+        if part.endswith("_per_s") or part.endswith("_per_gbs"):
+            return False
+        return (part.endswith("_s") or "latency" in part or "bytes" in part
+                or "memory" in part or "fragmentation" in part)
+    return False
+
+
+def lookup(tree: Any, path: str) -> float | None:
+    """A dotted path into a metrics tree; a latency dict without a statistic means its p50."""
+    node = tree
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    if isinstance(node, dict) and "p50" in node:
+        node = node["p50"]
+    if isinstance(node, bool) or not isinstance(node, (int, float)):
+        return None
+    return float(node)
+
+
+def _result_id(result: dict[str, Any]) -> str:
+    path = result.get("_path")
+    label = f"{result.get('name')}[{result.get('point_index')}] {result.get('label', '')}".strip()
+    return f"{label} ({path})" if path else label
+
+
+def _check_schema(result: dict[str, Any]) -> None:
+    from infbench.results import RESULT_KIND, SCHEMA_VERSION
+
+    if result.get("kind") != RESULT_KIND:
+        raise ResultSchemaError(f"{_result_id(result)}: not an infbench result "
+                                f"(expected kind {RESULT_KIND!r})")
+    if result.get("schema_version") != SCHEMA_VERSION:
+        raise ResultSchemaError(
+            f"{_result_id(result)}: result schema_version {result.get('schema_version')}, "
+            f"expected {SCHEMA_VERSION}; re-run the scenario to regenerate it")
+
+
+def scenario_difference(a: Any, b: Any, prefix: str = "scenario") -> str | None:
+    """The first key path where two scenarios differ (volatile top-level keys ignored)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        skip = VOLATILE_SCENARIO_KEYS if prefix == "scenario" else frozenset()
+        for key in list(a) + [k for k in b if k not in a]:
+            if key in skip:
+                continue
+            if key not in a or key not in b:
+                return f"{prefix}.{key}"
+            diff = scenario_difference(a[key], b[key], f"{prefix}.{key}")
+            if diff:
+                return diff
+        return None
+    return None if a == b else prefix
+
+
+def gated_values(result: dict[str, Any], metric: str, normalize: str) -> tuple[str, list[float],
+                                                                                str]:
+    """(gated metric name, values: one per repeat or the single summary, source)."""
+    if normalize == "mbu":
+        metric = "decode.mbu"
+    elif normalize == "reference":
+        metric = f"normalized.{metric}_per_gbs"
+    denom = 1.0
+    if normalize == "roofline_fraction":
+        pred = lookup(result.get("prediction") or {}, metric)
+        if not pred:
+            raise ResultSchemaError(
+                f"{_result_id(result)}: no prediction.{metric} to normalize by "
+                "(the analytic model does not predict this workload); use --normalize none")
+        denom = pred
+    shown = f"{metric} / predicted" if normalize == "roofline_fraction" else metric
+    repeats = [lookup(r, metric) for r in result.get("repeats") or [] if isinstance(r, dict)]
+    values = [v for v in repeats if v is not None]
+    if values and len(values) == len(repeats):
+        return shown, [v / denom for v in values], f"median of {len(values)} repeats"
+    value = lookup(result.get("metrics") or {}, metric)
+    if value is None:
+        hint = (" (the run took no same-run reference bandwidth)" if normalize == "reference"
+                else "")
+        raise ResultSchemaError(f"{_result_id(result)}: metric {metric!r} is missing{hint}")
+    return shown, [value / denom], "metrics"
+
+
+def _spread(values: list[float], result: dict[str, Any], metric: str) -> dict[str, float] | None:
+    if len(values) >= 2:
+        return {"min": min(values), "max": max(values), "stdev": statistics.stdev(values)}
+    stored = (result.get("spread") or {}).get(metric)
+    return dict(stored) if isinstance(stored, dict) else None
+
+
+def compare(baseline: dict[str, Any], new: dict[str, Any], metric: str = DEFAULT_METRIC,
+            max_regression: float = 0.05, normalize: str = "none") -> GateResult:
+    """Gate one new result against one baseline result."""
+    out = GateResult(metric, normalize, max_regression)
+    _compare_into(out, baseline, new)
+    return out
+
+
+def _compare_into(out: GateResult, baseline: dict[str, Any], new: dict[str, Any]) -> None:
+    if out.normalize not in NORMALIZE_MODES:
+        raise UserError(f"--normalize: unknown value {out.normalize!r}; "
+                        f"allowed: {', '.join(NORMALIZE_MODES)}")
+    for r in (baseline, new):
+        _check_schema(r)
+    diff = scenario_difference(baseline.get("scenario") or {}, new.get("scenario") or {})
+    if diff:
+        raise UserError(f"{_result_id(new)} and baseline {_result_id(baseline)} ran different "
+                        f"scenarios: {diff} differs; compare runs of the same scenario point")
+    name, base_vals, source = gated_values(baseline, out.metric, out.normalize)
+    _, new_vals, _ = gated_values(new, out.metric, out.normalize)
+    b, n = statistics.median(base_vals), statistics.median(new_vals)
+    if b == 0:
+        change = 0.0 if n == 0 else float("inf") * (1 if n > 0 else -1)
+    else:
+        change = (n - b) / abs(b) * 100
+    # mbu and reference gate rates; a roofline fraction keeps the metric's direction.
+    lower = out.normalize in ("none", "roofline_fraction") and is_lower_better(out.metric)
+    worse = change if lower else -change  # > 0 means worse
+    threshold = out.max_regression * 100
+    status = "regression" if worse > threshold else ("improved" if -worse > threshold else "ok")
+    spread = _spread(base_vals, baseline, name)
+    out.rows.append(GateRow(str(new.get("label") or new.get("name")), name, b, n, change,
+                            threshold, status, lower, spread, source))
+    if spread and b:
+        noise = (spread["max"] - spread["min"]) / abs(b) * 100
+        if noise > threshold:
+            out.notes.append(f"{out.rows[-1].point}: baseline repeats vary by {noise:.1f}% "
+                             f"(> threshold {threshold:.1f}%): consider more repeats or "
+                             "--normalize reference")
+
+
+def compare_many(baselines: list[dict[str, Any]], news: list[dict[str, Any]],
+                 metric: str = DEFAULT_METRIC, max_regression: float = 0.05,
+                 normalize: str = "none") -> GateResult:
+    """Match points by (name, point_index); one file per side is compared directly."""
+    if not baselines or not news:
+        raise UserError("compare: need at least one baseline and one new result")
+    out = GateResult(metric, normalize, max_regression)
+    if len(baselines) == 1 and len(news) == 1:
+        _compare_into(out, baselines[0], news[0])
+        return out
+    index = {(r.get("name"), r.get("point_index")): r for r in baselines}
+    available = ", ".join(f"{n}[{i}]" for n, i in index)
+    seen: set[tuple[Any, Any]] = set()
+    for new in news:
+        key = (new.get("name"), new.get("point_index"))
+        if key in seen:
+            raise UserError(f"{_result_id(new)}: point {key[0]}[{key[1]}] appears twice among "
+                            "the new results; give one result per point")
+        seen.add(key)
+        if key not in index:
+            raise UserError(f"{_result_id(new)}: no baseline point with name {key[0]!r} and "
+                            f"point_index {key[1]}; baseline has {available}")
+        _compare_into(out, index.pop(key), new)
+    for name, i in index:
+        out.notes.append(f"baseline point {name}[{i}] has no new result: not gated")
+    return out
+
+
+def load_results(paths: list[str] | list[Path]) -> list[dict[str, Any]]:
+    """Result files, or directories holding them (every *.json inside, sorted)."""
+    from infbench.results import load_result
+
+    files: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found = sorted(p.glob("*.json"))
+            if not found:
+                raise ResultSchemaError(f"{p}: directory holds no result .json files")
+            files.extend(found)
+        else:
+            files.append(p)
+    out = []
+    for f in files:
+        result = load_result(f)
+        result["_path"] = str(f)
+        out.append(result)
+    return out
+
+
+def gate_table(result: GateResult) -> Any:
+    """A rich Table of the verdicts (rich imported here: the gate itself needs only stdlib)."""
+    from rich.table import Table
+
+    from infbench.report import short_label
+
+    mode = "" if result.normalize == "none" else f", normalized: {result.normalize}"
+    table = Table(title=f"gate: max regression {result.max_regression * 100:g}%{mode}")
+    for col in ("point", "metric", "baseline", "repeats range", "new", "change"):
+        table.add_column(col, justify="left" if col in ("point", "metric") else "right",
+                         overflow="fold")
+    table.add_column("status", no_wrap=True, min_width=10)
+    colors = {"ok": "green", "improved": "cyan", "regression": "bold red"}
+    for r in result.rows:
+        spread = (f"{r.baseline_spread['min']:.3g}-{r.baseline_spread['max']:.3g}"
+                  if r.baseline_spread else "-")
+        arrow = " (lower better)" if r.is_lower_better else ""
+        table.add_row(short_label(r.point), r.metric + arrow, f"{r.baseline:.4g}", spread,
+                      f"{r.new:.4g}", f"{r.change_pct:+.1f}%",
+                      f"[{colors[r.status]}]{r.status}[/]")
+    return table
+
+
+def print_gate(result: GateResult, console: Any) -> None:
+    console.print(gate_table(result))
+    for note in result.notes:
+        console.print(f"note: {note}")
+    verdict = "PASS" if result.passed else "FAIL: regression beyond threshold"
+    console.print(f"gate {verdict} (exit {result.exit_code})")
+
+
+def _field(gate: Any, name: str, default: Any) -> Any:
+    if isinstance(gate, dict):
+        return gate.get(name, default)
+    return getattr(gate, name, default)
+
+
+def gate_from_scenario(gate: Any, results: list[dict[str, Any]], console: Any) -> int:
+    """Run a scenario's `gate:` block against the fresh results; print; return the exit code."""
+    baseline = _field(gate, "baseline", None)
+    if not baseline:
+        raise UserError("gate.baseline: no baseline result file given; set gate.baseline to a "
+                        "result JSON (create one with `infbench run SCENARIO --out DIR`)")
+    path = Path(baseline)
+    if not path.exists():
+        raise UserError(f"gate.baseline: {path} does not exist; create it with `infbench run "
+                        f"SCENARIO --out DIR` (without the gate) and copy DIR/<name>_000.json "
+                        f"(or the whole DIR) to {path}")
+    threshold = parse_threshold(_field(gate, "max_regression", 0.05))
+    result = compare_many(load_results([path]), results,
+                          metric=_field(gate, "metric", DEFAULT_METRIC),
+                          max_regression=threshold,
+                          normalize=_field(gate, "normalize", "none"))
+    print_gate(result, console)
+    return result.exit_code

@@ -1,0 +1,221 @@
+"""Figures from measured result files: measured roofline, latency-throughput, distributions.
+
+Each figure function writes a PNG (matplotlib's Agg backend, imported lazily) and
+returns the coordinates it plotted, so tests check values rather than pixels.
+
+- `measured_roofline_points`: every run's prefill and decode stage at (measured
+  arithmetic intensity, achieved FLOP/s) next to its predicted twin at (predicted
+  intensity, predicted FLOP/s = predicted step FLOPs / predicted step time), the pair in
+  one group (joined by a line) and each run in one series (one colour);
+  `infbench.plots.roofline_figure` draws them against the roof.
+- `latency_throughput_figure`: output tok/s against TPOT p50, one point per batch
+  size: batching buys throughput with per-token latency (and the roofline says
+  why: decode stays bandwidth-bound while the weights are shared by more tokens).
+- `distributions_figure`: result files keep percentiles, not per-request samples,
+  so ITL is shown as the CDF of decode-step durations (every running sequence gets
+  one token per decode step) and TTFT / TPOT as their p50 / p90 / p99.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from infbench.hardware import HardwareSpec
+from infbench.plots import RooflinePoint
+from infbench.report import _get
+
+_STAGES = ("prefill", "decode")
+
+
+def _hardware(results: list[dict[str, Any]], hardware: HardwareSpec | None) -> HardwareSpec:
+    if hardware is not None:
+        return hardware
+    data = results[0].get("hardware") or {}
+    names = {f.name for f in fields(HardwareSpec)}
+    return HardwareSpec(**{k: v for k, v in data.items() if k in names})
+
+
+def point_labels(results: list[dict[str, Any]]) -> list[str]:
+    """The run labels, prefixed with the scenario name when labels alone collide."""
+    labels = [str(r.get("label") or r.get("name")) for r in results]
+    if len(set(labels)) < len(labels):
+        labels = [f"{r.get('name')}:{lab}" for r, lab in zip(results, labels, strict=True)]
+    return labels
+
+
+def _predicted_flops_per_s(stage: dict[str, Any], hw: HardwareSpec | None,
+                           dtype: str) -> float | None:
+    flops = _get(stage, "flops")
+    # Stage FLOPs are per step (decode: the mean step), so divide by the step time.
+    time_s = _get(stage, "time_s") or _get(stage, "step_time_s") or _get(stage,
+                                                                          "time_per_token_s")
+    if flops is not None and time_s:
+        return flops / time_s
+    intensity = _get(stage, "intensity")
+    if intensity is not None and hw is not None:  # no predicted time: the attainable roof
+        return min(hw.peak(dtype), intensity * hw.bandwidth)
+    return None
+
+
+def measured_roofline_points(results: list[dict[str, Any]], hardware: HardwareSpec | None = None,
+                             include_steps: bool = False) -> list[RooflinePoint]:
+    """Measured prefill/decode points of every run and their predicted twins."""
+    points: list[RooflinePoint] = []
+    for r, run in zip(results, point_labels(results), strict=True):
+        hw = hardware or (_hardware([r], None) if r.get("hardware") else None)
+        bs = _get(r.get("scenario") or {}, "workload.batch_size")
+        batch = None if bs is None else int(bs)
+        dtype = str((r.get("scenario") or {}).get("dtype", "float32"))
+        metrics = r.get("metrics") or {}
+        prediction = r.get("prediction") or {}
+        for stage in _STAGES:
+            measured = metrics.get(stage) or {}
+            intensity = _get(measured, "intensity")
+            achieved = _get(measured, "achieved_flops_per_s")
+            # group pairs a stage with its predicted twin (the figure links them);
+            # series keeps one colour per run.
+            if intensity and achieved:
+                points.append(RooflinePoint(f"{run} {stage}", intensity, achieved, "measured",
+                                            f"{run} {stage}", run, stage, batch))
+            predicted = prediction.get(stage) or {}
+            p_intensity = _get(predicted, "intensity")
+            p_flops = _predicted_flops_per_s(predicted, hw, dtype)
+            if p_intensity and p_flops:
+                points.append(RooflinePoint(f"{run} {stage} (predicted)", p_intensity, p_flops,
+                                            "predicted", f"{run} {stage}", run, stage, batch))
+        if include_steps:
+            for step in r.get("steps") or []:
+                duration = _get(step, "duration_s")
+                flops = _get(step, "flops")
+                intensity = _get(step, "intensity")
+                if duration and flops and intensity:
+                    points.append(RooflinePoint(
+                        f"{run} step {step.get('index')}", intensity, flops / duration,
+                        "measured", "", run, str(step.get("stage") or "step"), batch))
+    return points
+
+
+def measured_roofline_figure(results: list[dict[str, Any]], out: str | os.PathLike[str],
+                             hardware: HardwareSpec | None = None, include_steps: bool = False,
+                             title: str | None = None) -> dict[str, Any]:
+    """The measured roofline PNG; returns roofline_figure's dict (plotted points, links)."""
+    from infbench.plots import roofline_figure
+
+    hw = _hardware(results, hardware)
+    dtype = str((results[0].get("scenario") or {}).get("dtype", "float32"))
+    points = measured_roofline_points(results, hw, include_steps)
+    return roofline_figure(hw, dtype, points, Path(out),
+                           title=title or f"measured vs predicted on {hw.name} ({dtype})")
+
+
+def _figure(ncols: int, size: tuple[float, float]) -> tuple[Any, Any]:
+    """An Agg figure without pyplot (no global state, no display)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=size, dpi=110)
+    FigureCanvasAgg(fig)
+    return fig, fig.subplots(1, ncols)
+
+
+def latency_throughput_figure(results: list[dict[str, Any]],
+                              out: str | os.PathLike[str]) -> dict[str, Any]:
+    """x: output tok/s, y: TPOT p50 ms; one labelled point per batch size, per scenario."""
+    measured: list[dict[str, Any]] = []
+    predicted: list[dict[str, Any]] = []
+    for r in results:
+        bs = _get(r.get("scenario") or {}, "workload.batch_size")
+        m, p = r.get("metrics") or {}, r.get("prediction") or {}
+        base = {"name": r.get("name"), "label": r.get("label"),
+                "batch_size": None if bs is None else int(bs)}
+        x, y = _get(m, "output_tokens_per_s"), _get(m, "tpot_s.p50")
+        if x is not None and y is not None:
+            measured.append({**base, "x": x, "y": y * 1e3})
+        px, py = _get(p, "output_tokens_per_s"), _get(p, "tpot_s")
+        if px is not None and py is not None:
+            predicted.append({**base, "x": px, "y": py * 1e3})
+    key = lambda d: (str(d["name"]), d["batch_size"] if d["batch_size"] is not None else -1)
+    measured.sort(key=key)
+    predicted.sort(key=key)
+    fig, ax = _figure(1, (7.0, 5.0))
+    for series, kind, style in ((measured, "measured", "o-"), (predicted, "predicted", "s--")):
+        for name in dict.fromkeys(str(d["name"]) for d in series):
+            pts = [d for d in series if str(d["name"]) == name]
+            ax.plot([d["x"] for d in pts], [d["y"] for d in pts], style,
+                    label=f"{name} ({kind})", alpha=1.0 if kind == "measured" else 0.6)
+            if kind == "measured":
+                for d in pts:
+                    text = f"bs={d['batch_size']}" if d["batch_size"] is not None else d["label"]
+                    ax.annotate(text, (d["x"], d["y"]), textcoords="offset points",
+                                xytext=(5, 5), fontsize=8)
+    ax.set_xlabel("output tokens/s")
+    ax.set_ylabel("TPOT p50 (ms)")
+    ax.set_title("latency-throughput trade-off (one point per batch size)")
+    ax.grid(True, alpha=0.3)
+    if measured or predicted:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out)
+    return {"measured": measured, "predicted": predicted, "path": str(out)}
+
+
+def decode_step_ms(result: dict[str, Any]) -> list[float]:
+    """Durations (ms) of the decode-only steps: the inter-token gap each running request saw."""
+    out = []
+    for s in result.get("steps") or []:
+        stage = s.get("stage")
+        if stage is None:  # older results: a step with no prompt tokens is a decode step
+            is_decode = not s.get("num_prefill_tokens") and bool(s.get("num_decode_tokens"))
+        else:
+            is_decode = stage == "decode"
+        duration = _get(s, "duration_s")
+        if is_decode and duration is not None:
+            out.append(duration * 1e3)
+    return sorted(out)
+
+
+def distributions_figure(results: list[dict[str, Any]],
+                         out: str | os.PathLike[str]) -> dict[str, Any]:
+    """Left: CDF of decode-step durations (~ITL); right: TTFT and TPOT p50/p90/p99."""
+    fig, (ax_cdf, ax_pct) = _figure(2, (11.0, 4.5))
+    itl: dict[str, dict[str, list[float]]] = {}
+    pct: dict[str, dict[str, dict[str, float | None]]] = {}
+    labels = point_labels(results)
+    for r, label in zip(results, labels, strict=True):
+        xs = decode_step_ms(r)
+        ys = [(i + 1) / len(xs) for i in range(len(xs))]
+        itl[label] = {"x": xs, "y": ys}
+        if xs:
+            ax_cdf.step(xs, ys, where="post", label=label)
+        m = r.get("metrics") or {}
+        pct[label] = {
+            f"{name}_ms": {q: (None if (v := _get(m, f"{name}_s.{q}")) is None else v * 1e3)
+                           for q in ("p50", "p90", "p99")}
+            for name in ("ttft", "tpot")}
+    ax_cdf.set_xlabel("decode step duration (ms) ~ inter-token latency")
+    ax_cdf.set_ylabel("fraction of decode steps")
+    ax_cdf.set_title("ITL distribution")
+    ax_cdf.grid(True, alpha=0.3)
+    width = 0.8 / max(1, len(labels))
+    for i, label in enumerate(labels):
+        for j, (metric, marker) in enumerate((("ttft_ms", "o"), ("tpot_ms", "s"))):
+            qs = pct[label][metric]
+            xs_q = [k * 2 + j + i * width for k in range(3)]
+            ys_q = [qs[q] for q in ("p50", "p90", "p99")]
+            ax_pct.scatter([x for x, y in zip(xs_q, ys_q, strict=True) if y is not None],
+                           [y for y in ys_q if y is not None], marker=marker,
+                           label=f"{label} {metric[:4].upper()}")
+    ax_pct.set_xticks([0.5, 2.5, 4.5], ["p50", "p90", "p99"])
+    ax_pct.set_yscale("log")
+    ax_pct.set_ylabel("ms (TTFT: circles, TPOT: squares)")
+    ax_pct.set_title("TTFT and TPOT percentiles")
+    ax_pct.grid(True, alpha=0.3)
+    for ax in (ax_cdf, ax_pct):
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out)
+    return {"itl_cdf": itl, "percentiles": pct, "path": str(out)}

@@ -1,0 +1,234 @@
+"""Tables from result files: the post-run summary and measured-vs-predicted error.
+
+`run_table()` is what `infbench run` prints after a run; `report_frame()` puts each
+point's measured TTFT, decode time per token and output throughput next to the
+analytic prediction with the error of the model,
+
+    error % = (predicted - measured) / measured * 100
+
+so a negative TPOT error means the roofline promised a faster decode than the
+engine delivered.  No torch here; pandas is imported inside the functions that
+use it so that `infbench run`'s summary table does not pay for it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from rich.table import Table
+
+
+def _get(tree: Any, path: str) -> float | None:
+    """A number at a dotted path, or None (missing, null, non-numeric)."""
+    node = tree
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    if isinstance(node, bool) or not isinstance(node, (int, float)):
+        return None
+    return float(node)
+
+
+def _scaled(value: float | None, scale: float) -> float | None:
+    return None if value is None else value * scale
+
+
+def _fmt(value: float | None, digits: int = 1) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:,.{digits}f}"
+
+
+def _compact(value: float | None) -> str:
+    """About three significant digits: 2346, 46.2, 0.35 (narrow columns for 80-wide CI logs)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if abs(value) >= 100:
+        return f"{value:.0f}"
+    return f"{value:.1f}" if abs(value) >= 10 else f"{value:.2f}"
+
+
+def short_label(label: Any) -> str:
+    """`workload.batch_size=4,engine.x=1` -> `batch_size=4,x=1` (the swept keys' last part)."""
+    parts = []
+    for part in str(label).split(","):
+        key, eq, value = part.partition("=")
+        parts.append(f"{key.rsplit('.', 1)[-1]}{eq}{value}" if eq else part)
+    return ",".join(parts)
+
+
+def error_pct(predicted: float | None, measured: float | None) -> float | None:
+    """(predicted - measured) / measured * 100; None when either side is unknown."""
+    if predicted is None or measured is None or measured == 0:
+        return None
+    return (predicted - measured) / measured * 100
+
+
+def run_table(results: list[dict[str, Any]], title: str | None = None) -> Table:
+    """One row per point: throughput, latency percentiles, decode MBU, KV peak, prediction."""
+    from rich.table import Table
+
+    table = Table(title=title or "infbench run")
+    cols = ("point", "requests", "output tok/s", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms",
+            "ITL p99 ms", "decode MBU %", "peak KV MB", "predicted tok/s")
+    for col in cols:
+        table.add_column(col, justify="left" if col == "point" else "right")
+    for r in results:
+        m = r.get("metrics") or {}
+        p = r.get("prediction") or {}
+        requests = _get(m, "num_requests")
+        table.add_row(
+            str(r.get("label") or r.get("name")),
+            "-" if requests is None else str(int(requests)),
+            _fmt(_get(m, "output_tokens_per_s")),
+            _fmt(_scaled(_get(m, "ttft_s.p50"), 1e3)),
+            _fmt(_scaled(_get(m, "ttft_s.p99"), 1e3)),
+            _fmt(_scaled(_get(m, "tpot_s.p50"), 1e3)),
+            _fmt(_scaled(_get(m, "itl_s.p99"), 1e3)),
+            _fmt(_scaled(_get(m, "decode.mbu"), 100)),
+            _fmt(_scaled(_get(m, "peak_kv_bytes"), 1e-6), 2),
+            _fmt(_get(p, "output_tokens_per_s")),
+        )
+    return table
+
+
+def _first(tree: Any, *paths: str) -> float | None:
+    for path in paths:
+        value = _get(tree, path)
+        if value is not None:
+            return value
+    return None
+
+
+def report_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of `report_frame` as plain dicts (None where a value is unknown)."""
+    rows = []
+    for r in results:
+        m = r.get("metrics") or {}
+        p = r.get("prediction") or {}
+        scenario = r.get("scenario") or {}
+        ttft_m = _scaled(_get(m, "ttft_s.p50"), 1e3)
+        ttft_p = _scaled(_get(p, "ttft_s"), 1e3)
+        # TPOT is compared as decode time per token: the mean decode-only step time on
+        # the measured side, the decode stage's step time on the predicted side.
+        tpot_m = _scaled(_first(m, "decode.time_per_token_s", "tpot_s.p50"), 1e3)
+        tpot_p = _scaled(_first(p, "decode.time_per_token_s", "tpot_s"), 1e3)
+        tps_m = _get(m, "output_tokens_per_s")
+        tps_p = _get(p, "output_tokens_per_s")
+        rows.append({
+            "label": r.get("label"),
+            "name": r.get("name"),
+            "point_index": r.get("point_index"),
+            "hardware": (r.get("hardware") or {}).get("name", scenario.get("hardware")),
+            "batch_size": _get(scenario, "workload.batch_size"),
+            "ttft_ms_measured": ttft_m,
+            "ttft_ms_predicted": ttft_p,
+            "ttft_error_pct": error_pct(ttft_p, ttft_m),
+            "tpot_ms_measured": tpot_m,
+            "tpot_ms_predicted": tpot_p,
+            "tpot_error_pct": error_pct(tpot_p, tpot_m),
+            "output_tok_s_measured": tps_m,
+            "output_tok_s_predicted": tps_p,
+            "output_tok_s_error_pct": error_pct(tps_p, tps_m),
+            "decode_mbu_pct": _scaled(_get(m, "decode.mbu"), 100),
+            "decode_mfu_pct": _scaled(_get(m, "decode.mfu"), 100),
+            "prefill_mfu_pct": _scaled(_get(m, "prefill.mfu"), 100),
+            "file": r.get("_path"),
+        })
+    return rows
+
+
+def report_frame(results: list[dict[str, Any]]) -> pd.DataFrame:
+    """Measured, predicted and error % for TTFT, TPOT and output tok/s; decode MBU/MFU."""
+    import pandas as pd
+
+    df = pd.DataFrame(report_rows(results))
+    numeric = [c for c in df.columns if c not in ("label", "name", "hardware", "file")]
+    df[numeric] = df[numeric].apply(pd.to_numeric)  # None -> NaN
+    return df
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        if math.isnan(value):
+            return ""
+        if value.is_integer() and abs(value) < 1e15:
+            return str(int(value))
+        if abs(value) >= 1000:
+            return f"{value:.0f}"
+        return f"{value:.2f}" if abs(value) >= 1 else f"{value:.4g}"
+    return str(value).replace("|", "\\|")
+
+
+def to_markdown(df: pd.DataFrame) -> str:
+    """A GitHub pipe table; numeric columns right-aligned, missing values blank."""
+    import pandas as pd
+
+    headers = [str(c) for c in df.columns]
+    aligns = ["---:" if pd.api.types.is_numeric_dtype(df[c]) else "---" for c in df.columns]
+    lines = ["| " + " | ".join(headers) + " |", "| " + " | ".join(aligns) + " |"]
+    for row in df.itertuples(index=False):
+        lines.append("| " + " | ".join(_cell(v) for v in row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _triple(measured: float | None, predicted: float | None, error: float | None) -> str:
+    text = f"{_compact(measured)} / {_compact(predicted)}"
+    if error is not None and not math.isnan(error):
+        text += f" {error:+.0f}%"
+    return text
+
+
+def report_table(df: pd.DataFrame) -> Table:
+    """The measured-vs-predicted frame for the terminal: `measured / predicted error%` cells."""
+    from rich.table import Table
+
+    table = Table(title="measured / predicted, error % = (predicted - measured) / measured")
+    table.add_column("point", overflow="fold")
+    for title in ("TTFT p50 ms", "TPOT ms", "output tok/s", "MBU %", "MFU %"):
+        table.add_column(title, justify="right")
+    records = df.to_dict("records")
+    labels = [short_label(rec["label"]) for rec in records]
+    if len(set(labels)) < len(labels):  # the same point from several files: say which
+        labels = [f"{lab} ({Path(str(rec.get('file'))).stem})"
+                  for lab, rec in zip(labels, records, strict=True)]
+    for label, rec in zip(labels, records, strict=True):
+        table.add_row(
+            label,
+            *(_triple(rec[f"{k}_measured"], rec[f"{k}_predicted"], rec[f"{e}_error_pct"])
+              for k, e in (("ttft_ms", "ttft"), ("tpot_ms", "tpot"),
+                           ("output_tok_s", "output_tok_s"))),
+            _compact(rec["decode_mbu_pct"]), _compact(rec["decode_mfu_pct"]))
+    return table
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
+    """Write a whole file or nothing: temp file in the same directory, then rename."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            os.fchmod(fh.fileno(), 0o644)
+            fh.write(text)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_csv(df: pd.DataFrame, path: str | os.PathLike[str]) -> None:
+    write_text_atomic(path, df.to_csv(index=False))
+
+
+def write_markdown(df: pd.DataFrame, path: str | os.PathLike[str]) -> None:
+    write_text_atomic(path, to_markdown(df))

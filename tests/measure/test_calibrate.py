@@ -1,0 +1,97 @@
+"""Calibration: the bandwidth/FLOP formulas on synthetic timings, a real quick run, profiles."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from infbench import calibrate as cal
+from infbench.errors import UserError
+from infbench.hardware import get_hardware, profile_path
+
+
+def test_formulas_on_synthetic_timing(monkeypatch):
+    """8.5 GB in 0.5 s is 17 GB/s; copy counts read + write; GEMM is 2 n^3 FLOPs."""
+    monkeypatch.setattr(cal, "time_op", lambda fn, device, repeats, warmup, inner=1:
+                        [0.4, 0.5, 0.9][:max(repeats, 1)])
+    nbytes = 1 << 20
+    assert cal.read_bandwidth("cpu", nbytes, 3, 0) == pytest.approx(nbytes / 0.5)
+    assert cal.copy_bandwidth("cpu", nbytes, 3, 0) == pytest.approx(2 * nbytes / 0.5)
+    gemv = cal.gemv_bandwidth("cpu", (64, 32), torch.float32, 3, 0)
+    assert gemv == pytest.approx((64 * 32 + 32 + 64) * 4 / 0.5)
+    flops = cal.gemm_flops("cpu", torch.float32, (16, 32), 3, 1, max_single_s=10.0)
+    assert flops == {16: pytest.approx(2 * 16**3 / 0.5), 32: pytest.approx(2 * 32**3 / 0.5)}
+    # a single run slower than the budget stops the size ladder there
+    assert list(cal.gemm_flops("cpu", torch.float32, (16, 32), 3, 1, max_single_s=0.1)) == [16]
+
+
+def test_mbu_of_the_calibrated_bandwidth(monkeypatch):
+    """A decode step moving 8.5 GB in 1 s on a machine calibrated at 17 GB/s runs at MBU 0.5."""
+    monkeypatch.setattr(cal, "time_op", lambda *a, **k: [1e-3])  # 17 MB read in 1 ms
+    bw = cal.read_bandwidth("cpu", 17_000_000, 1, 0)
+    assert bw == pytest.approx(17e9)
+    assert 8.5e9 / 1.0 / bw == pytest.approx(0.5)
+
+
+def test_time_op_cpu_counts_repeats():
+    calls = []
+    times = cal.time_op(lambda: calls.append(1), "cpu", repeats=4, warmup=2, inner=3)
+    assert len(times) == 4 and all(t >= 0 for t in times)
+    assert len(calls) == 2 + 4 * 3
+
+
+def test_quick_calibration_measures_plausible_numbers():
+    spec = cal.calibrate("cpu", quick=True, dtypes=("float32",))
+    assert spec.kind == "cpu" and spec.name == "local"
+    assert 1e8 < spec.bandwidth < 1e13
+    assert spec.bandwidth == spec.extra["read_bytes_per_s"]
+    assert 1e8 < spec.extra["copy_bytes_per_s"] < 1e13
+    assert 1e8 < spec.extra["gemv_bytes_per_s"] < 1e13
+    assert set(spec.peak_flops) == {"float32"}
+    assert 1e8 < spec.peak_flops["float32"] < 1e14
+    best = max(spec.extra["gemm_flops_per_s"]["float32"].values())
+    assert spec.peak_flops["float32"] == best
+    assert spec.memory_bytes > 1e9
+    assert spec.extra["quick"] is True and spec.extra["torch_threads"] >= 1
+
+
+def test_save_profile_then_get_hardware(tmp_path, monkeypatch):
+    monkeypatch.setenv("INFBENCH_HOME", str(tmp_path))
+    spec = cal.calibrate("cpu", quick=True, dtypes=("float32",), name="mybox")
+    path = cal.save_profile(spec, "mybox")
+    assert path == profile_path("mybox") and path.parent == tmp_path / "hardware"
+    data = json.loads(path.read_text())
+    assert data["extra"]["copy_bytes_per_s"] == spec.extra["copy_bytes_per_s"]
+    loaded = get_hardware("mybox")
+    assert loaded.bandwidth == spec.bandwidth and loaded.peak_flops == spec.peak_flops
+    assert not list(path.parent.glob(".*tmp"))
+
+
+def test_reference_bandwidth_probe():
+    bw = cal.measure_reference_bandwidth("cpu", seconds=0.05, nbytes=8 << 20)
+    assert 1e8 < bw < 1e13
+
+
+def test_bad_inputs():
+    with pytest.raises(UserError, match="dtype"):
+        cal.calibrate("cpu", quick=True, dtypes=("float64",))
+    with pytest.raises(UserError, match="allowed"):
+        cal.calibrate("tpu", quick=True)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA message")
+def test_cuda_requested_without_cuda():
+    with pytest.raises(UserError, match="CUDA is not available"):
+        cal.calibrate("cuda", quick=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_quick_calibration_on_cuda():
+    spec = cal.calibrate("cuda", quick=True)
+    assert spec.kind == "gpu"
+    assert spec.bandwidth > 1e11  # any datacenter GPU streams >100 GB/s
+    assert spec.peak_flops["bfloat16"] > spec.peak_flops["float32"] / 2
+    assert cal.measure_reference_bandwidth("cuda", seconds=0.1) > 1e11
