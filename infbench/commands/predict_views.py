@@ -1,0 +1,187 @@
+"""`infbench kv | roofline | models | hardware`: KV footprints, the roofline plot, the tables.
+
+Registered by `infbench.commands.predict` (same family: the analytic model, no torch).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+
+from infbench.commands.predict import (
+    DEFAULT_HARDWARE,
+    DEFAULT_MODEL,
+    build_model,
+    build_quant,
+    check_positive,
+    emit_json,
+    fmt_gb,
+    fmt_si,
+    make_console,
+    parse_sizes,
+)
+from infbench.errors import UserError
+
+
+def kv_command(
+    models: str = typer.Option("llama2-13b,llama3-8b,deepseek-v2-lite",
+                               help="Model presets, comma-separated."),
+    context: int = typer.Option(4096, help="Context length (tokens per sequence)."),
+    batch: int = typer.Option(8, help="Sequences."),
+    hardware: str = typer.Option(DEFAULT_HARDWARE, help="Hardware for the max batch."),
+    dtype: str = typer.Option("bfloat16", help="Model dtype."),
+    kv_dtype: str = typer.Option("none", help="KV cache: none | int8 | fp8."),
+    plot: Path | None = typer.Option(None, help="Write a bar chart PNG here."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON on stdout."),
+) -> None:
+    """KV cache per token and in total, against MHA of the same shape, and the max batch."""
+    from infbench.config import ModelConfig
+    from infbench.hardware import get_hardware
+    from infbench.roofline.tables import kv_rows
+
+    check_positive("--context", context)
+    check_positive("--batch", batch)
+    names = [m.strip() for m in models.split(",") if m.strip()]
+    if not names:
+        raise UserError("--models: expected at least one model preset")
+    rows = kv_rows([ModelConfig.from_name(n) for n in names], context_len=context, batch=batch,
+                   hw=get_hardware(hardware), dtype=dtype,
+                   quant=build_quant(None, None, kv_dtype))
+    if plot is not None:
+        from infbench.plots import kv_figure
+
+        kv_figure(rows, plot)
+        print(f"wrote {plot}", file=sys.stderr)
+    if as_json:
+        emit_json([r.to_dict() for r in rows])
+        return
+    from rich.table import Table
+
+    table = Table(title=f"KV cache at {context} tokens x batch {batch} ({dtype}, kv {kv_dtype}; "
+                        f"max batch on {hardware})")
+    for col in ("model", "attention", "KV heads", "KV B/token", "KV GB", "MHA GB",
+                "reduction", "state B/seq", "max batch"):
+        left = col in ("model", "attention")
+        table.add_column(col, justify="left" if left else "right", no_wrap=left)
+    for r in rows:
+        table.add_row(r.model, r.attention, str(r.kv_heads), f"{r.kv_bytes_per_token:,}",
+                      fmt_gb(r.kv_cache_bytes), fmt_gb(r.mha_kv_cache_bytes), f"{r.reduction:.1f}x",
+                      f"{r.state_bytes_per_seq:,}", str(r.max_batch))
+    make_console().print(table)
+
+
+def roofline_command(
+    model: str = typer.Option(DEFAULT_MODEL, help="Model preset."),
+    hardware: str = typer.Option(DEFAULT_HARDWARE, help="Hardware."),
+    batch: str = typer.Option("1,8,64", help="Batch sizes, comma-separated."),
+    prompt: int = typer.Option(1024, help="Prompt tokens."),
+    gen: int = typer.Option(128, help="Generated tokens."),
+    dtype: str = typer.Option("bfloat16", help="Model dtype."),
+    quant: str = typer.Option("none", help="Weights: none | int8 | int4."),
+    kv_dtype: str = typer.Option("none", help="KV cache: none | int8 | fp8."),
+    set_: list[str] | None = typer.Option(None, "--set", help="field=value model override."),
+    out: Path = typer.Option(Path("roofline.png"), help="PNG to write."),
+    with_ops: bool = typer.Option(True, "--ops/--no-ops", help="Plot every operator too."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON on stdout."),
+) -> None:
+    """Plot prefill, decode and every operator on the hardware's roofline."""
+    from infbench.hardware import get_hardware
+    from infbench.plots import roofline_figure
+    from infbench.roofline.analysis import predict
+    from infbench.roofline.tables import roofline_points
+
+    check_positive("--prompt", prompt)
+    check_positive("--gen", gen)
+    cfg = build_model(model, None, set_)
+    hw = get_hardware(hardware)
+    qcfg = build_quant(quant, None, kv_dtype)
+    predictions = [predict(cfg, hw, batch=b, prompt_len=prompt, gen_len=gen, dtype=dtype,
+                           quant=qcfg) for b in parse_sizes(batch, "--batch")]
+    points = roofline_points(predictions, include_ops=with_ops)
+    drawn = roofline_figure(hw, dtype, points, out,
+                            title=f"{cfg.name} on {hw.name}: prompt {prompt}, gen {gen}")
+    if as_json:
+        emit_json({
+            "hardware": hw.name,
+            "dtype": dtype,
+            "peak_flops_per_s": hw.peak(dtype),
+            "bandwidth_bytes_per_s": hw.bandwidth,
+            "ridge_point": hw.ridge_point(dtype),
+            "out_path": drawn["out_path"],
+            "points": [{"label": p.label, "stage": p.stage, "batch": p.batch,
+                        "intensity": p.intensity, "flops_per_s": p.flops_per_s,
+                        "kind": p.kind, "group": p.group} for p in points],
+        })
+        return
+    from rich.table import Table
+
+    table = Table(title=f"{cfg.name} on {hw.name} ({dtype}): ridge point "
+                        f"{hw.ridge_point(dtype):.0f} FLOP/B; wrote {drawn['out_path']}")
+    for col in ("point", "FLOP/B", "FLOP/s", "of peak"):
+        table.add_column(col, justify="left" if col == "point" else "right")
+    for p in points:
+        if p.series.endswith("(step)"):
+            table.add_row(p.label, f"{p.intensity:.3g}", fmt_si(p.flops_per_s),
+                          f"{p.flops_per_s / hw.peak(dtype):.1%}")
+    make_console().print(table)
+
+
+def models_command(
+    as_json: bool = typer.Option(False, "--json", help="Print JSON on stdout."),
+) -> None:
+    """List the model presets."""
+    from infbench.roofline.tables import model_rows
+
+    rows = model_rows()
+    if as_json:
+        emit_json(rows)
+        return
+    from rich.table import Table
+
+    table = Table(title="Model presets (KV bytes per token in bfloat16)")
+    for col in ("model", "params", "active", "layers", "hidden", "heads/kv", "attention",
+                "KV B/token"):
+        left = col in ("model", "attention")
+        table.add_column(col, justify="left" if left else "right", no_wrap=left)
+    for r in rows:
+        table.add_row(r["model"], fmt_si(r["params"]), fmt_si(r["active_params"]),
+                      str(r["layers"]), str(r["hidden"]), f"{r['heads']}/{r['kv_heads']}",
+                      r["attention"], f"{r['kv_bytes_per_token_bf16']:,}")
+    make_console().print(table)
+
+
+def hardware_command(
+    as_json: bool = typer.Option(False, "--json", help="Print JSON on stdout."),
+) -> None:
+    """List the hardware table (dense peaks, bandwidth, memory, ridge point)."""
+    from infbench.roofline.tables import hardware_rows
+
+    rows = hardware_rows()
+    if as_json:
+        emit_json(rows)
+        return
+    from rich.table import Table
+
+    table = Table(title="Hardware (decimal units; dense peaks)")
+    for col in ("hardware", "bf16 FLOP/s", "fp32 FLOP/s", "fp8 FLOP/s", "bandwidth B/s",
+                "memory GB", "ridge bf16"):
+        left = col == "hardware"
+        table.add_column(col, justify="left" if left else "right", no_wrap=left)
+    for r in rows:
+        peaks = r["peak_flops"]
+        table.add_row(r["hardware"], fmt_si(peaks["bfloat16"]), fmt_si(peaks["float32"]),
+                      fmt_si(peaks["float8"]) if "float8" in peaks else "-",
+                      fmt_si(r["bandwidth_bytes_per_s"]), fmt_gb(r["memory_bytes"]),
+                      f"{r['ridge_point_bf16']:.0f}")
+    console = make_console()
+    console.print(table)
+    for r in rows:
+        console.print(f"{r['hardware']}: {r['source']}", highlight=False)
+
+def register(app: typer.Typer) -> None:
+    app.command("kv")(kv_command)
+    app.command("roofline")(roofline_command)
+    app.command("models")(models_command)
+    app.command("hardware")(hardware_command)

@@ -1,0 +1,180 @@
+"""Figures (matplotlib, Agg, imported lazily): the roofline and the KV-cache comparison.
+
+`roofline_figure` draws predicted points hollow and measured points filled on the
+same log-log roofline and joins a measured point to the predicted point of the same
+`group`, so `infbench roofline` and the measured-roofline reports share one drawing.
+Each figure function returns the coordinates it actually plotted, read back from the
+matplotlib artists, so tests check the drawing rather than the existence of a file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from infbench.errors import UserError
+
+if TYPE_CHECKING:
+    from infbench.hardware import HardwareSpec
+    from infbench.roofline.tables import KVRow
+
+POINT_KINDS = ("predicted", "measured")
+
+
+@dataclass(frozen=True)
+class RooflinePoint:
+    """One point on a roofline.
+
+    group: a predicted and a measured point with the same group are joined by a line.
+    series: legend entry and colour (default: the group).
+    """
+
+    label: str
+    intensity: float  # FLOP per byte
+    flops_per_s: float
+    kind: str = "predicted"  # predicted | measured
+    group: str = ""
+    series: str = ""
+    stage: str = ""  # prefill | decode | a measured step kind (metadata only)
+    batch: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in POINT_KINDS:
+            raise ValueError(f"RooflinePoint.kind must be one of {POINT_KINDS}, got {self.kind!r}")
+
+
+def _new_figure(size: tuple[float, float]) -> Any:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=size, dpi=110)
+    FigureCanvasAgg(fig)  # Agg without pyplot: no global state, no display needed
+    return fig
+
+
+def _save(fig: Any, out_path: str | Path) -> Path:
+    path = Path(out_path)
+    if path.parent and not path.parent.exists():
+        raise UserError(f"cannot write {path}: directory {path.parent} does not exist")
+    fig.savefig(path, bbox_inches="tight")
+    return path
+
+
+def roofline_figure(hw: HardwareSpec, dtype: str, points: Sequence[RooflinePoint],
+                    out_path: str | Path, title: str | None = None) -> dict[str, Any]:
+    """Draw a log-log roofline with `points`; return what was plotted."""
+    import numpy as np
+
+    peak, bw = hw.peak(dtype), hw.bandwidth
+    ridge = peak / bw
+    placed = [p for p in points if p.intensity > 0 and p.flops_per_s > 0]
+    xs = [p.intensity for p in placed] + [ridge]
+    lo, hi = min(xs) / 4.0, max(xs) * 4.0
+    grid = np.logspace(np.log10(lo), np.log10(hi), 256)
+    roof = np.minimum(peak, bw * grid)
+
+    fig = _new_figure((9.0, 6.0))
+    ax = fig.add_subplot(1, 1, 1)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.plot(grid, roof, color="black", linewidth=2, label=f"roofline ({hw.name}, {dtype})")
+    ax.axhline(peak, color="grey", linestyle=":", linewidth=1)
+    (ridge_marker,) = ax.plot([ridge], [peak], marker="D", color="red", linestyle="none",
+                              markersize=8, label=f"ridge point {ridge:.0f} FLOP/B")
+    ax.annotate(f"ridge {ridge:.0f} FLOP/B", (ridge, peak), textcoords="offset points",
+                xytext=(8, -16), color="red")
+
+    series = list(dict.fromkeys(p.series or p.group or p.label for p in placed))
+    cmap = _colormap(len(series))
+    plotted: list[dict[str, Any]] = []
+    for i, name in enumerate(series):
+        members = [p for p in placed if (p.series or p.group or p.label) == name]
+        for kind in POINT_KINDS:
+            pts = [p for p in members if p.kind == kind]
+            if not pts:
+                continue
+            filled = kind == "measured"
+            artist = ax.scatter(
+                [p.intensity for p in pts], [p.flops_per_s for p in pts], s=46,
+                facecolors=cmap(i) if filled else "none", edgecolors=cmap(i), linewidths=1.5,
+                label=name if kind == "predicted" or not any(q.kind == "predicted"
+                                                             for q in members) else None,
+            )
+            for p, (x, y) in zip(pts, artist.get_offsets(), strict=True):
+                plotted.append({"label": p.label, "kind": p.kind, "group": p.group,
+                                "intensity": float(x), "flops_per_s": float(y)})
+    links = _link_pairs(ax, placed)
+
+    ax.set_xlabel("arithmetic intensity (FLOP / byte)")
+    ax.set_ylabel(f"performance (FLOP/s, {dtype})")
+    ax.set_title(title or f"Roofline: {hw.description}")
+    ax.grid(True, which="both", alpha=0.25)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+              title="hollow: predicted, filled: measured", title_fontsize=7)
+    path = _save(fig, out_path)
+    rx, ry = ridge_marker.get_xydata()[0]
+    return {
+        "out_path": str(path),
+        "ridge_point": {"intensity": float(rx), "flops_per_s": float(ry)},
+        "peak_flops_per_s": peak,
+        "bandwidth_bytes_per_s": bw,
+        "roofline": {"intensity": [float(x) for x in grid],
+                     "flops_per_s": [float(y) for y in roof]},
+        "points": plotted,
+        "links": links,
+        "skipped": [p.label for p in points if p not in placed],
+    }
+
+
+def _colormap(n: int) -> Any:
+    from matplotlib import colormaps
+
+    return colormaps["tab20" if n > 10 else "tab10"]
+
+
+def _link_pairs(ax: Any, points: Sequence[RooflinePoint]) -> list[dict[str, Any]]:
+    """Join each measured point to the predicted point of its group (dashed)."""
+    predicted = {p.group: p for p in points if p.kind == "predicted" and p.group}
+    links = []
+    for m in points:
+        twin = predicted.get(m.group) if m.kind == "measured" and m.group else None
+        if twin is None:
+            continue
+        (line,) = ax.plot([twin.intensity, m.intensity], [twin.flops_per_s, m.flops_per_s],
+                          linestyle="--", color="grey", linewidth=1)
+        (x0, y0), (x1, y1) = line.get_xydata()
+        links.append({"group": m.group, "from": [float(x0), float(y0)],
+                      "to": [float(x1), float(y1)]})
+    return links
+
+
+def kv_figure(rows: Sequence[KVRow], out_path: str | Path,
+              title: str | None = None) -> dict[str, Any]:
+    """Bars: KV cache (+ constant state) of each model next to its MHA equivalent, in GB."""
+    import numpy as np
+
+    fig = _new_figure((max(6.0, 1.6 * len(rows) + 3.0), 5.0))
+    ax = fig.add_subplot(1, 1, 1)
+    x = np.arange(len(rows))
+    own = [(r.kv_cache_bytes + r.state_bytes_per_seq * r.batch) / 1e9 for r in rows]
+    mha = [r.mha_kv_cache_bytes / 1e9 for r in rows]
+    bars_mha = ax.bar(x - 0.2, mha, width=0.4, color="lightgrey", label="MHA of the same shape")
+    bars_own = ax.bar(x + 0.2, own, width=0.4, color="tab:blue", label="KV cache + state")
+    for bar, r in zip(bars_own, rows, strict=True):
+        ax.annotate(f"{r.reduction:.1f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                    ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(x, [f"{r.model}\n({r.attention})" for r in rows], fontsize=8)
+    ax.set_ylabel("GB")
+    first = rows[0] if rows else None
+    ax.set_title(title or (f"KV cache at {first.context_len} tokens x batch {first.batch}"
+                           if first else "KV cache"))
+    ax.legend(fontsize=8)
+    path = _save(fig, out_path)
+    return {
+        "out_path": str(path),
+        "models": [r.model for r in rows],
+        "kv_gb": [float(b.get_height()) for b in bars_own],
+        "mha_gb": [float(b.get_height()) for b in bars_mha],
+    }

@@ -1,0 +1,340 @@
+"""Roofline predictions: stage times, TTFT, time per token, throughput, memory, max batch.
+
+A step's time is max(bytes / bandwidth, FLOPs / peak(dtype)) over the whole step
+(the lecture's model: one roofline per step, ops overlapped); each operator also
+gets its own roofline time for the per-op table and plot.
+
+- Prefill: all `batch` prompts in one step.  TTFT is that step's time: the first
+  output token is sampled from the prefill logits.
+- Decode: generated token i (1..gen_len) is fed back in a step whose context is
+  prompt_len + i tokens (the KV cache holds prompt_len + gen_len at the end).  The
+  reported step is the exact mean over those gen_len steps: FLOPs and bytes are
+  piecewise affine in the context (breaks only where a sliding window fills), so
+  each affine piece is summed in closed form from its two end points, and the
+  max() in the step time is split where memory and compute time cross.
+- E2E = TTFT + (gen_len - 1) * time per token (TPOT as in ARCHITECTURE.md).
+- Memory = weights + KV cache at prompt_len + gen_len + constant state; activations
+  and allocator overhead are not counted.
+- Speculative decoding (Leviathan et al.): g draft tokens accepted with rate a give
+  (1 - a^(g+1)) / (1 - a) tokens per step; a step costs g * c * T_decode (the draft
+  at cost ratio c) + T_verify (the target over g+1 tokens), both averaged over the
+  same contexts as plain decode.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from infbench.config import ModelConfig, QuantConfig
+from infbench.errors import ConfigError
+from infbench.hardware import HardwareSpec
+from infbench.roofline.costs import (
+    OpCost,
+    ParamCount,
+    SeqWork,
+    kv_bytes_per_token,
+    kv_cache_bytes,
+    param_count,
+    state_bytes_per_seq,
+    step_costs,
+    total,
+    weight_bytes,
+)
+from infbench.roofline.layer_costs import FIELDS
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """Speculative decoding: g draft tokens, acceptance rate a, draft/target cost ratio c."""
+
+    num_tokens: int
+    acceptance: float
+    draft_cost_ratio: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.num_tokens < 1:
+            raise ConfigError(f"speculative.num_tokens must be >= 1, got {self.num_tokens}")
+        if not 0.0 <= self.acceptance <= 1.0:
+            raise ConfigError(f"speculative.acceptance must be in [0, 1], got {self.acceptance}")
+        if self.draft_cost_ratio < 0:
+            raise ConfigError(
+                f"speculative.draft_cost_ratio must be >= 0, got {self.draft_cost_ratio}"
+            )
+
+    @property
+    def expected_tokens(self) -> float:
+        """Expected tokens emitted per verification step (accepted drafts + one target token)."""
+        g, a = self.num_tokens, self.acceptance
+        return float(g + 1) if a >= 1.0 else (1.0 - a ** (g + 1)) / (1.0 - a)
+
+
+def roofline_time(flops: float, nbytes: float, hw: HardwareSpec, dtype: str) -> float:
+    return max(nbytes / hw.bandwidth, flops / hw.peak(dtype))
+
+
+def bound_of(flops: float, nbytes: float, hw: HardwareSpec, dtype: str) -> str:
+    return "compute" if flops / hw.peak(dtype) > nbytes / hw.bandwidth else "memory"
+
+
+def step_time(costs: Sequence[OpCost], hw: HardwareSpec, dtype: str) -> float:
+    """Roofline time of one step: its summed bytes at bandwidth or FLOPs at peak."""
+    step = total(costs)
+    return roofline_time(step.flops, step.bytes, hw, dtype)
+
+
+@dataclass(frozen=True)
+class OpTime:
+    """An operator of one stage with its roofline time (decode: means over the steps)."""
+
+    cost: OpCost
+    time_s: float
+    bound: str
+
+    def to_dict(self) -> dict[str, Any]:
+        d = self.cost.to_dict()
+        del d["layer"]
+        return {**d, "time_s": self.time_s, "bound": self.bound}
+
+
+@dataclass(frozen=True)
+class StagePrediction:
+    """One stage: `cost` holds FLOPs/bytes of one step (decode: the mean step)."""
+
+    stage: str  # prefill | decode
+    cost: OpCost
+    time_s: float  # step time (decode: mean step time)
+    bound: str  # memory | compute
+    ops: tuple[OpTime, ...] = field(default=())
+
+    @property
+    def flops(self) -> float:
+        return self.cost.flops
+
+    @property
+    def bytes(self) -> float:
+        return self.cost.bytes
+
+    @property
+    def intensity(self) -> float:
+        return self.cost.intensity
+
+
+@dataclass(frozen=True)
+class SpecPrediction:
+    config: SpecConfig
+    expected_tokens_per_step: float
+    draft_time_s: float
+    verify_time_s: float
+    step_time_s: float
+    time_per_token_s: float
+    speedup: float  # plain decode time per token / speculative time per token
+
+
+@dataclass(frozen=True)
+class Prediction:
+    model: str
+    hardware: str
+    dtype: str
+    quant: QuantConfig
+    batch: int
+    prompt_len: int
+    gen_len: int
+    params: ParamCount
+    weight_bytes: int
+    kv_bytes_per_token: int
+    kv_cache_bytes: int  # at prompt_len + gen_len, whole batch
+    state_bytes: int  # constant state, whole batch
+    memory_bytes: int
+    memory_capacity_bytes: float
+    fits: bool
+    max_batch: int
+    prefill: StagePrediction
+    decode: StagePrediction
+    ttft_s: float
+    time_per_token_s: float  # speculative when `speculative` is set
+    tokens_per_s: float
+    e2e_s: float
+    speculative: SpecPrediction | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        from infbench.roofline.tables import prediction_dict
+
+        return prediction_dict(self)
+
+
+def max_batch(cfg: ModelConfig, hw: HardwareSpec, dtype: str, quant: QuantConfig | None,
+              context_len: int) -> int:
+    """Largest batch whose weights + KV (at `context_len`) + state fit; 0 if weights do not."""
+    free = hw.memory_bytes - weight_bytes(cfg, dtype, quant)
+    if free < 0:
+        return 0
+    per_seq = kv_cache_bytes(cfg, dtype, quant, context_len, 1) + state_bytes_per_seq(cfg, dtype)
+    if per_seq <= 0:
+        raise ConfigError(f"model {cfg.name!r} keeps no per-sequence state: no batch limit")
+    return int(free // per_seq)
+
+
+def _positive(**values: int) -> None:
+    for key, value in values.items():
+        if value < 1:
+            raise ConfigError(f"{key} must be > 0, got {value}")
+
+
+def _op_times(ops: Sequence[OpCost], hw: HardwareSpec, dtype: str) -> tuple[OpTime, ...]:
+    return tuple(
+        OpTime(op, roofline_time(op.flops, op.bytes, hw, dtype),
+               bound_of(op.flops, op.bytes, hw, dtype))
+        for op in ops
+    )
+
+
+def _stage(stage: str, ops: Sequence[OpCost], hw: HardwareSpec, dtype: str) -> StagePrediction:
+    step = total(ops, stage, stage)
+    return StagePrediction(
+        stage,
+        step,
+        roofline_time(step.flops, step.bytes, hw, dtype),
+        bound_of(step.flops, step.bytes, hw, dtype),
+        _op_times(ops, hw, dtype),
+    )
+
+
+# ------------------------------------------------------------- exact decode means
+def _affine_sum(s: int, e: int, fs: float, fe: float) -> float:
+    return (e - s + 1) * (fs + fe) / 2.0
+
+
+def _sum_max(s: int, e: int, us: float, ue: float, vs: float, ve: float) -> float:
+    """sum over x = s..e of max(u(x), v(x)) for affine u, v given at the ends."""
+    ds, de = us - vs, ue - ve
+    if ds >= 0 and de >= 0:
+        return _affine_sum(s, e, us, ue)
+    if ds <= 0 and de <= 0:
+        return _affine_sum(s, e, vs, ve)
+    n = e - s  # > 0 here: a single point cannot have two signs
+    k = min(max(s + math.floor(ds / (ds - de) * n), s), e - 1)  # last x on the start's side
+
+    def at(x: int, fs: float, fe: float) -> float:
+        return fs + (fe - fs) * (x - s) / n
+
+    return _sum_max(s, k, us, at(k, us, ue), vs, at(k, vs, ve)) + _sum_max(
+        k + 1, e, at(k + 1, us, ue), ue, at(k + 1, vs, ve), ve
+    )
+
+
+def _segments(cfg: ModelConfig, query_len: int, lo: int, hi: int) -> list[tuple[int, int]]:
+    """Ranges of base context on which every cost is affine.
+
+    With q new tokens at base context x the step attends min(p, w) keys for the
+    positions p = x..x+q-1; each term bends where p = w, and the keys read bend at x = w.
+    """
+    starts = {lo}
+    for w in {spec.window for spec in cfg.layers() if spec.window is not None}:
+        starts.update(x for x in range(w - query_len + 2, w + 2) if lo < x <= hi)
+    ordered = sorted(starts)
+    return [(s, (ordered[i + 1] - 1) if i + 1 < len(ordered) else hi)
+            for i, s in enumerate(ordered)]
+
+
+def _mla_forms(cfg: ModelConfig, seqs: Sequence[SeqWork]) -> tuple[bool, ...]:
+    from infbench.roofline.layer_costs import mla_absorbed_is_cheaper
+
+    return tuple(mla_absorbed_is_cheaper(cfg, sw, spec.window)
+                 for spec in cfg.layers() if spec.mixer == "mla" for sw in set(seqs))
+
+
+def mean_stage(cfg: ModelConfig, hw: HardwareSpec, dtype: str, quant: QuantConfig,
+               make_seqs: Callable[[int], list[SeqWork]], query_len: int, lo: int, hi: int,
+               stage: str = "decode") -> StagePrediction:
+    """The exact mean over base contexts lo..hi of steps built by `make_seqs(x)`."""
+    sums: dict[str, list[Any]] = {}
+    op_time_sums: dict[str, float] = {}
+    time_sum = 0.0
+    bw, peak = hw.bandwidth, hw.peak(dtype)
+    pending = _segments(cfg, query_len, lo, hi)
+    while pending:
+        s, e = pending.pop(0)
+        seqs_s, seqs_e = make_seqs(s), make_seqs(e)
+        if s < e and _mla_forms(cfg, seqs_s) != _mla_forms(cfg, seqs_e):
+            m = (s + e) // 2  # the MLA form flips inside: split until each piece is affine
+            pending[:0] = [(s, m), (m + 1, e)]
+            continue
+        ops_s = step_costs(cfg, seqs_s, dtype, quant, stage=stage)
+        ops_e = ops_s if s == e else step_costs(cfg, seqs_e, dtype, quant, stage=stage)
+        for a, b in zip(ops_s, ops_e, strict=True):
+            assert a.name == b.name, (a.name, b.name)
+            row = sums.setdefault(a.name, [a.kind] + [0.0] * len(FIELDS))
+            for i, name in enumerate(FIELDS, start=1):
+                row[i] += _affine_sum(s, e, getattr(a, name), getattr(b, name))
+            op_time_sums[a.name] = op_time_sums.get(a.name, 0.0) + _sum_max(
+                s, e, a.bytes / bw, b.bytes / bw, a.flops / peak, b.flops / peak)
+        ta, tb = total(ops_s), total(ops_e)
+        time_sum += _sum_max(s, e, ta.bytes / bw, tb.bytes / bw, ta.flops / peak, tb.flops / peak)
+    count = hi - lo + 1
+    ops = [OpCost(name, row[0], stage=stage,
+                  **{f: v / count for f, v in zip(FIELDS, row[1:], strict=True)})
+           for name, row in sums.items()]
+    step = total(ops, stage, stage)
+    op_times = tuple(OpTime(op, op_time_sums[op.name] / count,
+                            bound_of(op.flops, op.bytes, hw, dtype)) for op in ops)
+    return StagePrediction(stage, step, time_sum / count,
+                           bound_of(step.flops, step.bytes, hw, dtype), op_times)
+
+
+def _speculative(cfg: ModelConfig, hw: HardwareSpec, dtype: str, quant: QuantConfig,
+                 spec: SpecConfig, batch: int, lo: int, hi: int,
+                 decode: StagePrediction) -> SpecPrediction:
+    q = spec.num_tokens + 1
+    verify = mean_stage(cfg, hw, dtype, quant,
+                        lambda x: [SeqWork(q, x + q - 1, q)] * batch, q, lo, hi, "verify")
+    draft = spec.num_tokens * spec.draft_cost_ratio * decode.time_s
+    step = draft + verify.time_s
+    per_token = step / spec.expected_tokens
+    return SpecPrediction(spec, spec.expected_tokens, draft, verify.time_s, step, per_token,
+                          decode.time_s / per_token)
+
+
+def predict(
+    cfg: ModelConfig,
+    hw: HardwareSpec,
+    *,
+    batch: int,
+    prompt_len: int,
+    gen_len: int,
+    dtype: str = "bfloat16",
+    quant: QuantConfig | None = None,
+    speculative: SpecConfig | None = None,
+) -> Prediction:
+    """Predict prefill, decode, memory and throughput for `batch` identical requests."""
+    _positive(batch=batch, prompt_len=prompt_len, gen_len=gen_len)
+    quant = quant or QuantConfig()
+    prefill_ops = step_costs(cfg, [SeqWork(prompt_len, prompt_len)] * batch, dtype, quant,
+                             stage="prefill")
+    prefill = _stage("prefill", prefill_ops, hw, dtype)
+    lo, hi = prompt_len + 1, prompt_len + gen_len
+    decode = mean_stage(cfg, hw, dtype, quant, lambda x: [SeqWork(1, x)] * batch, 1, lo, hi)
+    spec = None
+    per_token = decode.time_s
+    if speculative is not None:
+        spec = _speculative(cfg, hw, dtype, quant, speculative, batch, lo, hi, decode)
+        per_token = spec.time_per_token_s
+
+    context = prompt_len + gen_len
+    weights = weight_bytes(cfg, dtype, quant)
+    kv = kv_cache_bytes(cfg, dtype, quant, context, batch)
+    state = state_bytes_per_seq(cfg, dtype) * batch
+    memory = weights + kv + state
+    return Prediction(
+        model=cfg.name, hardware=hw.name, dtype=dtype, quant=quant, batch=batch,
+        prompt_len=prompt_len, gen_len=gen_len, params=param_count(cfg),
+        weight_bytes=weights, kv_bytes_per_token=kv_bytes_per_token(cfg, dtype, quant),
+        kv_cache_bytes=kv, state_bytes=state, memory_bytes=memory,
+        memory_capacity_bytes=hw.memory_bytes, fits=memory <= hw.memory_bytes,
+        max_batch=max_batch(cfg, hw, dtype, quant, context),
+        prefill=prefill, decode=decode, ttft_s=prefill.time_s,
+        time_per_token_s=per_token, tokens_per_s=batch / per_token,
+        e2e_s=prefill.time_s + (gen_len - 1) * per_token, speculative=spec,
+    )

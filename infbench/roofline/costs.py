@@ -1,0 +1,115 @@
+"""Per-operator FLOPs and bytes of one engine step or one stage.
+
+`step_costs(cfg, seqs, dtype, quant)` is the single entry point: `seqs` is the
+batch composition of a step (what the scheduler hands the runner), so the same
+function prices a whole-prompt prefill, a decode step, a chunked-prefill step
+mixing both, and a speculative verification.  The engine calls it for every real
+step to turn measured step times into achieved bandwidth and FLOP/s.
+
+Operators are summed over layers by name ("embed", "norm", "qkv_proj",
+"attn_score", "attn_value", "o_proj", "mlp", "moe_*", "linear_attn", "ssm_*",
+"lm_head"); `by_layer=True` returns them per layer instead, and the by-name totals
+are exactly the sums of the per-layer ones.  Counting rules are in
+`infbench.roofline.layer_costs`; sizes (parameters, KV, state) in `shapes`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+from infbench.config import ModelConfig, QuantConfig
+from infbench.errors import ConfigError
+from infbench.roofline.layer_costs import FIELDS, Totals, add, layer_costs
+from infbench.roofline.ops import OpCost, SeqWork, merge_by_name, total
+from infbench.roofline.shapes import (
+    ParamCount,
+    dtype_bytes,
+    is_moe_layer,
+    kv_bytes_per_token,
+    kv_cache_bytes,
+    param_count,
+    state_bytes_per_seq,
+    weight_bytes,
+)
+
+__all__ = [
+    "OpCost",
+    "ParamCount",
+    "SeqWork",
+    "kv_bytes_per_token",
+    "kv_cache_bytes",
+    "merge_by_name",
+    "param_count",
+    "state_bytes_per_seq",
+    "step_costs",
+    "total",
+    "weight_bytes",
+]
+
+
+def _to_ops(rows: Totals, stage: str, layer: int | None) -> list[OpCost]:
+    return [
+        OpCost(name, kind, stage=stage, layer=layer, **dict(zip(FIELDS, values, strict=True)))
+        for name, (kind, *values) in rows.items()
+    ]
+
+
+def _model_level(cfg: ModelConfig, num_tokens: int, num_logits: int, a: int,
+                 first: Totals, last: Totals) -> None:
+    d, v = cfg.hidden_size, cfg.vocab_size
+    # The embedding is a gather: only the rows of this step's tokens are read.
+    add(first, "embed", "gather", weight=num_tokens * d * a, act=num_tokens * d * a)
+    add(last, "norm", "elementwise", flops=4.0 * num_tokens * d, weight=d * a,
+        act=2.0 * num_tokens * d * a)
+    if num_logits:
+        add(last, "lm_head", "matmul", flops=2.0 * num_logits * d * v, weight=v * d * a,
+            act=num_logits * (d + v) * a)
+
+
+def step_costs(
+    cfg: ModelConfig,
+    seqs: Sequence[SeqWork],
+    dtype: str,
+    quant: QuantConfig | None = None,
+    *,
+    by_layer: bool = False,
+    stage: str = "step",
+) -> list[OpCost]:
+    """FLOPs and bytes of one forward step over `seqs`, one OpCost per operator name.
+
+    Weights are read once per step whatever the batch; KV and state per sequence;
+    the LM head runs only for the tokens that need logits (`SeqWork.num_logits`).
+    """
+    if not seqs:
+        raise ConfigError("a step needs at least one sequence")
+    quant = quant or QuantConfig()
+    a = dtype_bytes(dtype)
+    kvb = quant.kv_bytes(a)
+    groups = tuple(Counter(seqs).items())
+    num_tokens = sum(sw.query_len * n for sw, n in groups)
+    num_logits = sum(sw.num_logits * n for sw, n in groups)
+    first: Totals = {}
+    last: Totals = {}
+    _model_level(cfg, num_tokens, num_logits, a, first, last)
+
+    cache: dict[tuple[object, ...], Totals] = {}
+    per_layer: list[tuple[int, Totals]] = []
+    for spec in cfg.layers():
+        # Layers with the same signature cost the same: price each signature once.
+        key = (spec.mixer, spec.window, spec.owns_kv, is_moe_layer(cfg, spec))
+        if key not in cache:
+            cache[key] = layer_costs(cfg, spec, groups, a, kvb, quant)
+        per_layer.append((spec.index, cache[key]))
+
+    if by_layer:
+        ops = _to_ops(first, stage, None)
+        for index, rows in per_layer:
+            ops += _to_ops(rows, stage, index)
+        return ops + _to_ops(last, stage, None)
+    # Same order of additions as merge_by_name over the per-layer list: identical sums.
+    summed: Totals = {}
+    for rows in [first, *(rows for _, rows in per_layer), last]:
+        for name, (kind, *values) in rows.items():
+            add(summed, name, kind, *values)
+    return _to_ops(summed, stage, None)

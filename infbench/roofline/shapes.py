@@ -1,0 +1,236 @@
+"""Every weight tensor of a model and the memory it needs: parameters, KV cache, state.
+
+`layer_weights` enumerates the tensors of one resolved layer, tagged with the
+operator that reads them; parameter counts, weight bytes and the per-step weight
+traffic of `step_costs` all come from this one list, so they cannot disagree.
+
+Quantization (`QuantConfig.weights`) applies to the projection matrices inside the
+blocks (attention/MLA/SSM projections, MLP and expert matrices).  The embedding,
+the LM head, norms, convolution, SSM parameters, biases and the MoE router stay in
+the model dtype, as in AWQ/GPTQ checkpoints.  KV bytes use `quant.kv_bytes`;
+recurrent state (linear attention, SSM) is held in the model dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from infbench.config import DTYPE_BYTES, LayerSpec, ModelConfig, QuantConfig
+from infbench.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Weight:
+    """One weight tensor: a (in_features x out_features) matrix or a vector (in_features=1)."""
+
+    op: str  # the operator that reads it (an OpCost name)
+    in_features: int
+    out_features: int
+    quantized: bool = True
+    count: int = 1  # identical copies (routed experts)
+    expert: bool = False  # a routed expert's matrix: read only if the expert is hit
+
+    @property
+    def numel(self) -> int:
+        return self.in_features * self.out_features * self.count
+
+    def nbytes(self, quant: QuantConfig, dtype_bytes: int) -> float:
+        if not self.quantized:
+            return float(self.numel * dtype_bytes)
+        return self.numel * quant.weight_bits(self.in_features, dtype_bytes) / 8.0
+
+
+@dataclass(frozen=True)
+class ParamCount:
+    """Parameters: all, those one token multiplies with (MoE: top-k experts; the input
+    embedding gather excluded), and the embedding table."""
+
+    total: int
+    active: int
+    embedding: int
+
+
+def dtype_bytes(dtype: str) -> int:
+    if dtype not in DTYPE_BYTES:
+        raise ConfigError(f"unknown dtype {dtype!r}; allowed: {', '.join(DTYPE_BYTES)}")
+    return DTYPE_BYTES[dtype]
+
+
+def has_mlp(cfg: ModelConfig) -> bool:
+    """Mamba-1 blocks are norm + mixer only; every other arch follows a mixer with an MLP."""
+    return cfg.arch != "mamba"
+
+
+def is_moe_layer(cfg: ModelConfig, spec: LayerSpec) -> bool:
+    return cfg.moe is not None and spec.index >= cfg.moe.first_k_dense
+
+
+def feature_dim(cfg: ModelConfig) -> int:
+    """Linear attention: size of phi(q), phi(k) per head (default: the head dim)."""
+    return cfg.attention.feature_dim or cfg.dim_head
+
+
+def mamba_dims(cfg: ModelConfig) -> tuple[int, int, int, int]:
+    """(d_inner, d_state, d_conv, dt_rank) of a Mamba-1 mixer."""
+    a = cfg.attention
+    return (
+        a.expand * cfg.hidden_size,
+        a.d_state,
+        a.d_conv,
+        a.dt_rank or math.ceil(cfg.hidden_size / 16),
+    )
+
+
+def mla_dims(cfg: ModelConfig) -> tuple[int, int, int, int]:
+    """(kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim, v_head_dim)."""
+    a = cfg.attention
+    return a.kv_lora_rank, a.qk_rope_head_dim, a.qk_nope_head_dim, a.v_head_dim
+
+
+def _mixer_weights(cfg: ModelConfig, spec: LayerSpec) -> list[Weight]:
+    d, h, hd, kvh = cfg.hidden_size, cfg.num_heads, cfg.dim_head, cfg.kv_heads
+    if spec.mixer in ("attention", "linear"):
+        ws = [Weight("qkv_proj", d, h * hd)]
+        if spec.owns_kv:  # CLA: a layer that reads another layer's KV has no K/V projection
+            ws.append(Weight("qkv_proj", d, 2 * kvh * hd))
+        return [*ws, Weight("o_proj", h * hd, d)]
+    if spec.mixer == "mla":
+        r, rope, nope, v = mla_dims(cfg)
+        qlr = cfg.attention.q_lora_rank
+        if qlr is None:
+            ws = [Weight("qkv_proj", d, h * (nope + rope))]
+        else:
+            ws = [
+                Weight("qkv_proj", d, qlr),
+                Weight("norm", 1, qlr, quantized=False),
+                Weight("qkv_proj", qlr, h * (nope + rope)),
+            ]
+        return [
+            *ws,
+            Weight("qkv_proj", d, r + rope),  # kv_a_proj_with_mqa: latent + shared RoPE key
+            Weight("norm", 1, r, quantized=False),
+            Weight("qkv_proj", r, h * (nope + v)),  # kv_b_proj (W_UK and W_UV)
+            Weight("o_proj", h * v, d),
+        ]
+    di, n, dc, rank = mamba_dims(cfg)
+    return [
+        Weight("ssm_in_proj", d, 2 * di),
+        Weight("ssm_conv", 1, di * dc + di, quantized=False),  # depthwise kernel + bias
+        Weight("ssm_x_proj", di, rank + 2 * n),
+        Weight("ssm_x_proj", rank, di),  # dt_proj
+        Weight("ssm_x_proj", 1, di, quantized=False),  # dt_proj bias
+        Weight("ssm_scan", 1, di * n + di, quantized=False),  # A_log and D
+        Weight("ssm_out_proj", di, d),
+    ]
+
+
+def _mlp_weights(cfg: ModelConfig, spec: LayerSpec) -> list[Weight]:
+    d = cfg.hidden_size
+    if not is_moe_layer(cfg, spec):
+        f = cfg.intermediate_size
+        return [Weight("mlp", d, 2 * f), Weight("mlp", f, d)]
+    moe = cfg.moe
+    assert moe is not None
+    mi = moe.moe_intermediate_size
+    ws = [Weight("moe_router", d, moe.num_experts, quantized=False)]
+    if moe.num_shared_experts:
+        fs = mi * moe.num_shared_experts
+        ws += [Weight("moe_shared", d, 2 * fs), Weight("moe_shared", fs, d)]
+    e = moe.num_experts
+    return [
+        *ws,
+        Weight("moe_experts", d, 2 * mi, count=e, expert=True),
+        Weight("moe_experts", mi, d, count=e, expert=True),
+    ]
+
+
+def layer_weights(cfg: ModelConfig, spec: LayerSpec) -> list[Weight]:
+    """The weight tensors of one layer (norms, mixer, MLP or MoE)."""
+    norms = [Weight("norm", 1, cfg.hidden_size, quantized=False)]
+    if not has_mlp(cfg):
+        return norms + _mixer_weights(cfg, spec)
+    return [*norms, *_mixer_weights(cfg, spec), norms[0], *_mlp_weights(cfg, spec)]
+
+
+def model_weights(cfg: ModelConfig) -> list[Weight]:
+    """Weights outside the layers: embedding, final norm, LM head (absent when tied)."""
+    v, d = cfg.vocab_size, cfg.hidden_size
+    ws = [Weight("embed", v, d, quantized=False), Weight("norm", 1, d, quantized=False)]
+    if not cfg.tie_word_embeddings:
+        ws.append(Weight("lm_head", d, v, quantized=False))
+    return ws
+
+
+def _all_weights(cfg: ModelConfig) -> list[Weight]:
+    ws = model_weights(cfg)
+    for spec in cfg.layers():
+        ws += layer_weights(cfg, spec)
+    return ws
+
+
+def param_count(cfg: ModelConfig) -> ParamCount:
+    ws = _all_weights(cfg)
+    total = sum(w.numel for w in ws)
+    inactive = 0
+    if cfg.moe is not None:
+        moe = cfg.moe
+        per_expert = 3 * cfg.hidden_size * moe.moe_intermediate_size
+        num_moe = sum(1 for spec in cfg.layers() if is_moe_layer(cfg, spec))
+        inactive = num_moe * (moe.num_experts - moe.num_experts_per_tok) * per_expert
+    embedding = cfg.vocab_size * cfg.hidden_size
+    # An untied input embedding is a gather (one row per token), so like DeepSeek's
+    # "activated parameters" the active count leaves it out; a tied one is the LM head.
+    gathered = 0 if cfg.tie_word_embeddings else embedding
+    return ParamCount(total, total - inactive - gathered, embedding)
+
+
+def weight_bytes(cfg: ModelConfig, dtype: str, quant: QuantConfig | None = None) -> int:
+    """Bytes of all weights as stored (quantized projections include their scales)."""
+    q, nbytes = quant or QuantConfig(), dtype_bytes(dtype)
+    return math.ceil(sum(w.nbytes(q, nbytes) for w in _all_weights(cfg)))
+
+
+def layer_kv_bytes_per_token(cfg: ModelConfig, spec: LayerSpec, kv_bytes: int) -> int:
+    """KV bytes one token adds to this layer's cache (0 if the layer holds no KV)."""
+    if not spec.has_kv_cache:
+        return 0
+    if spec.mixer == "mla":
+        r, rope, _, _ = mla_dims(cfg)
+        return (r + rope) * kv_bytes
+    return 2 * cfg.kv_heads * cfg.dim_head * kv_bytes
+
+
+def kv_bytes_per_token(cfg: ModelConfig, dtype: str, quant: QuantConfig | None = None) -> int:
+    """KV-cache bytes per token summed over the layers that hold a cache."""
+    kvb = (quant or QuantConfig()).kv_bytes(dtype_bytes(dtype))
+    return sum(layer_kv_bytes_per_token(cfg, spec, kvb) for spec in cfg.layers())
+
+
+def kv_cache_bytes(
+    cfg: ModelConfig, dtype: str, quant: QuantConfig | None, context_len: int, batch: int
+) -> int:
+    """KV cache of `batch` sequences of `context_len` tokens (sliding layers keep the window)."""
+    kvb = (quant or QuantConfig()).kv_bytes(dtype_bytes(dtype))
+    per_seq = 0
+    for spec in cfg.layers():
+        held = context_len if spec.window is None else min(context_len, spec.window)
+        per_seq += layer_kv_bytes_per_token(cfg, spec, kvb) * held
+    return per_seq * batch
+
+
+def layer_state_bytes(cfg: ModelConfig, spec: LayerSpec, nbytes: int) -> int:
+    """Constant recurrent state of one sequence in one layer (0 for attention layers)."""
+    if spec.mixer == "linear":
+        f, hd, h = feature_dim(cfg), cfg.dim_head, cfg.num_heads
+        return (h * f * hd + h * f) * nbytes  # S and z per head
+    if spec.mixer == "ssm":
+        di, n, dc, _ = mamba_dims(cfg)
+        return (di * dc + di * n) * nbytes  # conv state + SSM state
+    return 0
+
+
+def state_bytes_per_seq(cfg: ModelConfig, dtype: str) -> int:
+    """Constant state per sequence over all linear-attention and SSM layers."""
+    nbytes = dtype_bytes(dtype)
+    return sum(layer_state_bytes(cfg, spec, nbytes) for spec in cfg.layers())

@@ -1,0 +1,199 @@
+"""Rows behind `infbench predict`, `kv`, `models`, `hardware` and `roofline` (no printing).
+
+The commands render these as rich tables or JSON; keeping the rows here lets later
+work add measured columns (from result files) next to the predicted ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from infbench.config import PRESETS, ModelConfig, QuantConfig
+from infbench.hardware import HARDWARE, HardwareSpec
+from infbench.plots import RooflinePoint
+from infbench.roofline.costs import (
+    kv_bytes_per_token,
+    kv_cache_bytes,
+    param_count,
+    state_bytes_per_seq,
+)
+from infbench.roofline.shapes import dtype_bytes, mla_dims
+
+if TYPE_CHECKING:
+    from infbench.roofline.analysis import Prediction, StagePrediction
+
+
+def _stage_dict(stage: StagePrediction) -> dict[str, Any]:
+    c = stage.cost
+    return {
+        "flops": c.flops,
+        "bytes": c.bytes,
+        "intensity": c.intensity,
+        "time_s": stage.time_s,
+        "bound": stage.bound,
+        "weight_bytes": c.weight_bytes,
+        "kv_read_bytes": c.kv_read_bytes,
+        "kv_write_bytes": c.kv_write_bytes,
+        "state_bytes": c.state_bytes,
+        "act_bytes": c.act_bytes,
+    }
+
+
+def prediction_dict(p: Prediction) -> dict[str, Any]:
+    """The JSON object of one prediction (bytes in bytes, times in seconds)."""
+    decode = _stage_dict(p.decode)
+    decode["step_time_s"] = decode.pop("time_s")
+    decode["time_per_token_s"] = p.time_per_token_s
+    decode["tokens_per_s"] = p.tokens_per_s
+    spec = None
+    if p.speculative is not None:
+        s = p.speculative
+        spec = {
+            **asdict(s.config),
+            "expected_tokens_per_step": s.expected_tokens_per_step,
+            "draft_time_s": s.draft_time_s,
+            "verify_time_s": s.verify_time_s,
+            "step_time_s": s.step_time_s,
+            "time_per_token_s": s.time_per_token_s,
+            "speedup": s.speedup,
+        }
+    return {
+        "model": p.model,
+        "hardware": p.hardware,
+        "dtype": p.dtype,
+        "quant": asdict(p.quant),
+        "batch": p.batch,
+        "prompt_len": p.prompt_len,
+        "gen_len": p.gen_len,
+        "params": p.params.total,
+        "active_params": p.params.active,
+        "weight_bytes": p.weight_bytes,
+        "kv_bytes_per_token": p.kv_bytes_per_token,
+        "kv_cache_bytes": p.kv_cache_bytes,
+        "state_bytes": p.state_bytes,
+        "memory_bytes": p.memory_bytes,
+        "memory_capacity_bytes": p.memory_capacity_bytes,
+        "fits": p.fits,
+        "max_batch": p.max_batch,
+        "ttft_s": p.ttft_s,
+        "e2e_s": p.e2e_s,
+        "prefill": _stage_dict(p.prefill),
+        "decode": decode,
+        "speculative": spec,
+        "ops": [op.to_dict() for stage in (p.prefill, p.decode) for op in stage.ops],
+    }
+
+
+@dataclass(frozen=True)
+class KVRow:
+    """KV footprint of one model at one context and batch."""
+
+    model: str
+    attention: str
+    kv_heads: int
+    kv_bytes_per_token: int
+    kv_cache_bytes: int  # whole batch at the context
+    mha_kv_cache_bytes: int  # an MHA model of the same shape, same context and batch
+    state_bytes_per_seq: int
+    reduction: float  # MHA KV / (KV + constant state), per sequence
+    max_batch: int
+    context_len: int
+    batch: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def mha_kv_bytes_per_token(cfg: ModelConfig, kv_bytes: int) -> int:
+    """KV per token of full MHA with the same layers, heads and head dims.
+
+    For MLA that is the decompressed per-head K (nope + rope) and V a plain cache
+    would hold.
+    """
+    if cfg.attention.kind == "mla":
+        _, rope, nope, v = mla_dims(cfg)
+        per_layer = cfg.num_heads * (nope + rope + v)
+    else:
+        per_layer = 2 * cfg.num_heads * cfg.dim_head
+    return cfg.num_layers * per_layer * kv_bytes
+
+
+def kv_rows(models: Sequence[ModelConfig], *, context_len: int, batch: int, hw: HardwareSpec,
+            dtype: str = "bfloat16", quant: QuantConfig | None = None) -> list[KVRow]:
+    from infbench.roofline.analysis import max_batch
+
+    quant = quant or QuantConfig()
+    kvb = quant.kv_bytes(dtype_bytes(dtype))
+    rows = []
+    for cfg in models:
+        kv = kv_cache_bytes(cfg, dtype, quant, context_len, batch)
+        state = state_bytes_per_seq(cfg, dtype)
+        mha = mha_kv_bytes_per_token(cfg, kvb) * context_len * batch
+        rows.append(KVRow(
+            model=cfg.name, attention=cfg.attention.kind, kv_heads=cfg.kv_heads,
+            kv_bytes_per_token=kv_bytes_per_token(cfg, dtype, quant), kv_cache_bytes=kv,
+            mha_kv_cache_bytes=mha, state_bytes_per_seq=state,
+            reduction=mha / (kv + state * batch),
+            max_batch=max_batch(cfg, hw, dtype, quant, context_len),
+            context_len=context_len, batch=batch,
+        ))
+    return rows
+
+
+def model_rows() -> list[dict[str, Any]]:
+    rows = []
+    for name, cfg in PRESETS.items():
+        params = param_count(cfg)
+        rows.append({
+            "model": name,
+            "params": params.total,
+            "active_params": params.active,
+            "layers": cfg.num_layers,
+            "hidden": cfg.hidden_size,
+            "heads": cfg.num_heads,
+            "kv_heads": cfg.kv_heads,
+            "attention": cfg.attention.kind,
+            "kv_bytes_per_token_bf16": kv_bytes_per_token(cfg, "bfloat16"),
+            "max_seq_len": cfg.max_seq_len,
+        })
+    return rows
+
+
+def hardware_rows() -> list[dict[str, Any]]:
+    return [
+        {
+            "hardware": name,
+            "description": hw.description,
+            "peak_flops": dict(hw.peak_flops),
+            "bandwidth_bytes_per_s": hw.bandwidth,
+            "memory_bytes": hw.memory_bytes,
+            "ridge_point_bf16": hw.ridge_point("bfloat16"),
+            "source": hw.source,
+        }
+        for name, hw in HARDWARE.items()
+    ]
+
+
+def roofline_points(predictions: Sequence[Prediction], include_ops: bool = True
+                    ) -> list[RooflinePoint]:
+    """Predicted stages (and operators) placed at their intensity and FLOP/s."""
+    points = []
+    for p in predictions:
+        for stage in (p.prefill, p.decode):
+            points.append(RooflinePoint(
+                f"{stage.stage} b={p.batch}", stage.intensity, stage.flops / stage.time_s,
+                "predicted", f"{stage.stage}/b{p.batch}", series=f"{stage.stage} (step)",
+                stage=stage.stage, batch=p.batch))
+            if not include_ops:
+                continue
+            for op in stage.ops:
+                if op.cost.flops <= 0 or op.cost.bytes <= 0:
+                    continue  # a pure gather has no place on a log-log roofline
+                points.append(RooflinePoint(
+                    f"{op.cost.name} ({stage.stage}, b={p.batch})", op.cost.intensity,
+                    op.cost.flops / op.time_s, "predicted",
+                    f"{stage.stage}/{op.cost.name}/b{p.batch}",
+                    series=f"{stage.stage} {op.cost.name}", stage=stage.stage, batch=p.batch))
+    return points
