@@ -30,6 +30,7 @@ class StepRecord:
     # KV each one attends over, and how many new tokens it computed.
     context_lens: list[int] = field(default_factory=list)
     query_lens: list[int] = field(default_factory=list)
+    logits_lens: list[int] = field(default_factory=list)  # rows that needed logits (0 or 1)
 
 
 @dataclass

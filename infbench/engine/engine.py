@@ -1,0 +1,199 @@
+"""Engine: joins scheduler, block manager, KV cache and runner into a step loop.
+
+`Engine.step()` is schedule -> execute -> update, timed, and emits a StepRecord;
+`Engine.run(requests)` replays a workload (arrival times honoured in real time
+for Poisson traffic) and returns per-request and per-step records for
+`infbench.metrics`.  Each `run` starts from a cold prefix cache, so warm-up runs
+and repeats do not leak cache hits into each other.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from infbench.config import EngineConfig, ModelConfig
+from infbench.engine.backend import get_ops
+from infbench.engine.block_manager import BlockManager
+from infbench.engine.kv_cache import TORCH_DTYPES, KVCache, plan_num_blocks
+from infbench.engine.request import Request
+from infbench.engine.runner import ModelRunner
+from infbench.engine.scheduler import Scheduler
+from infbench.engine.sequence import Sequence as Seq
+from infbench.errors import UserError
+from infbench.records import RequestRecord, StepRecord
+
+
+def kv_bytes_per_token_for(cfg: ModelConfig, dtype: torch.dtype) -> int:
+    """Bytes per token the KV pool will allocate (checked against the tensors later)."""
+    elem = torch.empty(0, dtype=dtype).element_size()
+    per_layer = cfg.kv_heads * cfg.dim_head * 2 * elem
+    return sum(per_layer for spec in cfg.layers() if spec.has_kv_cache)
+
+
+def sliding_release_window(cfg: ModelConfig) -> int | None:
+    """The window the block manager may free behind, when every layer is windowed alike."""
+    windows = {spec.window for spec in cfg.layers() if spec.mixer in ("attention", "mla")}
+    if len(windows) == 1:
+        (w,) = windows
+        return w
+    return None
+
+
+@dataclass
+class RunOutput:
+    requests: list[RequestRecord]
+    steps: list[StepRecord]
+    wall_s: float
+    outputs: dict[str, list[int]]  # request id (with /sample suffix when n > 1) -> tokens
+
+
+class Engine:
+    def __init__(self, model: torch.nn.Module, cfg: ModelConfig, engine_cfg: EngineConfig,
+                 device: torch.device, dtype: str, *, weight_bytes: int, seed: int = 0,
+                 eos_token_id: int | None = None, max_tokens_needed: int | None = None,
+                 min_seq_tokens: int = 1) -> None:
+        self.model = model
+        self.cfg = cfg
+        self.engine_cfg = engine_cfg
+        self.device = device
+        self.dtype = TORCH_DTYPES[dtype]
+        self.eos_token_id = eos_token_id
+        self.ops = get_ops(engine_cfg.backend, device)
+        if hasattr(model, "set_ops"):
+            model.set_ops(self.ops)
+        per_token = kv_bytes_per_token_for(cfg, self.dtype)
+        num_blocks, self.kv_budget_bytes = plan_num_blocks(
+            cfg, engine_cfg, per_token, weight_bytes, device, max_tokens_needed, min_seq_tokens)
+        self.kv = KVCache(cfg, num_blocks, engine_cfg.block_size, self.dtype, device)
+        self.window = sliding_release_window(cfg)
+        self.runner = ModelRunner(model, self.kv, self.ops, device, seed)
+        self.seed = seed
+        self.reset()
+
+    # ------------------------------------------------------------------ state
+    def reset(self) -> None:
+        """Fresh bookkeeping (cold prefix cache) over the same model and KV pool."""
+        self.block_manager = BlockManager(
+            self.kv.num_blocks, self.engine_cfg.block_size, self.engine_cfg.enable_prefix_caching)
+        self.scheduler = Scheduler(self.engine_cfg, self.block_manager, window=self.window,
+                                   eos_token_id=self.eos_token_id)
+        self.runner.sampler = type(self.runner.sampler)(self.seed)
+        self._step_index = 0
+
+    def add_request(self, request: Request) -> Seq:
+        if len(request.prompt_ids) + request.sampling.max_tokens > self.cfg.max_seq_len:
+            raise UserError(
+                f"request {request.request_id}: prompt ({len(request.prompt_ids)}) + max_tokens "
+                f"({request.sampling.max_tokens}) exceeds the model context "
+                f"({self.cfg.max_seq_len} tokens)")
+        # Forked samples take ids from the same counter, so ask the scheduler.
+        seq = Seq.from_request(request, self.scheduler.next_seq_id())
+        self.scheduler.add(seq)
+        return seq
+
+    def step(self, clock: Callable[[], float]) -> tuple[StepRecord, list[Seq]]:
+        start = clock()
+        out = self.scheduler.schedule()
+        sampled = self.runner.execute(out) if not out.is_empty else {}
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        now = clock()
+        finished = self.scheduler.update(out, sampled, now)
+        bm = self.block_manager
+        record = StepRecord(
+            index=self._step_index,
+            start_s=start,
+            duration_s=now - start,
+            num_prefill_tokens=out.num_prefill_tokens,
+            num_decode_tokens=out.num_decode_tokens,
+            num_prefill_seqs=sum(1 for s in out.scheduled if s.is_prefill),
+            num_decode_seqs=sum(1 for s in out.scheduled if not s.is_prefill),
+            num_running=self.scheduler.num_running,
+            num_waiting=self.scheduler.num_waiting,
+            kv_blocks_used=bm.num_used_blocks,
+            kv_blocks_total=bm.num_blocks,
+            kv_slots_used=used_slots(self.scheduler.running, bm),
+            num_preempted=len(out.preempted),
+            context_lens=[s.start_pos + s.num_new_tokens for s in out.scheduled],
+            query_lens=[s.num_new_tokens for s in out.scheduled],
+            logits_lens=[1 if s.num_samples > 0 else 0 for s in out.scheduled],
+        )
+        self._step_index += 1
+        for seq in finished:
+            self.runner.sampler.release((seq.request_id, seq.sample_index))
+        return record, finished
+
+    # ------------------------------------------------------------------ runs
+    def run(self, requests: Sequence[Request], realtime_arrivals: bool = True,
+            on_step: Callable[[StepRecord], None] | None = None) -> RunOutput:
+        """Serve `requests` to completion; arrival_s offsets are replayed in real time."""
+        self.reset()
+        pending = sorted(requests, key=lambda r: r.arrival_s)
+        t0 = time.perf_counter()
+
+        def clock() -> float:
+            return time.perf_counter() - t0
+
+        arrivals: dict[str, float] = {}
+        num_samples = {r.request_id: r.n for r in requests}
+        records: list[RequestRecord] = []
+        steps: list[StepRecord] = []
+        outputs: dict[str, list[int]] = {}
+        i = 0
+        while i < len(pending) or self.scheduler.has_unfinished:
+            now = clock()
+            while i < len(pending) and (pending[i].arrival_s <= now or not realtime_arrivals):
+                req = pending[i]
+                arrivals[req.request_id] = req.arrival_s if realtime_arrivals else 0.0
+                self.add_request(req)
+                i += 1
+            if not self.scheduler.has_unfinished:
+                time.sleep(max(0.0, pending[i].arrival_s - clock()))
+                continue
+            record, finished = self.step(clock)
+            steps.append(record)
+            if on_step is not None:
+                on_step(record)
+            for seq in finished:
+                key = seq.request_id if num_samples[seq.request_id] == 1 else f"{seq.request_id}/{seq.sample_index}"
+                outputs[key] = list(seq.output_ids)
+                records.append(RequestRecord(
+                    request_id=key,
+                    arrival_s=arrivals[seq.request_id],
+                    num_prompt_tokens=seq.num_prompt_tokens,
+                    token_times_s=list(seq.token_times_s),
+                    num_cached_prompt_tokens=seq.num_cached_tokens,
+                    num_preemptions=seq.num_preemptions,
+                    finish_reason=seq.finish_reason or "length",
+                    output_ids=list(seq.output_ids),
+                ))
+        return RunOutput(records, steps, clock(), outputs)
+
+
+def used_slots(running: list[Seq], bm: BlockManager) -> int:
+    """Token slots holding live KV: used blocks minus the empty tail of each last block.
+
+    Blocks cover exactly the computed tokens after an update, so only the last block
+    of a sequence can be partly empty; forked samples share it until they diverge,
+    hence the dict over block ids.
+    """
+    bs = bm.block_size
+    holes: dict[int, int] = {}
+    for seq in running:
+        if seq.block_table and seq.block_table[-1] >= 0:
+            fill = seq.num_computed_tokens - (len(seq.block_table) - 1) * bs
+            holes[seq.block_table[-1]] = bs - min(max(fill, 0), bs)
+    return bm.num_used_blocks * bs - sum(holes.values())
+
+
+def max_tokens_needed(requests: Sequence[Request], block_size: int) -> int:
+    """KV slots the workload can occupy at once, at most (every request resident)."""
+    return sum(
+        math.ceil((len(r.prompt_ids) + r.sampling.max_tokens) / block_size) * block_size * r.n
+        for r in requests
+    )

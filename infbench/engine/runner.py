@@ -1,0 +1,167 @@
+"""ModelRunner: turns a SchedulerOutput into tensors, runs the model, samples.
+
+Selective batching (Orca): every token scheduled this step, from every sequence,
+is flattened into one (T,) batch for the dense layers; attention runs per
+sequence over its own paged cache.  Sequences are ordered decode-first so the
+first `num_decode` rows of every (T, ...) tensor are one-token decodes served by
+the paged decode kernel and the rest are prompt chunks served by the varlen
+prefill kernel (which reads earlier context, and prefix-cache hits, from the
+cache).
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import torch
+
+from infbench.config import LayerSpec
+from infbench.engine.backend import Ops
+from infbench.engine.kv_cache import KVCache
+from infbench.engine.sampler import Sampler
+from infbench.engine.scheduler import ScheduledSeq, SchedulerOutput
+
+
+def _block_table_tensor(tables: list[list[int]], device: torch.device) -> torch.Tensor:
+    """(B, max_blocks) int32; released (-1) and padding entries point at block 0."""
+    width = max((len(t) for t in tables), default=1) or 1
+    rows = [[b if b >= 0 else 0 for b in t] + [0] * (width - len(t)) for t in tables]
+    return torch.tensor(rows, dtype=torch.int32, device=device)
+
+
+@dataclass
+class StepInputs:
+    """The flattened batch of one step (T tokens over B sequences, decodes first)."""
+
+    input_ids: torch.Tensor  # (T,) int64
+    positions: torch.Tensor  # (T,) int64
+    slot_mapping: torch.Tensor  # (T,) int64
+    num_decode: int  # the first num_decode tokens are single-token decodes
+    decode_tables: torch.Tensor  # (num_decode, max_blocks) int32
+    decode_context_lens: torch.Tensor  # (num_decode,) int32
+    prefill_cu_seqlens: torch.Tensor  # (num_prefill_seqs + 1,) int32, offsets into the prefill part
+    prefill_tables: torch.Tensor  # (num_prefill_seqs, max_blocks) int32
+    prefill_context_lens: torch.Tensor  # (num_prefill_seqs,) int32, total length incl. new tokens
+    logits_rows: list[int]  # rows of the (T, H) hidden state that need logits
+    sampled_seqs: list[ScheduledSeq]  # one per logits row
+
+
+class PagedAttentionContext:
+    """AttentionContext over the paged cache for one step (see model/context.py)."""
+
+    def __init__(self, kv: KVCache, ops: Ops, inputs: StepInputs) -> None:
+        self.kv = kv
+        self.ops = ops
+        self.inputs = inputs
+
+    def attention(self, layer: LayerSpec, q: torch.Tensor, k: torch.Tensor | None,
+                  v: torch.Tensor | None, scale: float) -> torch.Tensor:
+        inp = self.inputs
+        k_cache, v_cache = self.kv.layer(layer)
+        if k is not None and v is not None:  # CLA non-owners reuse their group's cache
+            self.ops.store_kv(k, v, k_cache, v_cache, inp.slot_mapping)
+        nd = inp.num_decode
+        if nd == q.shape[0]:
+            return self.ops.decode_attention(  # type: ignore[no-any-return]
+                q, k_cache, v_cache, inp.decode_tables, inp.decode_context_lens, scale,
+                layer.window)
+        if nd == 0:
+            return self.ops.prefill_attention(  # type: ignore[no-any-return]
+                q, k_cache, v_cache, inp.prefill_cu_seqlens, inp.prefill_context_lens,
+                inp.prefill_tables, scale, layer.window)
+        out = torch.empty(q.shape[0], q.shape[1], v_cache.shape[-1], dtype=q.dtype,
+                          device=q.device)  # (T, Hq, Dv)
+        out[:nd] = self.ops.decode_attention(
+            q[:nd], k_cache, v_cache, inp.decode_tables, inp.decode_context_lens, scale,
+            layer.window)
+        out[nd:] = self.ops.prefill_attention(
+            q[nd:], k_cache, v_cache, inp.prefill_cu_seqlens, inp.prefill_context_lens,
+            inp.prefill_tables, scale, layer.window)
+        return out
+
+
+class ModelRunner:
+    """Owns the step's tensors; the model and the KV pool are shared across runs."""
+
+    def __init__(self, model: torch.nn.Module, kv: KVCache, ops: Ops, device: torch.device,
+                 seed: int = 0) -> None:
+        self.model = model
+        self.kv = kv
+        self.ops = ops
+        self.device = device
+        self.seed = seed
+        self.sampler = Sampler(seed)
+
+    def prepare(self, out: SchedulerOutput) -> StepInputs:
+        bs = self.kv.block_size
+        order = sorted(out.scheduled, key=lambda s: s.is_prefill)  # stable: decodes first
+        ids: list[int] = []
+        pos: list[int] = []
+        slots: list[int] = []
+        dec_tables, dec_lens, pre_tables, pre_lens = [], [], [], []
+        cu = [0]
+        logits_rows: list[int] = []
+        sampled: list[ScheduledSeq] = []
+        num_decode = 0
+        for s in order:
+            seq, start, n = s.seq, s.start_pos, s.num_new_tokens
+            table = seq.block_table
+            ids.extend(seq.token_ids[start:start + n])
+            pos.extend(range(start, start + n))
+            slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
+            if s.is_prefill:
+                pre_tables.append(table)
+                pre_lens.append(start + n)
+                cu.append(cu[-1] + n)
+            else:
+                num_decode += 1
+                dec_tables.append(table)
+                dec_lens.append(start + n)
+            if s.num_samples > 0:
+                logits_rows.append(len(ids) - 1)
+                sampled.append(s)
+        dev = self.device
+
+        def i32(x: list[int]) -> torch.Tensor:
+            return torch.tensor(x, dtype=torch.int32, device=dev)
+
+        return StepInputs(
+            input_ids=torch.tensor(ids, dtype=torch.long, device=dev),
+            positions=torch.tensor(pos, dtype=torch.long, device=dev),
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
+            num_decode=num_decode,
+            decode_tables=_block_table_tensor(dec_tables, dev),
+            decode_context_lens=i32(dec_lens),
+            prefill_cu_seqlens=i32(cu),
+            prefill_tables=_block_table_tensor(pre_tables, dev),
+            prefill_context_lens=i32(pre_lens),
+            logits_rows=logits_rows,
+            sampled_seqs=sampled,
+        )
+
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput) -> dict[int, list[int]]:
+        """Run one step; returns the sampled tokens per sequence id."""
+        self.kv.copy_blocks(out.block_copies)
+        inputs = self.prepare(out)
+        ctx = PagedAttentionContext(self.kv, self.ops, inputs)
+        hidden = self.model(inputs.input_ids, inputs.positions, ctx)  # (T, H)
+        if not inputs.logits_rows:
+            return {}
+        rows = torch.tensor(inputs.logits_rows, dtype=torch.long, device=self.device)
+        logits = self.model.compute_logits(hidden.index_select(0, rows))  # (N, V) float32
+        seqs = [s.seq for s in inputs.sampled_seqs]
+        tokens = self.sampler.sample(
+            logits,
+            [q.sampling for q in seqs],
+            [(q.request_id, q.sample_index) for q in seqs],
+            [s.num_samples for s in inputs.sampled_seqs],
+            [self.sample_seed(q.request_id, q.sampling.seed) for q in seqs],
+        )
+        return {q.seq_id: t for q, t in zip(seqs, tokens)}
+
+    def sample_seed(self, request_id: str, seed: int | None) -> int:
+        if seed is not None:
+            return seed
+        return (zlib.crc32(request_id.encode()) ^ (self.seed * 0x9E3779B1)) & 0x7FFFFFFF

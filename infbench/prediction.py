@@ -1,0 +1,42 @@
+"""The analytic prediction for a measured scenario point, under the metric names.
+
+`bench.run_point` stores this next to the measured metrics, so `infbench
+report` can print measured, predicted and error % side by side.  Static and
+offline workloads are predicted (offline as waves of `max_num_seqs` requests);
+Poisson traffic depends on queueing the roofline does not model, so it is left
+unpredicted rather than guessed.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from infbench.config import ModelConfig
+from infbench.hardware import HardwareSpec
+from infbench.roofline.analysis import predict
+from infbench.roofline.tables import prediction_dict
+
+
+def predict_point(point: Any, cfg: ModelConfig, hw: HardwareSpec) -> dict[str, Any]:
+    w = point.workload
+    if w.kind == "poisson":
+        return {"hardware": hw.name, "note": "not predicted: Poisson arrivals (queueing)"}
+    n = w.batch_size if w.kind == "static" else w.num_requests
+    n *= w.samples_per_prompt
+    batch = min(n, point.engine.max_num_seqs)
+    waves = math.ceil(n / batch)
+    p = predict(cfg, hw, batch=batch, prompt_len=w.prompt_len, gen_len=w.gen_len,
+                dtype=point.dtype, quant=point.quant_config())
+    d = prediction_dict(p)
+    wall = waves * p.e2e_s
+    d.update({
+        "hardware": hw.name,
+        "ttft_s": p.ttft_s,
+        "tpot_s": p.time_per_token_s,
+        "e2e_s": p.e2e_s,
+        "output_tokens_per_s": n * w.gen_len / wall,
+        "total_tokens_per_s": n * (w.prompt_len + w.gen_len) / wall,
+        "waves": waves,
+    })
+    return d
