@@ -18,21 +18,20 @@ import torch
 
 from infbench.config import EngineConfig, ModelConfig
 from infbench.engine.backend import get_ops
-from infbench.engine.block_manager import BlockManager
-from infbench.engine.kv_cache import TORCH_DTYPES, KVCache, plan_num_blocks
+from infbench.engine.block_manager import BlockManager, StateSlots
+from infbench.engine.kv_cache import (
+    TORCH_DTYPES,
+    KVCache,
+    StatePool,
+    kv_bytes_per_token_for,
+    plan_num_blocks,
+)
 from infbench.engine.request import Request
 from infbench.engine.runner import ModelRunner
 from infbench.engine.scheduler import Scheduler
 from infbench.engine.sequence import Sequence as Seq
 from infbench.errors import UserError
 from infbench.records import RequestRecord, StepRecord
-
-
-def kv_bytes_per_token_for(cfg: ModelConfig, dtype: torch.dtype) -> int:
-    """Bytes per token the KV pool will allocate (checked against the tensors later)."""
-    elem = torch.empty(0, dtype=dtype).element_size()
-    per_layer = cfg.kv_heads * cfg.dim_head * 2 * elem
-    return sum(per_layer for spec in cfg.layers() if spec.has_kv_cache)
 
 
 def sliding_release_window(cfg: ModelConfig) -> int | None:
@@ -66,22 +65,30 @@ class Engine:
         self.ops = get_ops(engine_cfg.backend, device)
         if hasattr(model, "set_ops"):
             model.set_ops(self.ops)
-        per_token = kv_bytes_per_token_for(cfg, self.dtype)
+        elem = torch.empty(0, dtype=self.dtype).element_size()
+        per_token = kv_bytes_per_token_for(cfg, elem)
         num_blocks, self.kv_budget_bytes = plan_num_blocks(
             cfg, engine_cfg, per_token, weight_bytes, device, max_tokens_needed, min_seq_tokens)
         self.kv = KVCache(cfg, num_blocks, engine_cfg.block_size, self.dtype, device)
+        # Constant-state schemes reserve one state slot per running sequence instead of blocks.
+        has_state = any(spec.mixer in ("linear", "ssm") for spec in cfg.layers())
+        self.states = (StatePool(cfg, engine_cfg.max_num_seqs, self.dtype, device)
+                       if has_state else None)
         self.window = sliding_release_window(cfg)
-        self.runner = ModelRunner(model, self.kv, self.ops, device, seed)
+        self.runner = ModelRunner(model, self.kv, self.ops, device, seed, states=self.states)
         self.seed = seed
         self.reset()
 
     # ------------------------------------------------------------------ state
     def reset(self) -> None:
         """Fresh bookkeeping (cold prefix cache) over the same model and KV pool."""
+        # A prefix-cache hit cannot restore a recurrent state: no prefix caching with states.
+        caching = self.engine_cfg.enable_prefix_caching and self.states is None
         self.block_manager = BlockManager(
-            self.kv.num_blocks, self.engine_cfg.block_size, self.engine_cfg.enable_prefix_caching)
-        self.scheduler = Scheduler(self.engine_cfg, self.block_manager, window=self.window,
-                                   eos_token_id=self.eos_token_id)
+            self.kv.num_blocks, self.engine_cfg.block_size, caching)
+        slots = StateSlots(self.states.num_slots) if self.states is not None else None
+        self.scheduler = Scheduler(self.engine_cfg, self.block_manager, state_slots=slots,
+                                   window=self.window, eos_token_id=self.eos_token_id)
         self.runner.sampler = type(self.runner.sampler)(self.seed)
         self._step_index = 0
 
@@ -104,6 +111,9 @@ class Engine:
             torch.cuda.synchronize(self.device)
         now = clock()
         finished = self.scheduler.update(out, sampled, now)
+        if self.states is not None and self.scheduler.forked:
+            self.states.copy_slots([(p.state_slot, c.state_slot)
+                                    for p, c in self.scheduler.forked])
         bm = self.block_manager
         record = StepRecord(
             index=self._step_index,

@@ -39,17 +39,27 @@ def available_memory_bytes(device: torch.device) -> int:
     return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
 
 
-@dataclass(frozen=True)
-class CacheLayout:
-    """Shapes of one layer's cache entries (per token)."""
+def cache_entries(cfg: ModelConfig, spec: LayerSpec) -> list[tuple[str, tuple[int, ...]]]:
+    """Per-token cache entries of one KV-owning layer: (name, shape per token).
 
-    num_kv_heads: int
-    head_dim: int
-    v_head_dim: int
+    Attention stores K and V per KV head; MLA stores one latent row per token: the
+    compressed KV (kv_lora_rank) followed by the decoupled RoPE key (qk_rope_head_dim),
+    shared by all heads (DeepSeek-V2).  Values are the latent's first kv_lora_rank dims.
+    """
+    if spec.mixer == "mla":
+        a = cfg.attention
+        return [("kv", (1, a.kv_lora_rank + a.qk_rope_head_dim))]
+    return [("k", (cfg.kv_heads, cfg.dim_head)), ("v", (cfg.kv_heads, cfg.dim_head))]
 
 
-def cache_layout(cfg: ModelConfig) -> CacheLayout:
-    return CacheLayout(cfg.kv_heads, cfg.dim_head, cfg.dim_head)
+def kv_bytes_per_token_for(cfg: ModelConfig, element_size: int) -> int:
+    """Bytes per token the pool will allocate (tests check it against the tensors)."""
+    total = 0
+    for spec in cfg.layers():
+        if spec.has_kv_cache:
+            for _name, shape in cache_entries(cfg, spec):
+                total += math.prod(shape) * element_size
+    return total
 
 
 class KVCache:
@@ -60,27 +70,27 @@ class KVCache:
         self.cfg = cfg
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.layout = cache_layout(cfg)
         self.layers: tuple[LayerSpec, ...] = cfg.layers()
-        lay = self.layout
-        self._k: dict[int, torch.Tensor] = {}
-        self._v: dict[int, torch.Tensor] = {}
+        # layer index -> {entry name: (num_blocks, block_size, heads, dim)}
+        self._cache: dict[int, dict[str, torch.Tensor]] = {}
         for spec in self.layers:
             if spec.has_kv_cache:
-                # (num_blocks, block_size, num_kv_heads, head_dim)
-                self._k[spec.index] = torch.zeros(
-                    num_blocks, block_size, lay.num_kv_heads, lay.head_dim,
-                    dtype=dtype, device=device)
-                self._v[spec.index] = torch.zeros(
-                    num_blocks, block_size, lay.num_kv_heads, lay.v_head_dim,
-                    dtype=dtype, device=device)
+                self._cache[spec.index] = {
+                    name: torch.zeros(num_blocks, block_size, *shape, dtype=dtype, device=device)
+                    for name, shape in cache_entries(cfg, spec)
+                }
 
     def layer(self, spec: LayerSpec) -> tuple[torch.Tensor, torch.Tensor]:
         """The (K, V) cache that `spec` reads (its own, or its CLA group owner's)."""
-        return self._k[spec.kv_source], self._v[spec.kv_source]
+        entry = self._cache[spec.kv_source]
+        return entry["k"], entry["v"]
+
+    def latent(self, spec: LayerSpec) -> torch.Tensor:
+        """MLA: the (num_blocks, block_size, 1, kv_lora_rank + rope_dim) latent cache."""
+        return self._cache[spec.kv_source]["kv"]
 
     def tensors(self) -> list[torch.Tensor]:
-        return [*self._k.values(), *self._v.values()]
+        return [t for entry in self._cache.values() for t in entry.values()]
 
     @property
     def bytes_per_token(self) -> int:
@@ -94,13 +104,53 @@ class KVCache:
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """Copy-on-write: duplicate whole blocks (src -> dst) in every layer."""
-        if not copies:
+        tensors = self.tensors()
+        if not copies or not tensors:
             return
-        device = next(iter(self._k.values())).device if self._k else None
+        device = tensors[0].device
         src = torch.tensor([s for s, _ in copies], dtype=torch.long, device=device)
         dst = torch.tensor([d for _, d in copies], dtype=torch.long, device=device)
-        for t in self.tensors():
+        for t in tensors:
             t[dst] = t[src]
+
+
+class StatePool:
+    """Constant per-sequence state of linear-attention and SSM layers, one slot per sequence.
+
+    Shapes come from `roofline.shapes.layer_state_entries`, the same source the
+    analytic model prices, so the measured state bytes equal the predicted ones.
+    """
+
+    def __init__(self, cfg: ModelConfig, num_slots: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        from infbench.roofline.shapes import layer_state_entries
+
+        self.num_slots = num_slots
+        # layer index -> {name: (num_slots, *shape)}
+        self._state: dict[int, dict[str, torch.Tensor]] = {}
+        for spec in cfg.layers():
+            entries = layer_state_entries(cfg, spec)
+            if entries:
+                self._state[spec.index] = {
+                    name: torch.zeros(num_slots, *shape, dtype=dtype, device=device)
+                    for name, shape in entries
+                }
+
+    def layer(self, index: int) -> dict[str, torch.Tensor]:
+        return self._state[index]
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for entry in self._state.values() for t in entry.values()]
+
+    @property
+    def bytes_per_seq(self) -> int:
+        return sum(t[0].numel() * t.element_size() for t in self.tensors())
+
+    def copy_slots(self, copies: list[tuple[int, int]]) -> None:
+        """A forked sample continues from its parent's state."""
+        for src, dst in copies:
+            for t in self.tensors():
+                t[dst] = t[src]
 
 
 def plan_num_blocks(cfg: ModelConfig, engine: EngineConfig, bytes_per_token: int,

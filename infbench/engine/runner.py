@@ -18,7 +18,7 @@ import torch
 
 from infbench.config import LayerSpec
 from infbench.engine.backend import Ops
-from infbench.engine.kv_cache import KVCache
+from infbench.engine.kv_cache import KVCache, StatePool
 from infbench.engine.sampler import Sampler
 from infbench.engine.scheduler import ScheduledSeq, SchedulerOutput
 
@@ -45,15 +45,72 @@ class StepInputs:
     prefill_context_lens: torch.Tensor  # (num_prefill_seqs,) int32, total length incl. new tokens
     logits_rows: list[int]  # rows of the (T, H) hidden state that need logits
     sampled_seqs: list[ScheduledSeq]  # one per logits row
+    # Per-sequence layout over all T tokens (decodes first), for recurrent mixers.
+    seq_cu_seqlens: torch.Tensor  # (B + 1,) int64
+    seq_start_pos: torch.Tensor  # (B,) int64: 0 means the state starts from zero
+    state_slots: torch.Tensor  # (B,) int64 (-1 when the model has no recurrent state)
+
+
+@dataclass
+class LayerState:
+    """What a linear-attention or SSM layer needs: its state slots and the step layout.
+
+    `tensors[name]` is (num_slots, ...); sequence b owns tokens
+    cu_seqlens[b]:cu_seqlens[b+1] and state slot `slots[b]`; a sequence whose
+    start_pos is 0 begins from a zero state (new, or recomputed after preemption).
+    The first `num_decode` sequences have exactly one token each.
+    """
+
+    tensors: dict[str, torch.Tensor]
+    slots: torch.Tensor
+    cu_seqlens: torch.Tensor
+    start_pos: torch.Tensor
+    num_decode: int
 
 
 class PagedAttentionContext:
     """AttentionContext over the paged cache for one step (see model/context.py)."""
 
-    def __init__(self, kv: KVCache, ops: Ops, inputs: StepInputs) -> None:
+    def __init__(self, kv: KVCache, ops: Ops, inputs: StepInputs,
+                 states: StatePool | None = None) -> None:
         self.kv = kv
         self.ops = ops
         self.inputs = inputs
+        self.states = states
+
+    def state(self, layer: LayerSpec) -> LayerState:
+        """The recurrent state of a linear-attention or SSM layer for this step."""
+        assert self.states is not None, "model has recurrent layers but no state pool"
+        inp = self.inputs
+        return LayerState(self.states.layer(layer.index), inp.state_slots, inp.seq_cu_seqlens,
+                          inp.seq_start_pos, inp.num_decode)
+
+    def mla_attention(self, layer: LayerSpec, q: torch.Tensor, latent: torch.Tensor,
+                      scale: float) -> torch.Tensor:
+        """MLA with absorbed weights: multi-query attention over the latent cache.
+
+        q: (T, H, kv_lora_rank + rope_dim), queries already projected into the latent
+        space and concatenated with their RoPE part; latent: (T, kv_lora_rank +
+        rope_dim), this step's compressed KV with the decoupled RoPE key.  Keys are the
+        whole latent row, values its first kv_lora_rank dims (the same bytes: MLA reads
+        576 values per token, not 2 x heads x head_dim).  Returns (T, H, kv_lora_rank).
+        """
+        inp = self.inputs
+        cache = self.kv.latent(layer)  # (num_blocks, block_size, 1, Dl + Dr)
+        rank = self.kv.cfg.attention.kv_lora_rank
+        flat = cache.view(-1, cache.shape[-1])  # (slots, Dl + Dr)
+        flat.index_copy_(0, inp.slot_mapping, latent.to(cache.dtype))
+        values = cache[..., :rank]  # a strided view: no second copy of the latent
+        nd = inp.num_decode
+        parts = []
+        if nd:
+            parts.append(self.ops.mla_decode_attention(
+                q[:nd], cache, values, inp.decode_tables, inp.decode_context_lens, scale))
+        if nd < q.shape[0]:
+            parts.append(self.ops.prefill_attention(
+                q[nd:], cache, values, inp.prefill_cu_seqlens, inp.prefill_context_lens,
+                inp.prefill_tables, scale, layer.window))
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def attention(self, layer: LayerSpec, q: torch.Tensor, k: torch.Tensor | None,
                   v: torch.Tensor | None, scale: float) -> torch.Tensor:
@@ -85,9 +142,10 @@ class ModelRunner:
     """Owns the step's tensors; the model and the KV pool are shared across runs."""
 
     def __init__(self, model: torch.nn.Module, kv: KVCache, ops: Ops, device: torch.device,
-                 seed: int = 0) -> None:
+                 seed: int = 0, states: StatePool | None = None) -> None:
         self.model = model
         self.kv = kv
+        self.states = states
         self.ops = ops
         self.device = device
         self.seed = seed
@@ -104,8 +162,12 @@ class ModelRunner:
         logits_rows: list[int] = []
         sampled: list[ScheduledSeq] = []
         num_decode = 0
+        seq_cu, seq_start, state_slots = [0], [], []
         for s in order:
             seq, start, n = s.seq, s.start_pos, s.num_new_tokens
+            seq_cu.append(seq_cu[-1] + n)
+            seq_start.append(start)
+            state_slots.append(seq.state_slot)
             table = seq.block_table
             ids.extend(seq.token_ids[start:start + n])
             pos.extend(range(start, start + n))
@@ -138,6 +200,9 @@ class ModelRunner:
             prefill_context_lens=i32(pre_lens),
             logits_rows=logits_rows,
             sampled_seqs=sampled,
+            seq_cu_seqlens=torch.tensor(seq_cu, dtype=torch.long, device=dev),
+            seq_start_pos=torch.tensor(seq_start, dtype=torch.long, device=dev),
+            state_slots=torch.tensor(state_slots, dtype=torch.long, device=dev),
         )
 
     @torch.inference_mode()
@@ -145,7 +210,7 @@ class ModelRunner:
         """Run one step; returns the sampled tokens per sequence id."""
         self.kv.copy_blocks(out.block_copies)
         inputs = self.prepare(out)
-        ctx = PagedAttentionContext(self.kv, self.ops, inputs)
+        ctx = PagedAttentionContext(self.kv, self.ops, inputs, self.states)
         hidden = self.model(inputs.input_ids, inputs.positions, ctx)  # (T, H)
         if not inputs.logits_rows:
             return {}

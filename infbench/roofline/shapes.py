@@ -219,15 +219,24 @@ def kv_cache_bytes(
     return per_seq * batch
 
 
-def layer_state_bytes(cfg: ModelConfig, spec: LayerSpec, nbytes: int) -> int:
-    """Constant recurrent state of one sequence in one layer (0 for attention layers)."""
+def layer_state_entries(cfg: ModelConfig, spec: LayerSpec) -> list[tuple[str, tuple[int, ...]]]:
+    """Constant recurrent state of one sequence in one layer: (name, shape) entries.
+
+    The engine allocates exactly these tensors per sequence slot, so measured state
+    memory equals the predicted one.  Attention and MLA layers have none.
+    """
     if spec.mixer == "linear":
         f, hd, h = feature_dim(cfg), cfg.dim_head, cfg.num_heads
-        return (h * f * hd + h * f) * nbytes  # S and z per head
+        return [("S", (h, f, hd)), ("z", (h, f))]  # sum of phi(k) v^T and of phi(k), per head
     if spec.mixer == "ssm":
         di, n, dc, _ = mamba_dims(cfg)
-        return (di * dc + di * n) * nbytes  # conv state + SSM state
-    return 0
+        return [("conv", (di, dc)), ("ssm", (di, n))]  # last d_conv inputs; SSM state h
+    return []
+
+
+def layer_state_bytes(cfg: ModelConfig, spec: LayerSpec, nbytes: int) -> int:
+    """Constant recurrent state of one sequence in one layer (0 for attention layers)."""
+    return sum(math.prod(shape) for _, shape in layer_state_entries(cfg, spec)) * nbytes
 
 
 def state_bytes_per_seq(cfg: ModelConfig, dtype: str) -> int:
