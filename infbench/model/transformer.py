@@ -1,0 +1,189 @@
+"""The Llama-family decoder with a selective-batching interface.
+
+`Transformer.forward` takes every token scheduled in an engine step, flattened
+into one (T,) batch with explicit positions, runs the dense layers on all of
+them at once and delegates attention to an `AttentionContext` (which knows the
+sequence boundaries and the KV cache).  Parameter names follow vLLM's fused
+layout: `qkv_proj` (q rows, then k, then v) and `gate_up_proj` (gate, then up).
+
+Each layer's mixer comes from `ModelConfig.layers()`; only softmax attention is
+implemented here, the other mixers plug into `MIXERS` when their issues land.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from infbench.config import LayerSpec, ModelConfig, QuantConfig
+from infbench.errors import ConfigError
+from infbench.model.context import AttentionContext
+from infbench.model.layers import RMSNorm, SwiGLUMLP, apply_rope, build_rope_cache
+from infbench.model.linear import make_linear
+
+
+class Attention(nn.Module):
+    """Softmax attention (MHA/GQA/MQA, sliding window, CLA) with a fused qkv projection."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        layer: LayerSpec,
+        quant: QuantConfig | None,
+        dtype: torch.dtype | None,
+        device: Any,
+    ) -> None:
+        super().__init__()
+        self.layer = layer
+        self.num_heads, self.num_kv_heads = config.num_heads, config.kv_heads
+        self.head_dim = config.dim_head
+        self.scale = self.head_dim**-0.5
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        # A CLA layer that reads another layer's KV has no k/v projection at all.
+        self.split_sizes = [q_size, kv_size, kv_size] if layer.owns_kv else [q_size]
+        kw: dict[str, Any] = dict(quant=quant, dtype=dtype, device=device)
+        self.qkv_proj = make_linear(config.hidden_size, sum(self.split_sizes), **kw)
+        self.o_proj = make_linear(q_size, config.hidden_size, **kw)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        ctx: AttentionContext,
+        rope_cache: torch.Tensor,
+    ) -> torch.Tensor:
+        num_tokens = x.shape[0]
+        parts = self.qkv_proj(x).split(self.split_sizes, dim=-1)  # (T, Hq*D) [, (T, Hkv*D) x2]
+        q = parts[0].view(num_tokens, self.num_heads, self.head_dim)  # (T, Hq, D)
+        k = v = None
+        if self.layer.owns_kv:
+            k = parts[1].view(num_tokens, self.num_kv_heads, self.head_dim)  # (T, Hkv, D)
+            v = parts[2].view(num_tokens, self.num_kv_heads, self.head_dim)  # (T, Hkv, D)
+        q, k = apply_rope(q, k, positions, rope_cache)
+        out = ctx.attention(self.layer, q, k, v, self.scale)  # (T, Hq, D)
+        return self.o_proj(out.reshape(num_tokens, -1))  # (T, H)
+
+
+# Mixer registry: LayerSpec.mixer -> module class.  The error names what is missing.
+MIXERS: dict[str, type[nn.Module]] = {"attention": Attention}
+_PENDING_MIXERS = {
+    "mla": "multi-head latent attention (mla) comes with the MLA attention work",
+    "linear": "linear attention comes with the linear-attention work",
+    "ssm": "the Mamba (ssm) mixer comes with the state-space-model work",
+}
+
+
+def _make_mixer(
+    config: ModelConfig, layer: LayerSpec, quant: QuantConfig | None, dtype: Any, device: Any
+) -> nn.Module:
+    if layer.mixer not in MIXERS:
+        reason = _PENDING_MIXERS.get(layer.mixer, "no implementation registered")
+        raise ConfigError(
+            f"layer {layer.index}: mixer {layer.mixer!r} is not implemented in infbench.model yet "
+            f"({reason}); implemented: {', '.join(MIXERS)}"
+        )
+    return MIXERS[layer.mixer](config, layer, quant, dtype, device)
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm residual block: x + mixer(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        layer: LayerSpec,
+        quant: QuantConfig | None,
+        dtype: torch.dtype | None,
+        device: Any,
+    ) -> None:
+        super().__init__()
+        norm_kw: dict[str, Any] = dict(dtype=dtype, device=device)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, **norm_kw)
+        self.self_attn = _make_mixer(config, layer, quant, dtype, device)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, **norm_kw)
+        self.mlp = SwiGLUMLP(
+            config.hidden_size, config.intermediate_size, quant, dtype=dtype, device=device
+        )
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        ctx: AttentionContext,
+        rope_cache: torch.Tensor,
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), positions, ctx, rope_cache)  # (T, H)
+        return x + self.mlp(self.post_attention_layernorm(x))  # (T, H)
+
+
+class Transformer(nn.Module):
+    """Decoder-only LM: embed -> layers -> final norm; `compute_logits` applies the LM head.
+
+    Built directly on `device` in `dtype`.  On the meta device nothing is allocated:
+    loaders then call `to_empty(device=...)`, fill the weights and `init_rope_cache()`.
+    """
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: Any = "cpu",
+        quant: QuantConfig | None = None,
+    ) -> None:
+        super().__init__()
+        if config.moe is not None:
+            raise ConfigError(
+                f"model {config.name!r}: mixture-of-experts MLPs are not implemented in "
+                "infbench.model yet (they come with the MoE work)"
+            )
+        self.config = config
+        self.dtype = dtype
+        self.layer_specs = config.layers()
+        self.embed_tokens = nn.Embedding(
+            config.vocab_size, config.hidden_size, dtype=dtype, device=device
+        )
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, spec, quant, dtype, device) for spec in self.layer_specs
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype, device=device)
+        self.lm_head: nn.Module | None = None
+        if not config.tie_word_embeddings:
+            self.lm_head = make_linear(
+                config.hidden_size, config.vocab_size, quant=quant, dtype=dtype, device=device
+            )
+        # Not persistent: derived from the config, never part of a checkpoint.
+        self.register_buffer("rope_cache", self._rope_cache(device), persistent=False)
+
+    def _rope_cache(self, device: Any) -> torch.Tensor:
+        c = self.config
+        return build_rope_cache(
+            c.max_seq_len, c.dim_head, c.rope_theta, c.rope_scaling_dict, self.dtype, device
+        )
+
+    def init_rope_cache(self) -> None:
+        """Recompute the RoPE table in place (after `to_empty` left it uninitialized)."""
+        self.rope_cache = self._rope_cache(self.embed_tokens.weight.device)
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext
+    ) -> torch.Tensor:
+        """input_ids (T,), positions (T,) -> final-normed hidden states (T, H)."""
+        if input_ids.dim() != 1 or positions.shape != input_ids.shape:
+            raise ValueError(
+                f"expected input_ids (T,) and positions (T,), got {tuple(input_ids.shape)} "
+                f"and {tuple(positions.shape)}"
+            )
+        x = self.embed_tokens(input_ids)  # (T, H)
+        for layer in self.layers:
+            x = layer(x, positions, ctx, self.rope_cache)
+        return self.norm(x)  # (T, H)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden (N, H) -> logits (N, V) in float32."""
+        if self.lm_head is None:
+            return F.linear(hidden, self.embed_tokens.weight).float()  # tied (N, V)
+        return self.lm_head(hidden).float()  # (N, V)
