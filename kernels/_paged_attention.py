@@ -1,0 +1,162 @@
+"""Pieces shared by the paged decode and prefill attention kernels.
+
+`attend_kv_range` is the inner loop of both Triton kernels: it streams the keys and
+values at positions [start, end) of one sequence out of the paged cache, one tile of
+BLOCK_N tokens at a time, and folds them into an online softmax (FlashAttention) for
+a tile of query rows that all share one KV head.  Block ids are looked up per token,
+so a tile may span several cache blocks and the cache block size need not be a power
+of two.  Scores live in the log2 domain (scale pre-multiplied by log2(e)) so the
+kernel uses exp2.
+
+`gather_kv_ref` and `attention_ref` are the torch building blocks of the references.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.0 / math.log(2.0)
+# Stand-in for "no sliding window": larger than any position difference.
+NO_WINDOW = 1 << 30
+
+
+def window_arg(window: int | None) -> int:
+    if window is None:
+        return NO_WINDOW
+    assert window > 0, f"window must be a positive token count, got {window}"
+    return int(window)
+
+
+@triton.jit
+def attend_kv_range(
+    acc, l_i, m_i,  # running output (BLOCK_M, BLOCK_DV), sum and max (BLOCK_M,), fp32
+    q,  # (BLOCK_M, BLOCK_D) query rows of one KV-head group
+    q_pos,  # (BLOCK_M,) position of each query row; -1 for padding rows
+    k_cache_ptr, v_cache_ptr, block_table_ptr,  # block_table_ptr: this sequence's row
+    kv_head, start, end, window, qk_scale,  # qk_scale = softmax scale * log2(e)
+    stride_kb, stride_ko, stride_kh, stride_kd,
+    stride_vb, stride_vo, stride_vh, stride_vd,
+    block_size,
+    HEAD_DIM: tl.constexpr, V_HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    d_mask = offs_d < HEAD_DIM
+    dv_mask = offs_dv < V_HEAD_DIM
+    for tile_start in range(start, end, BLOCK_N):
+        pos = tile_start + offs_n  # (BLOCK_N,) token positions
+        in_range = pos < end
+        block_id = tl.load(block_table_ptr + pos // block_size, mask=in_range, other=0)
+        block_id = block_id.to(tl.int64)  # cache offsets overflow int32 on large pools
+        offset = pos % block_size
+        k_ptrs = (k_cache_ptr + block_id[:, None] * stride_kb + offset[:, None] * stride_ko
+                  + kv_head * stride_kh + offs_d[None, :] * stride_kd)
+        k = tl.load(k_ptrs, mask=in_range[:, None] & d_mask[None, :], other=0.0)  # (N, D)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # (M, N)
+        delta = q_pos[:, None] - pos[None, :]  # query position - key position
+        visible = (delta >= 0) & (delta < window) & in_range[None, :]
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # Rows with nothing visible yet keep max -inf; subtract 0 there to avoid inf - inf.
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])  # (M, N)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v_ptrs = (v_cache_ptr + block_id[:, None] * stride_vb + offset[:, None] * stride_vo
+                  + kv_head * stride_vh + offs_dv[None, :] * stride_vd)
+        v = tl.load(v_ptrs, mask=in_range[:, None] & dv_mask[None, :], other=0.0)  # (N, Dv)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+def check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor) -> None:
+    assert k_cache.dim() == 4 and v_cache.dim() == 4, "caches are (blocks, block_size, heads, dim)"
+    assert k_cache.shape[:3] == v_cache.shape[:3], (k_cache.shape, v_cache.shape)
+    assert k_cache.dtype == v_cache.dtype, (k_cache.dtype, v_cache.dtype)
+    assert block_tables.dim() == 2 and block_tables.dtype == torch.int32, block_tables.dtype
+    assert block_tables.stride(1) == 1, "block_tables rows must be contiguous"
+
+
+def gather_kv_ref(
+    cache: torch.Tensor, block_table: torch.Tensor, num_tokens: int
+) -> torch.Tensor:
+    """The first `num_tokens` cached tokens of each sequence, heads first, contiguous.
+
+    cache: (num_blocks, block_size, H, D); block_table: (B, max_blocks) or (max_blocks,).
+    Returns (B, H, num_tokens, D) or (H, num_tokens, D): the layout batched matmuls want.
+    """
+    _, block_size, num_heads, dim = cache.shape
+    num_blocks = max(1, -(-num_tokens // block_size))
+    ids = block_table[..., :num_blocks]
+    lead = ids.shape[:-1]
+    # Whole blocks are contiguous: index_select copies them at memcpy speed (several
+    # times faster than per-element advanced indexing), then one transposing copy.
+    blocks = cache.index_select(0, ids.reshape(-1).long())  # (prod(lead) * nb, bs, H, D)
+    tokens = blocks.view(*lead, num_blocks * block_size, num_heads, dim)[..., :num_tokens, :, :]
+    out = torch.empty(*lead, num_heads, num_tokens, dim, dtype=cache.dtype, device=cache.device)
+    out.copy_(tokens.transpose(-3, -2))  # (..., H, L, D)
+    return out
+
+
+def attention_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_pos: torch.Tensor,
+    scale: float,
+    window: int | None,
+) -> torch.Tensor:
+    """Grouped-query attention of queries at positions q_pos over keys at 0..L-1, fp32 softmax.
+
+    q: (B, Q, Hq, D); k: (B, Hkv, L, D); v: (B, Hkv, L, Dv); q_pos: (B, Q).
+    Key p is visible to a query at t iff p <= t and t - p < window.  Queries that see no
+    key (padding: q_pos < 0) return zeros.  Returns (B, Q, Hq, Dv) in q.dtype.
+    """
+    batch, num_q, num_heads, head_dim = q.shape
+    num_kv_heads, num_keys = k.shape[1], k.shape[2]
+    group = num_heads // num_kv_heads
+    # Rows of one KV head's query block: (group, query token) pairs.
+    qg = q.float().view(batch, num_q, num_kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)
+    qg = qg.reshape(batch, num_kv_heads, group * num_q, head_dim)  # (B, Hkv, G*Q, D)
+    scores = qg @ k.float().transpose(-1, -2) * scale  # (B, Hkv, G*Q, L)
+    delta = q_pos[:, :, None] - torch.arange(num_keys, device=q.device)  # (B, Q, L)
+    visible = delta >= 0
+    if window is not None:
+        visible &= delta < window
+    scores = scores.view(batch, num_kv_heads, group, num_q, num_keys)
+    scores.masked_fill_(~visible[:, None, None], float("-inf"))
+    probs = torch.softmax(scores, dim=-1).nan_to_num_(0.0)  # all-masked rows -> 0
+    out = probs.view(batch, num_kv_heads, group * num_q, num_keys) @ v.float()  # (B,Hkv,GQ,Dv)
+    out = out.view(batch, num_kv_heads, group, num_q, -1).permute(0, 3, 1, 2, 4)
+    return out.reshape(batch, num_q, num_heads, v.shape[-1]).to(q.dtype)
+
+
+def attended_keys(context_len: int, num_query_tokens: int, window: int | None) -> int:
+    """Keys attended in total by the last `num_query_tokens` positions of a sequence.
+
+    The query at position t sees min(t + 1, window) keys; closed form, no per-token loop.
+    """
+    first = context_len - num_query_tokens
+
+    def triangle(lo: int, hi: int) -> int:  # sum of (t + 1) for t in [lo, hi)
+        return (hi * (hi + 1) - lo * (lo + 1)) // 2 if hi > lo else 0
+
+    if window is None:
+        return triangle(first, context_len)
+    split = min(max(window, first), context_len)  # from here on every query sees `window`
+    return triangle(first, split) + window * (context_len - split)
+
+
+def kv_tokens_read(context_len: int, num_query_tokens: int, window: int | None) -> int:
+    """Distinct cached tokens the queries of one sequence read (the union of their windows)."""
+    if window is None:
+        return context_len
+    return min(context_len, window + num_query_tokens - 1)
