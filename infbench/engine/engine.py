@@ -63,6 +63,10 @@ class Engine:
         self.dtype = TORCH_DTYPES[dtype]
         self.eos_token_id = eos_token_id
         self.ops = get_ops(engine_cfg.backend, device)
+        if device.type == "cpu":
+            from infbench.model.linear import use_cpu_gemv_layout
+
+            use_cpu_gemv_layout(model)
         if hasattr(model, "set_ops"):
             model.set_ops(self.ops)
         elem = torch.empty(0, dtype=self.dtype).element_size()
