@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -19,6 +20,7 @@ import torch
 from infbench.config import EngineConfig, ModelConfig
 from infbench.engine.backend import get_ops
 from infbench.engine.block_manager import BlockManager, StateSlots
+from infbench.engine.cuda_graphs import DecodeGraphs
 from infbench.engine.kv_cache import (
     TORCH_DTYPES,
     KVCache,
@@ -80,8 +82,23 @@ class Engine:
                        if has_state else None)
         self.window = sliding_release_window(cfg)
         self.runner = ModelRunner(model, self.kv, self.ops, device, seed, states=self.states)
+        if engine_cfg.cuda_graphs:
+            self._enable_cuda_graphs()
         self.seed = seed
         self.reset()
+
+    def _enable_cuda_graphs(self) -> None:
+        reason = None
+        if self.device.type != "cuda":
+            reason = "there is no GPU (CUDA graphs are a GPU feature)"
+        elif self.states is not None or any(s.mixer == "mla" for s in self.cfg.layers()):
+            reason = "MLA and recurrent-state layers run eagerly for now"
+        if reason is not None:
+            warnings.warn(f"engine.cuda_graphs ignored: {reason}", stacklevel=3)
+            return
+        self.runner.graphs = DecodeGraphs(
+            self.model, self.kv, self.ops, self.device, self.engine_cfg.max_num_seqs,
+            self.cfg.max_seq_len, self.runner.graph_context)
 
     # ------------------------------------------------------------------ state
     def reset(self) -> None:

@@ -18,9 +18,11 @@ import torch
 
 from infbench.config import LayerSpec
 from infbench.engine.backend import Ops
+from infbench.engine.cuda_graphs import DecodeGraphs
 from infbench.engine.kv_cache import KVCache, StatePool
 from infbench.engine.sampler import Sampler
 from infbench.engine.scheduler import ScheduledSeq, SchedulerOutput
+from infbench.model.context import LayerState
 
 
 def _block_table_tensor(tables: list[list[int]], device: torch.device) -> torch.Tensor:
@@ -49,23 +51,6 @@ class StepInputs:
     seq_cu_seqlens: torch.Tensor  # (B + 1,) int64
     seq_start_pos: torch.Tensor  # (B,) int64: 0 means the state starts from zero
     state_slots: torch.Tensor  # (B,) int64 (-1 when the model has no recurrent state)
-
-
-@dataclass
-class LayerState:
-    """What a linear-attention or SSM layer needs: its state slots and the step layout.
-
-    `tensors[name]` is (num_slots, ...); sequence b owns tokens
-    cu_seqlens[b]:cu_seqlens[b+1] and state slot `slots[b]`; a sequence whose
-    start_pos is 0 begins from a zero state (new, or recomputed after preemption).
-    The first `num_decode` sequences have exactly one token each.
-    """
-
-    tensors: dict[str, torch.Tensor]
-    slots: torch.Tensor
-    cu_seqlens: torch.Tensor
-    start_pos: torch.Tensor
-    num_decode: int
 
 
 class PagedAttentionContext:
@@ -146,6 +131,7 @@ class ModelRunner:
         self.model = model
         self.kv = kv
         self.states = states
+        self.graphs: DecodeGraphs | None = None  # set by the engine when cuda_graphs is on
         self.ops = ops
         self.device = device
         self.seed = seed
@@ -205,17 +191,40 @@ class ModelRunner:
             state_slots=torch.tensor(state_slots, dtype=torch.long, device=dev),
         )
 
+    def graph_context(self, buf: dict[str, torch.Tensor]) -> PagedAttentionContext:
+        """The attention context of a captured decode graph, over its static buffers."""
+        empty = torch.zeros(0, dtype=torch.int32, device=self.device)
+        size = buf["input_ids"].shape[0]
+        inputs = StepInputs(
+            input_ids=buf["input_ids"], positions=buf["positions"],
+            slot_mapping=buf["slot_mapping"], num_decode=size, decode_tables=buf["tables"],
+            decode_context_lens=buf["context_lens"],
+            prefill_cu_seqlens=torch.zeros(1, dtype=torch.int32, device=self.device),
+            prefill_tables=empty.view(0, 1), prefill_context_lens=empty, logits_rows=[],
+            sampled_seqs=[], seq_cu_seqlens=empty.long(), seq_start_pos=empty.long(),
+            state_slots=empty.long())
+        return PagedAttentionContext(self.kv, self.ops, inputs, self.states)
+
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> dict[int, list[int]]:
         """Run one step; returns the sampled tokens per sequence id."""
         self.kv.copy_blocks(out.block_copies)
         inputs = self.prepare(out)
-        ctx = PagedAttentionContext(self.kv, self.ops, inputs, self.states)
-        hidden = self.model(inputs.input_ids, inputs.positions, ctx)  # (T, H)
-        if not inputs.logits_rows:
+        if not inputs.logits_rows:  # only partial prefill chunks: no token to sample
+            self.model(inputs.input_ids, inputs.positions,
+                       PagedAttentionContext(self.kv, self.ops, inputs, self.states))
             return {}
-        rows = torch.tensor(inputs.logits_rows, dtype=torch.long, device=self.device)
-        logits = self.model.compute_logits(hidden.index_select(0, rows))  # (N, V) float32
+        logits = None
+        is_plain_decode = (inputs.num_decode == len(inputs.sampled_seqs) == len(out.scheduled)
+                           and all(s.num_samples == 1 for s in inputs.sampled_seqs))
+        if self.graphs is not None and is_plain_decode:
+            logits = self.graphs.run(inputs.input_ids, inputs.positions, inputs.slot_mapping,
+                                     inputs.decode_tables, inputs.decode_context_lens)
+        if logits is None:
+            ctx = PagedAttentionContext(self.kv, self.ops, inputs, self.states)
+            hidden = self.model(inputs.input_ids, inputs.positions, ctx)  # (T, H)
+            rows = torch.tensor(inputs.logits_rows, dtype=torch.long, device=self.device)
+            logits = self.model.compute_logits(hidden.index_select(0, rows))  # (N, V) float32
         seqs = [s.seq for s in inputs.sampled_seqs]
         tokens = self.sampler.sample(
             logits,

@@ -148,3 +148,21 @@ def test_request_longer_than_context_is_a_user_error():
     engine = _engine(loaded, _requests([4], 2, loaded.config.vocab_size))
     with pytest.raises(UserError, match="context"):
         engine.add_request(r)
+
+
+def test_cuda_graphs_are_ignored_with_a_warning_on_cpu():
+    loaded = _loaded()
+    reqs = _requests([5], gen=4, vocab=loaded.config.vocab_size)
+    with pytest.warns(UserWarning, match="cuda_graphs ignored"):
+        engine = _engine(loaded, reqs, cuda_graphs=True)
+    assert engine.runner.graphs is None
+    assert engine.run(reqs).outputs["r0"] == _greedy_recompute(
+        loaded.model, list(reqs[0].prompt_ids), 4)
+
+
+def test_cuda_graph_buckets_cover_every_batch_size():
+    from infbench.engine.cuda_graphs import batch_buckets
+
+    buckets = batch_buckets(50)
+    assert buckets[:4] == [1, 2, 4, 8] and buckets[-1] == 50
+    assert all(any(b >= n for b in buckets) for n in range(1, 51))
