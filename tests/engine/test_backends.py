@@ -1,0 +1,48 @@
+"""The engine gives the same tokens with the Triton kernels (interpreter) and the torch refs."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from infbench.config import EngineConfig
+from infbench.engine.backend import get_ops, resolve_backend
+from infbench.engine.engine import Engine, max_tokens_needed
+from infbench.engine.request import Request, SamplingParams
+from infbench.errors import ConfigError
+from infbench.model.loader import load_model
+
+
+def _run(backend: str, requests):
+    loaded = load_model({"preset": "tiny"}, dtype="float32", device="cpu", seed=3)
+    cfg = EngineConfig(block_size=4, max_num_batched_tokens=16, backend=backend)
+    engine = Engine(loaded.model, loaded.config, cfg, torch.device("cpu"), "float32",
+                    weight_bytes=loaded.weight_bytes,
+                    max_tokens_needed=max_tokens_needed(requests, 4), min_seq_tokens=32)
+    res = engine.run(requests)
+    return engine, res
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
+                    reason="needs the Triton interpreter or a GPU")
+def test_triton_backend_equals_torch_backend():
+    reqs = [Request(f"r{i}", tuple(range(3 + i, 3 + i + n)),
+                    SamplingParams(max_tokens=5, ignore_eos=True))
+            for i, n in enumerate([7, 13, 3])]
+    e_triton, triton_res = _run("triton", reqs)
+    e_torch, torch_res = _run("torch", reqs)
+    assert e_triton.ops.name == "triton" and e_torch.ops.name == "torch"
+    assert triton_res.outputs == torch_res.outputs
+    # chunked prefill (budget 16) mixed prefill and decode in one step: both kernels ran
+    assert any(s.num_prefill_tokens and s.num_decode_tokens for s in triton_res.steps)
+
+
+def test_auto_picks_torch_on_cpu_and_triton_needs_the_interpreter(monkeypatch):
+    cpu = torch.device("cpu")
+    assert resolve_backend("auto", cpu) == "torch"
+    assert get_ops("torch", cpu).name == "torch"
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ConfigError, match="TRITON_INTERPRET"):
+        resolve_backend("triton", cpu)
