@@ -73,8 +73,14 @@ def kv_command(
 
 
 def roofline_command(
+    results: list[Path] | None = typer.Argument(
+        None, help="Result files or directories of `infbench run`: plot their measured "
+                   "prefill/decode points next to their predictions."),
     model: str = typer.Option(DEFAULT_MODEL, help="Model preset."),
-    hardware: str = typer.Option(DEFAULT_HARDWARE, help="Hardware."),
+    hardware: str | None = typer.Option(
+        None, help=f"Hardware (default {DEFAULT_HARDWARE}; with result files: the one each "
+                   "run was analysed against)."),
+    steps: bool = typer.Option(False, "--steps", help="With result files: every step too."),
     batch: str = typer.Option("1,8,64", help="Batch sizes, comma-separated."),
     prompt: int = typer.Option(1024, help="Prompt tokens."),
     gen: int = typer.Option(128, help="Generated tokens."),
@@ -92,6 +98,10 @@ def roofline_command(
     from infbench.roofline.analysis import predict
     from infbench.roofline.tables import roofline_points
 
+    if results:
+        measured_roofline(results, hardware, steps, out, as_json)
+        return
+    hardware = hardware or DEFAULT_HARDWARE
     check_positive("--prompt", prompt)
     check_positive("--gen", gen)
     cfg = build_model(model, None, set_)
@@ -185,3 +195,35 @@ def register(app: typer.Typer) -> None:
     app.command("roofline")(roofline_command)
     app.command("models")(models_command)
     app.command("hardware")(hardware_command)
+
+
+def measured_roofline(paths: list[Path], hardware: str | None, steps: bool, out: Path,
+                      as_json: bool) -> None:
+    """`infbench roofline RESULTS...`: measured points and their predicted twins."""
+    from rich.table import Table
+
+    from infbench.gate import load_results
+    from infbench.hardware import get_hardware
+    from infbench.plots_measured import measured_roofline_figure
+
+    runs = load_results([str(p) for p in paths])
+    hw = get_hardware(hardware) if hardware else None
+    drawn = measured_roofline_figure(runs, out, hardware=hw, include_steps=steps)
+    hw_name = hw.name if hw else (runs[0].get("hardware") or {}).get("name", "?")
+    ridge = drawn["ridge_point"]["intensity"]
+    if as_json:
+        emit_json({"hardware": hw_name, "peak_flops_per_s": drawn["peak_flops_per_s"],
+                   "bandwidth_bytes_per_s": drawn["bandwidth_bytes_per_s"],
+                   "ridge_point": ridge, "out_path": drawn["out_path"],
+                   "points": drawn["points"], "links": drawn["links"]})
+        return
+    table = Table(title=f"measured vs predicted on {hw_name}: ridge point {ridge:.1f} FLOP/B; "
+                        f"wrote {drawn['out_path']}")
+    for col in ("point", "kind", "FLOP/B", "GFLOP/s"):
+        table.add_column(col, justify="left" if col in ("point", "kind") else "right")
+    for p in drawn["points"]:
+        if p.get("series", "").endswith("(step)"):
+            continue
+        table.add_row(p["label"], p["kind"], f"{p['intensity']:.2f}",
+                      f"{p['flops_per_s'] / 1e9:.2f}")
+    make_console().print(table)

@@ -1,0 +1,144 @@
+"""Run one scenario point end to end: model + engine + workload -> metrics + prediction.
+
+The CLI's `infbench run` calls `run_point` for every sweep point; tests and CI
+jobs call it too.  Loaded models are cached across points that share the same
+weights, so a batch-size sweep loads SmolLM2 once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import resource
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from infbench.errors import UserError
+from infbench.records import StepRecord
+
+
+@dataclass
+class ModelCache:
+    """Loaded models keyed by (source, overrides, dtype, device)."""
+
+    entries: dict[str, Any] = field(default_factory=dict)
+
+    def get(self, key: str, load: Callable[[], Any]) -> Any:
+        if key not in self.entries:
+            self.entries.clear()  # keep one model resident: sweeps are ordered by point
+            self.entries[key] = load()
+        return self.entries[key]
+
+
+def resolve_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("device: 'cuda' requested but CUDA is not available; allowed: auto, cpu")
+    return device
+
+
+def model_overrides(model: dict[str, Any]) -> dict[str, Any]:
+    over = dict(model.get("overrides") or {})
+    if model.get("attention"):
+        over["attention"] = dict(model["attention"])
+    return over
+
+
+def peak_memory_bytes(device: str) -> int:
+    if device == "cuda":
+        import torch
+
+        return int(torch.cuda.max_memory_allocated())
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: KiB
+
+
+def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None = None,
+              on_step: Callable[[StepRecord], None] | None = None,
+              on_phase: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Measure one ScenarioPoint and return its self-describing result dict."""
+    import torch
+
+    from infbench import metrics as metrics_mod
+    from infbench import results as results_mod
+    from infbench.calibrate import measure_reference_bandwidth
+    from infbench.engine.engine import Engine, max_tokens_needed
+    from infbench.hardware import get_hardware
+    from infbench.model.loader import load_model
+    from infbench.prediction import predict_point
+    from infbench.traffic import annotate_steps, stage_traffic
+    from infbench.workload import generate_requests
+
+    cache = cache or ModelCache()
+    dev = resolve_device(device or point.device)
+    if point.quant_config().weights != "none":
+        raise UserError(
+            f"{point.name}: model.quant.weights={point.quant_config().weights!r} is predicted by "
+            "`infbench predict` but the engine runs unquantized weights for now; allowed in "
+            "`infbench run`: none")
+    source = point.model_source()
+    overrides = model_overrides(point.model)
+    seed = point.workload.seed
+    key = repr((sorted(source.items()), sorted(overrides.items(), key=str), point.dtype, dev))
+    phase = on_phase or (lambda _msg: None)
+    phase("loading model")
+    loaded = cache.get(key, lambda: load_model(source, dtype=point.dtype, device=dev, seed=seed,
+                                               overrides=overrides))
+    cfg = loaded.config
+    tok = loaded.tokenizer
+    eos = tok.eos_token_id if tok is not None else None
+    requests = generate_requests(point.workload, cfg.vocab_size, tokenizer=tok, eos_token_id=eos)
+    engine_cfg = point.engine
+    if dev == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    engine = Engine(
+        loaded.model, cfg, engine_cfg, torch.device(dev), point.dtype,
+        weight_bytes=loaded.weight_bytes, seed=seed, eos_token_id=eos,
+        max_tokens_needed=max_tokens_needed(requests, engine_cfg.block_size),
+        min_seq_tokens=max(len(r.prompt_ids) + r.sampling.max_tokens for r in requests),
+    )
+    realtime = point.workload.kind == "poisson"
+    for i in range(point.measure.warmup):
+        phase(f"warm-up {i + 1}/{point.measure.warmup}")
+        engine.run(requests, realtime_arrivals=False)
+    hw = get_hardware(point.hardware)
+    runs: list[dict[str, Any]] = []
+    last_steps: list[StepRecord] = []
+    for i in range(point.measure.repeats):
+        phase(f"repeat {i + 1}/{point.measure.repeats}")
+        out = engine.run(requests, realtime_arrivals=realtime, on_step=on_step)
+        m = metrics_mod.summarize(
+            out.requests, out.steps, out.wall_s,
+            kv_bytes_per_token=engine.kv.bytes_per_token, block_size=engine_cfg.block_size,
+            weight_bytes=loaded.weight_bytes, peak_memory_bytes=peak_memory_bytes(dev))
+        step_costs = annotate_steps(out.steps, cfg, point.dtype, point.quant_config(), hw)
+        m.update(stage_traffic(out.steps, step_costs, hw, point.dtype))
+        # Same-run reference: how fast memory streams right now on this (shared) machine.
+        ref = measure_reference_bandwidth(dev, seconds=0.3)
+        m["reference_bytes_per_s"] = ref
+        m["normalized"] = {
+            "output_tokens_per_s_per_gbs": m["output_tokens_per_s"] / (ref / 1e9),
+            "decode_bytes_per_s_over_reference": (
+                m["decode"]["achieved_bytes_per_s"] / ref if "decode" in m else None),
+        }
+        runs.append(m)
+        last_steps, last_costs = out.steps, step_costs
+    summary, spread = metrics_mod.aggregate_repeats(runs)
+    prediction = predict_point(point, cfg, hw)
+    steps = [{**dataclasses.asdict(s), **c} for s, c in zip(last_steps, last_costs)]
+    env = results_mod.env_info(dev)
+    env["backend"] = engine.ops.name
+    env["kv_budget_bytes"] = engine.kv_budget_bytes
+    env["kv_num_blocks"] = engine.kv.num_blocks
+    env["model_source"] = source
+    return results_mod.build_result(
+        point.to_dict(), metrics=summary, prediction=prediction, steps=steps, env=env,
+        seed=seed, hardware=hw.to_dict(), repeats=runs, spread=spread,
+        extra={"model_config": _config_dict(cfg)},
+    )
+
+
+def _config_dict(cfg: Any) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)  # type: ignore[no-any-return]

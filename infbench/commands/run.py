@@ -1,0 +1,175 @@
+"""`infbench run`, `infbench generate` and `infbench schema`."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from infbench.errors import UserError
+
+
+def register(app: typer.Typer) -> None:
+    app.command("run")(run)
+    app.command("generate")(generate)
+    app.command("schema")(schema)
+
+
+def run(
+    scenario: Path = typer.Argument(..., help="Scenario YAML file."),
+    set_: list[str] = typer.Option([], "--set", help="Override a key: workload.batch_size=8"),
+    out: Path | None = typer.Option(None, "--out", help="Directory for result files."),
+    device: str | None = typer.Option(None, "--device", help="auto | cpu | cuda"),
+) -> None:
+    """Run every sweep point of a scenario through the engine and save the results."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from infbench import results as results_mod
+    from infbench.bench import ModelCache, run_point
+    from infbench.report import run_table
+    from infbench.scenario import load_scenario
+
+    if device is not None and device not in ("auto", "cpu", "cuda"):
+        raise UserError(f"--device: unknown value {device!r}; allowed: auto, cpu, cuda")
+    sc = load_scenario(scenario, set_)
+    points = sc.points()
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out_dir = out or Path("results") / "runs" / f"{points[0].name}-{stamp}"
+    console = Console(stderr=True)
+    cache = ModelCache()
+    finished: list[dict[str, Any]] = []
+    failure: UserError | None = None
+    csv_path = out_dir / f"{points[0].name}.csv"
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                  TextColumn("{task.completed}/{task.total} steps"), TimeElapsedColumn(),
+                  console=console, transient=True) as progress:
+        overall = progress.add_task(f"{sc.name}: {len(points)} point(s)", total=len(points))
+        for point in points:
+            task = progress.add_task(f"{point.label}", total=None)
+            try:
+                result = run_point(
+                    point, cache=cache, device=device,
+                    on_step=lambda _r, t=task: progress.advance(t),
+                    on_phase=lambda msg, t=task, p=point: progress.update(
+                        t, description=f"{p.label}: {msg}", completed=0),
+                )
+            except UserError as exc:
+                failure = UserError(f"{scenario}: point {point.index} ({point.label}): {exc}")
+                break
+            path = out_dir / f"{point.name}_{point.index:03d}.json"
+            results_mod.write_json_atomic(path, result)
+            result["_path"] = str(path)
+            finished.append(result)
+            rows = [results_mod.flatten_for_csv(r) for r in finished]
+            results_mod.write_csv_atomic(csv_path, rows)
+            progress.remove_task(task)
+            progress.advance(overall)
+    if finished:
+        Console().print(run_table(finished))
+        console.print(f"wrote {len(finished)} result file(s) and {csv_path} to {out_dir}")
+    if failure is not None:
+        raise failure
+    gate = points[0].gate
+    if gate is not None and finished:
+        from infbench.gate import gate_from_scenario
+
+        code = gate_from_scenario(gate, finished, console)
+        if code:
+            raise typer.Exit(code)
+
+
+def generate(
+    model: str = typer.Option(..., "--model", help="PRESET, HF directory, FILE.gguf or smollm2-135m"),
+    prompt: str | None = typer.Option(None, "--prompt", help="Prompt text."),
+    prompt_ids: str | None = typer.Option(None, "--prompt-ids", help="Token ids: 1,2,3"),
+    max_tokens: int = typer.Option(64, "--max-tokens", min=1),
+    temperature: float = typer.Option(0.0, "--temperature", min=0.0),
+    top_k: int = typer.Option(0, "--top-k", min=0),
+    top_p: float = typer.Option(1.0, "--top-p"),
+    seed: int = typer.Option(0, "--seed"),
+    chat: bool = typer.Option(False, "--chat", help="Apply the model's chat template."),
+    output_ids: bool = typer.Option(False, "--output-ids", help="Print token ids, not text."),
+    device: str = typer.Option("auto", "--device"),
+    dtype: str = typer.Option("float32", "--dtype"),
+    backend: str = typer.Option("auto", "--backend"),
+) -> None:
+    """Complete one prompt: the completion on stdout, speed on stderr."""
+    import torch
+
+    from infbench.bench import resolve_device
+    from infbench.config import EngineConfig
+    from infbench.engine.engine import Engine, max_tokens_needed
+    from infbench.engine.request import Request, SamplingParams
+    from infbench.model.loader import load_model
+
+    if (prompt is None) == (prompt_ids is None):
+        raise UserError("give exactly one of --prompt TEXT or --prompt-ids 1,2,3")
+    dev = resolve_device(device)
+    loaded = load_model(model_source(model), dtype=dtype, device=dev, seed=seed)
+    tok = loaded.tokenizer
+    if prompt_ids is not None:
+        try:
+            ids = [int(x) for x in prompt_ids.split(",") if x.strip()]
+        except ValueError:
+            raise UserError(f"--prompt-ids: not a comma-separated list of ints: {prompt_ids!r}")
+        if chat:
+            raise UserError("--chat applies to --prompt text, not to --prompt-ids")
+    else:
+        if tok is None:
+            raise UserError(f"model {model!r} has no tokenizer; use --prompt-ids and --output-ids")
+        text = prompt or ""
+        if chat:
+            text = tok.apply_chat_template([{"role": "user", "content": text}])
+        ids = tok.encode(text, add_special_tokens=not chat)
+    bad = [i for i in ids if not 0 <= i < loaded.config.vocab_size]
+    if bad:
+        raise UserError(f"--prompt-ids: {bad[0]} is outside the vocabulary "
+                        f"(0..{loaded.config.vocab_size - 1})")
+    eos = tok.eos_token_id if tok is not None else None
+    request = Request("r0", tuple(ids), SamplingParams(
+        temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=max_tokens, seed=seed))
+    engine = Engine(loaded.model, loaded.config, EngineConfig(backend=backend),
+                    torch.device(dev), dtype, weight_bytes=loaded.weight_bytes, seed=seed,
+                    eos_token_id=eos, max_tokens_needed=max_tokens_needed([request], 16),
+                    min_seq_tokens=len(ids) + max_tokens)
+    res = engine.run([request])
+    rec = res.requests[0]
+    toks = rec.output_ids
+    if output_ids or tok is None:
+        print(",".join(str(t) for t in toks))
+    else:
+        print(tok.decode(toks))
+    ttft = rec.first_token_s - rec.arrival_s
+    decode_s = rec.finish_s - rec.first_token_s
+    tps = (len(toks) - 1) / decode_s if len(toks) > 1 and decode_s > 0 else float("nan")
+    print(f"{len(ids)} prompt tokens, {len(toks)} generated ({rec.finish_reason}); "
+          f"TTFT {ttft * 1e3:.1f} ms, decode {tps:.1f} tokens/s, backend {engine.ops.name}, "
+          f"device {dev}", file=sys.stderr)
+
+
+def model_source(model: str) -> dict[str, str]:
+    """Map --model to a loader source: a preset name, an HF directory or a GGUF file."""
+    from infbench.config import PRESETS
+
+    # smollm2-135m is also a preset (its shapes, random weights); here the real model wins.
+    if model.lower() == "smollm2-135m" or model.endswith(".gguf"):
+        return {"gguf": model}
+    if model.lower() in PRESETS:
+        return {"preset": model}
+    path = Path(model)
+    if path.is_dir():
+        return {"path": model}
+    raise UserError(f"--model {model!r}: not a preset ({', '.join(PRESETS)}), an existing HF "
+                    "directory, a .gguf file or smollm2-135m")
+
+
+def schema() -> None:
+    """Print the scenario file's JSON Schema (for editor autocompletion)."""
+    from infbench.scenario import scenario_json_schema
+
+    print(json.dumps(scenario_json_schema(), indent=2))
