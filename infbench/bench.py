@@ -113,6 +113,7 @@ def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None
             out.requests, out.steps, out.wall_s,
             kv_bytes_per_token=engine.kv.bytes_per_token, block_size=engine_cfg.block_size,
             weight_bytes=loaded.weight_bytes, peak_memory_bytes=peak_memory_bytes(dev))
+        m["state_bytes_per_seq"] = engine.states.bytes_per_seq if engine.states else 0
         step_costs = annotate_steps(out.steps, cfg, point.dtype, point.quant_config(), hw)
         m.update(stage_traffic(out.steps, step_costs, hw, point.dtype))
         # Same-run reference: how fast memory streams right now on this (shared) machine.

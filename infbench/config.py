@@ -296,6 +296,17 @@ class ModelConfig:
         return _replace(self, overrides)
 
     @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
+        """Inverse of dataclasses.asdict (as stored in result files)."""
+        d = dict(data)
+        d["attention"] = AttentionConfig(**d.get("attention", {}))
+        if d.get("moe"):
+            d["moe"] = MoEConfig(**d["moe"])
+        if d.get("rope_scaling"):
+            d["rope_scaling"] = tuple(tuple(item) for item in d["rope_scaling"])
+        return cls(**d)
+
+    @classmethod
     def from_name(cls, name: str, **overrides: Any) -> ModelConfig:
         key = name.lower()
         if key not in PRESETS:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -35,11 +36,18 @@ def kv_command(
     kv_dtype: str = typer.Option("none", help="KV cache: none | int8 | fp8."),
     plot: Path | None = typer.Option(None, help="Write a bar chart PNG here."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON on stdout."),
+    results: list[Path] | None = typer.Option(
+        None, "--results", help="Result files/directories of `infbench run`: measured "
+                                "KV next to the predicted."),
 ) -> None:
     """KV cache per token and in total, against MHA of the same shape, and the max batch."""
     from infbench.config import ModelConfig
     from infbench.hardware import get_hardware
     from infbench.roofline.tables import kv_rows
+
+    if results:
+        kv_measured(results, get_hardware(hardware), as_json)
+        return
 
     check_positive("--context", context)
     check_positive("--batch", batch)
@@ -226,4 +234,33 @@ def measured_roofline(paths: list[Path], hardware: str | None, steps: bool, out:
             continue
         table.add_row(p["label"], p["kind"], f"{p['intensity']:.2f}",
                       f"{p['flops_per_s'] / 1e9:.2f}")
+    make_console().print(table)
+
+
+def kv_measured(paths: list[Path], hw: Any, as_json: bool) -> None:
+    """`infbench kv --results`: allocated KV and state next to the analytic values."""
+    from rich.table import Table
+
+    from infbench.gate import load_results
+    from infbench.roofline.tables import kv_measured_rows
+
+    rows = kv_measured_rows(load_results([str(p) for p in paths]), hw)
+    if as_json:
+        emit_json(rows)
+        return
+    table = Table(title=f"KV cache: measured (engine) vs predicted; max batch on {hw.name}")
+    for col in ("run", "attention", "KV B/token pred", "KV B/token meas", "state B/seq",
+                "KV MB pred", "peak KV MB meas", "max batch", "decode tok/s", "TTFT p50 ms"):
+        table.add_column(col, justify="left" if col in ("run", "attention") else "right")
+    for r in rows:
+        ok = r["kv_bytes_per_token_measured"] == r["kv_bytes_per_token_predicted"]
+        state_ok = r["state_bytes_per_seq_measured"] == r["state_bytes_per_seq_predicted"]
+        tps = r["decode_tokens_per_s_measured"]
+        table.add_row(
+            r["label"] or r["model"], r["attention"], f"{r['kv_bytes_per_token_predicted']:,}",
+            f"{r['kv_bytes_per_token_measured']:,}{'' if ok else ' (!)'}",
+            f"{r['state_bytes_per_seq_measured']:,}{'' if state_ok else ' (!)'}",
+            f"{r['kv_cache_bytes_predicted'] / 1e6:.2f}", f"{r['peak_kv_bytes_measured'] / 1e6:.2f}",
+            str(r["max_batch_predicted"]), "-" if tps is None else f"{tps:.1f}",
+            f"{r['ttft_p50_s_measured'] * 1e3:.1f}")
     make_console().print(table)

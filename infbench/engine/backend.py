@@ -27,9 +27,12 @@ class Ops:
     store_kv: Callable[..., Any]
     decode_attention: Callable[..., Any]
     prefill_attention: Callable[..., Any]
+    mla_decode_attention: Callable[..., Any]
     rmsnorm: Callable[..., Any]
     rope: Callable[..., Any]
     silu_and_mul: Callable[..., Any]
+    linear_attention_decode: Callable[..., Any]
+    selective_state_update: Callable[..., Any]
 
 
 def resolve_backend(name: str, device: torch.device) -> str:
@@ -44,8 +47,17 @@ def resolve_backend(name: str, device: torch.device) -> str:
 
 
 def get_ops(name: str, device: torch.device) -> Ops:
-    from kernels import activation, paged_decode_attention, prefill_attention, rmsnorm, rope
-    from kernels import store_kv
+    from kernels import (
+        activation,
+        linear_attention,
+        mla_decode_attention,
+        paged_decode_attention,
+        prefill_attention,
+        rmsnorm,
+        rope,
+        selective_scan,
+        store_kv,
+    )
 
     backend = resolve_backend(name, device)
     suffix = "" if backend == "triton" else "_ref"
@@ -58,7 +70,10 @@ def get_ops(name: str, device: torch.device) -> Ops:
         store_kv=pick(store_kv, "store_kv"),
         decode_attention=pick(paged_decode_attention, "paged_decode_attention"),
         prefill_attention=pick(prefill_attention, "prefill_attention"),
+        mla_decode_attention=pick(mla_decode_attention, "mla_decode_attention"),
         rmsnorm=pick(rmsnorm, "rmsnorm"),
         rope=pick(rope, "rope"),
         silu_and_mul=pick(activation, "silu_and_mul"),
+        linear_attention_decode=pick(linear_attention, "linear_attention_decode"),
+        selective_state_update=pick(selective_scan, "selective_state_update"),
     )

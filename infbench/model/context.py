@@ -10,13 +10,31 @@ tokens of this call only, which is the "full recompute" reference for tests.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from itertools import pairwise
 from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
-from infbench.config import LayerSpec
+from infbench.config import LayerSpec, ModelConfig
+
+
+@dataclass
+class LayerState:
+    """What a linear-attention or SSM layer needs: its state slots and the step layout.
+
+    `tensors[name]` is (num_slots, ...); sequence b owns tokens
+    cu_seqlens[b]:cu_seqlens[b+1] and state slot `slots[b]`; a sequence whose
+    start_pos is 0 begins from a zero state (new, or recomputed after preemption).
+    The first `num_decode` sequences have exactly one token each.
+    """
+
+    tensors: dict[str, torch.Tensor]
+    slots: torch.Tensor
+    cu_seqlens: torch.Tensor
+    start_pos: torch.Tensor
+    num_decode: int
 
 
 class AttentionContext(Protocol):
@@ -36,6 +54,17 @@ class AttentionContext(Protocol):
         """
         ...
 
+    def mla_attention(
+        self, layer: LayerSpec, q: torch.Tensor, latent: torch.Tensor, scale: float
+    ) -> torch.Tensor:
+        """MLA, absorbed form: q (T, H, Dl + Dr), latent (T, Dl + Dr) -> (T, H, Dl).
+
+        Keys are whole latent rows (shared by all heads), values their first Dl dims.
+        A context that does not know Dl (DenseContext built without a config) may return
+        the attention over the whole rows, (T, H, Dl + Dr); the caller keeps the first Dl.
+        """
+        ...
+
 
 def causal_window_mask(length: int, window: int | None, device: torch.device) -> torch.Tensor:
     """Boolean (L, L) mask, True where key p is visible to query t: p <= t and t - p < window."""
@@ -52,19 +81,47 @@ class DenseContext:
 
     cu_seqlens: cumulative sequence lengths [0, L0, L0+L1, ..., T]; every token of a
     sequence is present (positions 0..L-1), each attends causally to its own tokens.
+    config: needed only by models with linear-attention or SSM layers, whose
+    temporary zero states (`state`) take their shapes from it.
     """
 
-    def __init__(self, cu_seqlens: Sequence[int] | torch.Tensor) -> None:
+    def __init__(
+        self, cu_seqlens: Sequence[int] | torch.Tensor, config: ModelConfig | None = None
+    ) -> None:
         bounds = [int(x) for x in cu_seqlens]
         if len(bounds) < 2 or bounds[0] != 0 or any(b <= a for a, b in pairwise(bounds)):
             raise ValueError(f"cu_seqlens must start at 0 and increase strictly, got {bounds}")
         self.cu_seqlens = bounds
+        self.config = config
+        self.device = cu_seqlens.device if isinstance(cu_seqlens, torch.Tensor) else None
         # K/V of the layers that own them, for CLA layers that read another layer's KV.
         self._kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     @classmethod
-    def single(cls, num_tokens: int) -> DenseContext:
-        return cls([0, num_tokens])
+    def single(cls, num_tokens: int, config: ModelConfig | None = None) -> DenseContext:
+        return cls([0, num_tokens], config)
+
+    def state(self, layer: LayerSpec) -> LayerState:
+        """Zero float32 state, one slot per packed sequence, discarded after the call."""
+        from infbench.roofline.shapes import layer_state_entries
+
+        if self.config is None:
+            raise ValueError(
+                f"layer {layer.index} ({layer.mixer}) keeps a recurrent state: build the "
+                "context as DenseContext(cu_seqlens, config=model_config)"
+            )
+        num_seqs = len(self.cu_seqlens) - 1
+        tensors = {
+            name: torch.zeros(num_seqs, *shape, device=self.device)
+            for name, shape in layer_state_entries(self.config, layer)
+        }
+        return LayerState(
+            tensors=tensors,
+            slots=torch.arange(num_seqs, device=self.device),
+            cu_seqlens=torch.tensor(self.cu_seqlens, device=self.device),
+            start_pos=torch.zeros(num_seqs, dtype=torch.long, device=self.device),
+            num_decode=0,
+        )
 
     @property
     def num_tokens(self) -> int:
@@ -102,4 +159,36 @@ class DenseContext:
                     qs, ks, vs, attn_mask=mask, scale=scale, enable_gqa=is_gqa
                 )
             out[start:end] = o.squeeze(0).transpose(0, 1)  # (L, Hq, D)
+        return out
+
+    def mla_attention(
+        self, layer: LayerSpec, q: torch.Tensor, latent: torch.Tensor, scale: float
+    ) -> torch.Tensor:
+        """MLA as multi-query attention over each sequence's own latent rows (causal).
+
+        q (T, H, Dl + Dr), latent (T, Dl + Dr) -> (T, H, Dl).  Without a config the split
+        point Dl is unknown (LayerSpec does not carry it): the values are then the whole
+        latent rows and the result (T, H, Dl + Dr), whose first Dl dims are MLA's.
+        """
+        if q.shape[0] != self.num_tokens:
+            raise ValueError(f"q has {q.shape[0]} tokens, cu_seqlens covers {self.num_tokens}")
+        if latent.shape != (q.shape[0], q.shape[2]):
+            raise ValueError(f"latent {tuple(latent.shape)} does not match q {tuple(q.shape)}")
+        rank = self.config.attention.kv_lora_rank if self.config is not None else q.shape[2]
+        out = q.new_empty(q.shape[0], q.shape[1], rank)  # (T, H, Dl)
+        for start, end in pairwise(self.cu_seqlens):
+            qs = q[start:end].transpose(0, 1).unsqueeze(0)  # (1, H, L, Dl + Dr)
+            ks = latent[None, None, start:end]  # (1, 1, L, Dl + Dr): one KV head
+            vs = ks[..., :rank]  # (1, 1, L, Dl)
+            length = end - start
+            if layer.window is None or layer.window >= length:
+                o = F.scaled_dot_product_attention(
+                    qs, ks, vs, is_causal=True, scale=scale, enable_gqa=True
+                )
+            else:
+                mask = causal_window_mask(length, layer.window, q.device)  # (L, L)
+                o = F.scaled_dot_product_attention(
+                    qs, ks, vs, attn_mask=mask, scale=scale, enable_gqa=True
+                )
+            out[start:end] = o.squeeze(0).transpose(0, 1)  # (L, H, Dl)
         return out

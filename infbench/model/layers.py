@@ -19,7 +19,7 @@ from infbench.config import QuantConfig
 from infbench.errors import ConfigError
 from infbench.model.linear import make_linear
 
-ROPE_TYPES = ("default", "linear", "llama3")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
 class RMSNorm(nn.Module):
@@ -50,6 +50,8 @@ def rope_inv_freq(rot_dim: int, theta: float, scaling: dict[str, Any] | None) ->
         return inv_freq / float(scaling["factor"])
     if kind == "llama3":
         return _llama3_inv_freq(inv_freq, scaling)
+    if kind == "yarn":
+        return _yarn_inv_freq(inv_freq, rot_dim, theta, scaling)
     raise ConfigError(
         f"rope_scaling type {kind!r} is not supported; allowed: {', '.join(ROPE_TYPES)}"
     )
@@ -67,6 +69,35 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.T
     blended = (1 - smooth) * scaled / factor + smooth * scaled
     is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
     return torch.where(is_medium, blended, scaled)
+
+
+def _yarn_inv_freq(
+    inv_freq: torch.Tensor, rot_dim: int, theta: float, scaling: dict[str, Any]
+) -> torch.Tensor:
+    """YaRN (DeepSeek-V2, as transformers computes it): interpolate the low frequencies.
+
+    Frequencies doing fewer than beta_slow turns over the original context are divided
+    by `factor`, those doing more than beta_fast are kept, with a linear ramp between.
+    The attention temperature (mscale) is the caller's business: it scales cos/sin and
+    the softmax, not the frequencies.
+    """
+    factor = float(scaling["factor"])
+    old_len = float(scaling["original_max_position_embeddings"])
+    beta_fast = float(scaling.get("beta_fast") or 32)
+    beta_slow = float(scaling.get("beta_slow") or 1)
+
+    def correction_dim(rotations: float) -> float:  # the dim doing `rotations` turns
+        return rot_dim * math.log(old_len / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, rot_dim - 1)
+    if low == high:
+        high += 0.001  # avoid a zero-width ramp
+    ramp = ((torch.arange(rot_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp  # 1: extrapolate (original frequency), 0: interpolate (divided by factor)
+    return inv_freq / factor * (1 - keep) + inv_freq * keep
 
 
 def build_rope_cache(

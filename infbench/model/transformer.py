@@ -23,6 +23,7 @@ from infbench.errors import ConfigError
 from infbench.model.context import AttentionContext
 from infbench.model.layers import RMSNorm, SwiGLUMLP, apply_rope, build_rope_cache
 from infbench.model.linear import make_linear
+from infbench.roofline.shapes import has_mlp
 
 
 class Attention(nn.Module):
@@ -99,7 +100,10 @@ def _make_mixer(
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm residual block: x + mixer(norm(x)), then x + mlp(norm(x))."""
+    """Pre-norm residual block: x + mixer(norm(x)), then x + mlp(norm(x)).
+
+    Mamba-1 blocks (arch "mamba", see `has_mlp`) are norm + mixer only: no MLP.
+    """
 
     def __init__(
         self,
@@ -113,10 +117,15 @@ class DecoderLayer(nn.Module):
         norm_kw: dict[str, Any] = dict(dtype=dtype, device=device)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, **norm_kw)
         self.self_attn = _make_mixer(config, layer, quant, dtype, device)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, **norm_kw)
-        self.mlp = SwiGLUMLP(
-            config.hidden_size, config.intermediate_size, quant, dtype=dtype, device=device
-        )
+        self.post_attention_layernorm: nn.Module | None = None
+        self.mlp: nn.Module | None = None
+        if has_mlp(config):
+            self.post_attention_layernorm = RMSNorm(
+                config.hidden_size, config.rms_norm_eps, **norm_kw
+            )
+            self.mlp = SwiGLUMLP(
+                config.hidden_size, config.intermediate_size, quant, dtype=dtype, device=device
+            )
 
     def forward(
         self,
@@ -126,6 +135,8 @@ class DecoderLayer(nn.Module):
         rope_cache: torch.Tensor,
     ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), positions, ctx, rope_cache)  # (T, H)
+        if self.mlp is None or self.post_attention_layernorm is None:
+            return x
         return x + self.mlp(self.post_attention_layernorm(x))  # (T, H)
 
 
@@ -175,8 +186,20 @@ class Transformer(nn.Module):
         )
 
     def init_rope_cache(self) -> None:
-        """Recompute the RoPE table in place (after `to_empty` left it uninitialized)."""
+        """Recompute the RoPE table and the mixers' config-derived buffers (FAVOR+ random
+        features) in place, after `to_empty` left them uninitialized."""
         self.rope_cache = self._rope_cache(self.embed_tokens.weight.device)
+        for layer in self.layers:
+            init_buffers = getattr(layer.self_attn, "init_buffers", None)
+            if init_buffers is not None:
+                init_buffers()
+
+    def set_ops(self, ops: Any) -> None:
+        """Bind the engine's kernel backend (`engine.backend.Ops`) to mixers that use it."""
+        for layer in self.layers:
+            set_ops = getattr(layer.self_attn, "set_ops", None)
+            if set_ops is not None:
+                set_ops(ops)
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext

@@ -67,8 +67,24 @@ def is_moe_layer(cfg: ModelConfig, spec: LayerSpec) -> bool:
 
 
 def feature_dim(cfg: ModelConfig) -> int:
-    """Linear attention: size of phi(q), phi(k) per head (default: the head dim)."""
-    return cfg.attention.feature_dim or cfg.dim_head
+    """Linear attention: size f of phi(q), phi(k) per head, as the engine allocates it.
+
+    elu / relu act elementwise (f = head_dim); favor draws `feature_dim` random
+    features (default head_dim); taylor is the symmetric 2nd-order expansion
+    [1, x, x_i x_j for i <= j]: f = 1 + d + d(d+1)/2 with d = head_dim.
+    """
+    a, d = cfg.attention, cfg.dim_head
+    if a.feature_map == "favor":
+        return a.feature_dim or d
+    if a.feature_dim is not None and a.feature_dim != d:
+        raise ConfigError(
+            f"attention.feature_dim={a.feature_dim} applies to feature_map 'favor' only (the "
+            f"number of random features); feature_map {a.feature_map!r} is fixed by the head "
+            f"dim ({d}); allowed: leave feature_dim unset or use feature_map: favor"
+        )
+    if a.feature_map == "taylor":
+        return 1 + d + d * (d + 1) // 2
+    return d
 
 
 def mamba_dims(cfg: ModelConfig) -> tuple[int, int, int, int]:
