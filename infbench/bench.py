@@ -100,6 +100,12 @@ def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None
         min_seq_tokens=max(len(r.prompt_ids) + r.sampling.max_tokens for r in requests),
     )
     realtime = point.workload.kind == "poisson"
+    telemetry: dict[str, Any] = {}
+    sampler = None
+    if dev == "cuda":
+        from infbench.telemetry import NvmlSampler
+
+        sampler = NvmlSampler(torch.cuda.current_device()).start()
     for i in range(point.measure.warmup):
         phase(f"warm-up {i + 1}/{point.measure.warmup}")
         engine.run(requests, realtime_arrivals=False)
@@ -126,6 +132,16 @@ def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None
         }
         runs.append(m)
         last_steps, last_costs = out.steps, step_costs
+    if sampler is not None:
+        telemetry["nvml"] = sampler.stop()
+    if point.measure.profile == "ncu":
+        phase("profiling decode steps under ncu")
+        if dev != "cuda":
+            telemetry["ncu"] = {"status": "skipped: ncu profiles CUDA kernels; device is cpu"}
+        else:
+            from infbench.telemetry import ncu_profile
+
+            telemetry["ncu"] = ncu_profile(point.to_dict())
     summary, spread = metrics_mod.aggregate_repeats(runs)
     prediction = predict_point(point, cfg, hw)
     steps = [{**dataclasses.asdict(s), **c} for s, c in zip(last_steps, last_costs)]
@@ -137,7 +153,7 @@ def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None
     return results_mod.build_result(
         point.to_dict(), metrics=summary, prediction=prediction, steps=steps, env=env,
         seed=seed, hardware=hw.to_dict(), repeats=runs, spread=spread,
-        extra={"model_config": _config_dict(cfg)},
+        extra={"model_config": _config_dict(cfg), "telemetry": telemetry},
     )
 
 

@@ -31,6 +31,7 @@ class StepRecord:
     context_lens: list[int] = field(default_factory=list)
     query_lens: list[int] = field(default_factory=list)
     logits_lens: list[int] = field(default_factory=list)  # rows that needed logits (0 or 1)
+    device_time_s: float | None = None  # GPU: the step's kernels timed with CUDA events
 
 
 @dataclass

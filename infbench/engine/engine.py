@@ -127,9 +127,16 @@ class Engine:
     def step(self, clock: Callable[[], float]) -> tuple[StepRecord, list[Seq]]:
         start = clock()
         out = self.scheduler.schedule()
-        sampled = self.runner.execute(out) if not out.is_empty else {}
+        device_time = None
         if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+            begin, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+            begin.record()
+            sampled = self.runner.execute(out) if not out.is_empty else {}
+            end.record()
+            end.synchronize()
+            device_time = begin.elapsed_time(end) / 1e3
+        else:
+            sampled = self.runner.execute(out) if not out.is_empty else {}
         now = clock()
         finished = self.scheduler.update(out, sampled, now)
         if self.states is not None and self.scheduler.forked:
@@ -153,6 +160,7 @@ class Engine:
             context_lens=[s.start_pos + s.num_new_tokens for s in out.scheduled],
             query_lens=[s.num_new_tokens for s in out.scheduled],
             logits_lens=[1 if s.num_samples > 0 else 0 for s in out.scheduled],
+            device_time_s=device_time,
         )
         self._step_index += 1
         for seq in finished:
