@@ -10,6 +10,7 @@ neither torch nor triton.
 __all__ = [
     "activation",
     "cost",
+    "mla_decode_attention",
     "paged_decode_attention",
     "prefill_attention",
     "quant_matmul",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +20,12 @@ if TYPE_CHECKING:
     from gguf import GGUFReader
 
 # config.json "architectures" entry -> ModelConfig.arch
-HF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral"}
+HF_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "DeepseekV2ForCausalLM": "deepseek_v2",
+    "MambaForCausalLM": "mamba",
+}
 GGUF_ARCHITECTURES = ("llama",)
 GGUF_TENSOR_TYPES = ("F32", "F16", "Q4_0", "Q4_1", "Q8_0")
 SMOLLM2_NAME = "smollm2-135m"
@@ -76,10 +82,12 @@ def _rope(cfg_file: Path, raw: dict[str, Any]) -> tuple[float, tuple[tuple[str, 
 
 
 def config_from_hf_dir(path: str | Path) -> ModelConfig:
-    """ModelConfig of a Llama/Mistral checkpoint directory (reads config.json only)."""
+    """ModelConfig of a Llama/Mistral/DeepSeek-V2 checkpoint directory (reads config.json)."""
     root, raw = _read_config_json(path)
     cfg_file = root / "config.json"
     arch = _hf_arch(cfg_file, raw)
+    if arch == "mamba":
+        return _mamba(root, raw)
     if raw.get("hidden_act", "silu") != "silu":
         raise UserError(f"{cfg_file}: hidden_act {raw['hidden_act']!r} unsupported; allowed: silu")
     for key in ("attention_bias", "mlp_bias"):
@@ -99,6 +107,8 @@ def config_from_hf_dir(path: str | Path) -> ModelConfig:
         )
     except KeyError as exc:
         raise UserError(f"{cfg_file}: missing key {exc.args[0]!r}") from None
+    if arch == "deepseek_v2":
+        return _deepseek_v2(root, raw, num_heads, fields)
     head_dim = raw.get("head_dim")
     theta, scaling = _rope(cfg_file, raw)
     raw_window = raw.get("sliding_window") if arch == "mistral" else None
@@ -120,12 +130,109 @@ def config_from_hf_dir(path: str | Path) -> ModelConfig:
     )
 
 
+def _deepseek_v2(
+    root: Path, raw: dict[str, Any], num_heads: int, fields: dict[str, Any]
+) -> ModelConfig:
+    """DeepSeek-V2 (transformers' DeepseekV2Config): MLA attention, dense MLP layers only."""
+    cfg_file = root / "config.json"
+    num_layers = fields["num_layers"]
+    # transformers makes layer i an MoE layer when i >= first_k_dense_replace.
+    first_dense = int(raw.get("first_k_dense_replace", 0))
+    if first_dense < num_layers:
+        raise UserError(
+            f"{cfg_file}: layers {first_dense}..{num_layers - 1} are mixture-of-experts "
+            f"(first_k_dense_replace={first_dense}); MoE layers are not implemented in the "
+            "engine yet"
+        )
+    try:
+        q_lora = raw.get("q_lora_rank")
+        attention = AttentionConfig(
+            kind="mla",
+            kv_lora_rank=int(raw["kv_lora_rank"]),
+            q_lora_rank=int(q_lora) if q_lora else None,
+            qk_rope_head_dim=int(raw["qk_rope_head_dim"]),
+            qk_nope_head_dim=int(raw["qk_nope_head_dim"]),
+            v_head_dim=int(raw["v_head_dim"]),
+        )
+    except KeyError as exc:
+        raise UserError(f"{cfg_file}: missing key {exc.args[0]!r}") from None
+    theta, scaling = _rope(cfg_file, raw)
+    params = dict(scaling or ())
+    if params.get("rope_type") == "yarn" and "original_max_position_embeddings" not in params:
+        # transformers' default for YaRN: the context the checkpoint declares
+        params["original_max_position_embeddings"] = fields["max_seq_len"]
+        scaling = tuple(sorted(params.items()))
+    hidden = fields["hidden_size"]
+    return ModelConfig(
+        name=root.resolve().name,
+        num_heads=num_heads,
+        num_kv_heads=num_heads,  # MLA: every head reads the one latent
+        # config.json's head_dim is the RoPE width (MLA reads its dims from `attention`);
+        # dim_head only matters when the hidden size does not split into the heads.
+        head_dim=None if hidden % num_heads == 0 else attention.qk_nope_head_dim,
+        rope_theta=theta,
+        rope_scaling=scaling,
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        attention=attention,
+        arch="deepseek_v2",
+        **fields,
+    )
+
+
 def _attention(num_heads: int, num_kv_heads: int, window: int | None) -> AttentionConfig:
     if window is not None:
         return AttentionConfig(kind="sliding", window=window)
     if num_kv_heads == num_heads:
         return AttentionConfig(kind="mha")
     return AttentionConfig(kind="mqa" if num_kv_heads == 1 else "gqa")
+
+
+MAMBA_CONTEXT = 2048  # Mamba configs declare no context length; the paper pretrains on 2048
+
+
+def _mamba(root: Path, raw: dict[str, Any]) -> ModelConfig:
+    """Mamba-1 (transformers' MambaConfig): RMSNorm + selective-scan mixer blocks, no MLP."""
+    cfg_file = root / "config.json"
+    if raw.get("hidden_act", "silu") != "silu":
+        raise UserError(f"{cfg_file}: hidden_act {raw['hidden_act']!r} unsupported; allowed: silu")
+    if raw.get("use_bias", False):
+        raise UserError(f"{cfg_file}: use_bias=true (in_proj/out_proj biases) is not supported")
+    if not raw.get("use_conv_bias", True):
+        raise UserError(f"{cfg_file}: use_conv_bias=false is not supported (Mamba uses it)")
+    try:
+        hidden = int(raw["hidden_size"])
+        expand = int(raw.get("expand", 2))
+        d_inner = int(raw.get("intermediate_size", expand * hidden))
+        rank = raw.get("time_step_rank", "auto")
+        attention = AttentionConfig(
+            kind="ssm",
+            d_state=int(raw.get("state_size", 16)),
+            d_conv=int(raw.get("conv_kernel", 4)),
+            expand=expand,
+            dt_rank=math.ceil(hidden / 16) if rank == "auto" else int(rank),
+        )
+        vocab, num_layers = int(raw["vocab_size"]), int(raw["num_hidden_layers"])
+    except KeyError as exc:
+        raise UserError(f"{cfg_file}: missing key {exc.args[0]!r}") from None
+    if d_inner != expand * hidden:
+        raise UserError(
+            f"{cfg_file}: intermediate_size ({d_inner}) must equal expand * hidden_size "
+            f"({expand} * {hidden})"
+        )
+    return ModelConfig(
+        name=root.resolve().name,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_layers=num_layers,
+        num_heads=1,  # no attention heads; keeps ModelConfig's head checks satisfied
+        num_kv_heads=1,
+        intermediate_size=d_inner,  # informational: Mamba blocks have no MLP
+        max_seq_len=int(raw.get("max_position_embeddings", MAMBA_CONTEXT)),
+        rms_norm_eps=float(raw.get("layer_norm_epsilon", 1e-5)),
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", True)),
+        attention=attention,
+        arch="mamba",
+    )
 
 
 # ---------------------------------------------------------------------- GGUF files

@@ -54,6 +54,10 @@ class AttentionContext(Protocol):
         """
         ...
 
+    def state(self, layer: LayerSpec) -> LayerState:
+        """The recurrent state slots of a linear-attention or SSM layer for this call."""
+        ...
+
     def mla_attention(
         self, layer: LayerSpec, q: torch.Tensor, latent: torch.Tensor, scale: float
     ) -> torch.Tensor:

@@ -146,7 +146,13 @@ _TOP = {
     "model.embed_tokens.weight": "embed_tokens.weight",
     "model.norm.weight": "norm.weight",
     "lm_head.weight": "lm_head.weight",
+    # Mamba (MambaForCausalLM); old checkpoints spell the embedding "embedding"
+    "backbone.embeddings.weight": "embed_tokens.weight",
+    "backbone.embedding.weight": "embed_tokens.weight",
+    "backbone.norm_f.weight": "norm.weight",
 }
+# Mamba blocks: norm -> our input_layernorm, mixer.* -> self_attn.* (same leaf names)
+_MAMBA_LAYER = re.compile(r"backbone\.layers\.(\d+)\.(norm\.weight|mixer\.(.+))")
 
 
 class _WeightSink:
@@ -175,7 +181,14 @@ class _WeightSink:
             return None
         if hf_name in _TOP:
             return _TOP[hf_name], 0
+        mamba = _MAMBA_LAYER.fullmatch(hf_name)
+        if mamba:
+            leaf = "input_layernorm.weight" if mamba.group(3) is None else f"self_attn.{mamba.group(3)}"
+            return f"layers.{mamba.group(1)}.{leaf}", 0
         match = _LAYER.fullmatch(hf_name)
+        if match and f"layers.{match.group(1)}.{match.group(2)}" in self.params:
+            # Unfused parameters carry the checkpoint's own names (DeepSeek-V2's MLA).
+            return f"layers.{match.group(1)}.{match.group(2)}", 0
         if match and match.group(2) in _LEAVES:
             leaf, shard = _LEAVES[match.group(2)]
             return f"layers.{match.group(1)}.{leaf}", shard

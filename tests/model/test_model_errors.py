@@ -109,7 +109,6 @@ def test_unimplemented_features_refuse() -> None:
         quant=QuantConfig(weights="int8"),
     )
     assert isinstance(make_linear(8, 4, quant=QuantConfig()), torch.nn.Linear)
-    _raises(ConfigError, "mixer 'mla'", load_model, {"preset": "tiny-mla"})
     _raises(ConfigError, "mixture-of-experts", load_model, {"preset": "tiny-moe"})
     _raises(
         ConfigError,
