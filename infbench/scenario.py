@@ -506,7 +506,18 @@ class ScenarioPoint:
 
 # ------------------------------------------------------------------ loading
 def point_label(swept: dict[str, Any]) -> str:
-    return ",".join(f"{k}={v}" for k, v in swept.items()) or "default"
+    """`batch_size=8,prompt_len=128`; a swept mapping reads `model.attention=gqa(kv_heads=8)`."""
+    return ",".join(f"{k}={_label_value(v)}" for k, v in swept.items()) or "default"
+
+
+def _label_value(value: Any) -> str:
+    if isinstance(value, dict):
+        kind = value.get("kind")
+        rest = ",".join(f"{k}={v}" for k, v in value.items() if k != "kind")
+        if kind is None:
+            return "{" + rest + "}"
+        return f"{kind}({rest})" if rest else str(kind)
+    return str(value)
 
 
 def resolve_device(device: str) -> str:
