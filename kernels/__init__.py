@@ -10,11 +10,13 @@ neither torch nor triton.
 __all__ = [
     "activation",
     "cost",
+    "linear_attention",
     "mla_decode_attention",
     "paged_decode_attention",
     "prefill_attention",
     "quant_matmul",
     "rmsnorm",
     "rope",
+    "selective_scan",
     "store_kv",
 ]

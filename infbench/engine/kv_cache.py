@@ -168,8 +168,11 @@ def plan_num_blocks(cfg: ModelConfig, engine: EngineConfig, bytes_per_token: int
     else:
         budget = int(engine.kv_cache_memory * available_memory_bytes(device))
     bs = engine.block_size
-    if bytes_per_token == 0:  # constant-state schemes only: blocks are not used
-        return 1, budget
+    if bytes_per_token == 0:
+        # Constant-state schemes only: blocks hold no tensors, but the block manager
+        # still counts a sequence's positions in them, so give every sequence room.
+        tokens = max_tokens_needed or cfg.max_seq_len * engine.max_num_seqs
+        return math.ceil(max(tokens, min_tokens) / bs) + 1, budget
     block_bytes = bytes_per_token * bs
     num_blocks = budget // block_bytes
     if max_tokens_needed is not None:

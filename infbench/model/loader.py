@@ -183,7 +183,8 @@ class _WeightSink:
             return _TOP[hf_name], 0
         mamba = _MAMBA_LAYER.fullmatch(hf_name)
         if mamba:
-            leaf = "input_layernorm.weight" if mamba.group(3) is None else f"self_attn.{mamba.group(3)}"
+            inner = mamba.group(3)
+            leaf = "input_layernorm.weight" if inner is None else f"self_attn.{inner}"
             return f"layers.{mamba.group(1)}.{leaf}", 0
         match = _LAYER.fullmatch(hf_name)
         if match and f"layers.{match.group(1)}.{match.group(2)}" in self.params:

@@ -110,13 +110,6 @@ def test_unimplemented_features_refuse() -> None:
     )
     assert isinstance(make_linear(8, 4, quant=QuantConfig()), torch.nn.Linear)
     _raises(ConfigError, "mixture-of-experts", load_model, {"preset": "tiny-moe"})
-    _raises(
-        ConfigError,
-        "mixer 'linear'",
-        load_model,
-        {"preset": "tiny"},
-        overrides={"attention": {"kind": "linear", "attn_every": 2}},
-    )
 
 
 def test_no_chat_template(tmp_path: Path) -> None:
