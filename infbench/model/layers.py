@@ -152,7 +152,14 @@ class SwiGLUMLP(nn.Module):
         self.gate_up_proj = make_linear(hidden_size, 2 * intermediate_size, **kw)
         self.down_proj = make_linear(intermediate_size, hidden_size, **kw)
 
+    def set_ops(self, ops: Any) -> None:
+        """Use the backend's fused silu_and_mul (engine); plain torch without it."""
+        self.ops = ops
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)  # (T, 2I): gate rows first, then up
+        ops = getattr(self, "ops", None)
+        if ops is not None:
+            return self.down_proj(ops.silu_and_mul(gate_up))  # (T, H)
         gate, up = gate_up.split(self.intermediate_size, dim=-1)  # (T, I) each
         return self.down_proj(F.silu(gate) * up)  # (T, H)

@@ -48,6 +48,10 @@ class Attention(nn.Module):
         kw: dict[str, Any] = dict(quant=quant, dtype=dtype, device=device)
         self.qkv_proj = make_linear(config.hidden_size, sum(self.split_sizes), **kw)
         self.o_proj = make_linear(q_size, config.hidden_size, **kw)
+        self.ops: Any = None
+
+    def set_ops(self, ops: Any) -> None:
+        self.ops = ops
 
     def forward(
         self,
@@ -63,7 +67,10 @@ class Attention(nn.Module):
         if self.layer.owns_kv:
             k = parts[1].view(num_tokens, self.num_kv_heads, self.head_dim)  # (T, Hkv, D)
             v = parts[2].view(num_tokens, self.num_kv_heads, self.head_dim)  # (T, Hkv, D)
-        q, k = apply_rope(q, k, positions, rope_cache)
+        if self.ops is not None and k is not None:
+            q, k = self.ops.rope(q, k, positions, rope_cache)  # in place, on the qkv views
+        else:
+            q, k = apply_rope(q, k, positions, rope_cache)
         out = ctx.attention(self.layer, q, k, v, self.scale)  # (T, Hq, D)
         return self.o_proj(out.reshape(num_tokens, -1))  # (T, H)
 
@@ -139,6 +146,32 @@ class DecoderLayer(nn.Module):
             return x
         return x + self.mlp(self.post_attention_layernorm(x))  # (T, H)
 
+    def forward_fused(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        positions: torch.Tensor,
+        ctx: AttentionContext,
+        rope_cache: torch.Tensor,
+        ops: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The same block with the kernels' fused residual-add + RMSNorm (vLLM's layout).
+
+        Carries (x, residual) between layers: the block input is x + residual, summed
+        inside the norm kernel instead of as a separate pass over the activations.
+        """
+        norm = self.input_layernorm
+        if residual is None:
+            h, residual = ops.rmsnorm(x, norm.weight, norm.eps), x
+        else:
+            h, residual = ops.rmsnorm(x, norm.weight, norm.eps, residual)
+        x = self.self_attn(h, positions, ctx, rope_cache)  # (T, H)
+        if self.mlp is None or self.post_attention_layernorm is None:
+            return x, residual
+        post = self.post_attention_layernorm
+        h, residual = ops.rmsnorm(x, post.weight, post.eps, residual)
+        return self.mlp(h), residual
+
 
 class Transformer(nn.Module):
     """Decoder-only LM: embed -> layers -> final norm; `compute_logits` applies the LM head.
@@ -195,11 +228,15 @@ class Transformer(nn.Module):
                 init_buffers()
 
     def set_ops(self, ops: Any) -> None:
-        """Bind the engine's kernel backend (`engine.backend.Ops`) to mixers that use it."""
+        """Bind the engine's kernel backend (`engine.backend.Ops`): fused norms, RoPE and
+        SiLU-and-mul in every layer, and the mixers' own kernels.  Without it (tests,
+        DenseContext references) the model runs plain torch code."""
+        self.ops = ops
         for layer in self.layers:
-            set_ops = getattr(layer.self_attn, "set_ops", None)
-            if set_ops is not None:
-                set_ops(ops)
+            for module in (layer.self_attn, layer.mlp):
+                set_ops = getattr(module, "set_ops", None)
+                if set_ops is not None:
+                    set_ops(ops)
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext
@@ -211,6 +248,13 @@ class Transformer(nn.Module):
                 f"and {tuple(positions.shape)}"
             )
         x = self.embed_tokens(input_ids)  # (T, H)
+        ops = getattr(self, "ops", None)
+        if ops is not None:
+            residual: torch.Tensor | None = None
+            for layer in self.layers:
+                x, residual = layer.forward_fused(x, residual, positions, ctx, self.rope_cache,
+                                                  ops)
+            return ops.rmsnorm(x, self.norm.weight, self.norm.eps, residual)[0]  # (T, H)
         for layer in self.layers:
             x = layer(x, positions, ctx, self.rope_cache)
         return self.norm(x)  # (T, H)
