@@ -66,9 +66,9 @@ class Engine:
         self.eos_token_id = eos_token_id
         self.ops = get_ops(engine_cfg.backend, device)
         if device.type == "cpu":
-            from infbench.model.linear import use_cpu_gemv_layout
+            from infbench.model.linear import use_cpu_split_linears
 
-            use_cpu_gemv_layout(model)
+            use_cpu_split_linears(model)
         if hasattr(model, "set_ops"):
             model.set_ops(self.ops)
         elem = torch.empty(0, dtype=self.dtype).element_size()

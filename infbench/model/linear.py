@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from infbench.config import QuantConfig
@@ -38,24 +39,52 @@ def make_linear(
     )
 
 
-def use_cpu_gemv_layout(model: nn.Module) -> int:
-    """Store every nn.Linear weight column-major (a (K, N) buffer seen as (N, K)) on CPU.
 
-    Decode at small batch is a GEMV per projection.  With the weight read as a
-    contiguous (K, N) matrix, MKL/OpenBLAS stream it at about twice the bandwidth of
-    the row-major (N, K) GEMV (measured on the 2-core dev machine: SmolLM2's
-    49152 x 576 LM head 11.8 -> 23.9 GB/s at batch 1; within 10-20% either way at
-    batch >= 4).  Values, shapes and parameter names are unchanged, so loaders and
-    state dicts still see nn.Linear weights; only the strides differ.  GPU weights are
-    left alone (cuBLAS handles both layouts alike).  Idempotent; returns how many
-    weights moved.
+# Below this many rows a CPU matmul goes through `split_linear` (measured crossover on the
+# 2-core dev machine: split 156-189 GFLOP/s vs MKL 91-144 at M=128, even from M=512 on).
+SPLIT_MAX_ROWS = 256
+
+
+def split_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                 parts: int | None = None) -> torch.Tensor:
+    """x (M, K) @ weight (N, K)^T with the output rows split across CPU threads.
+
+    MKL runs a GEMV (and small-M GEMMs) on one core, which streams weights at about
+    12-18 GB/s here, half of what the two cores read together.  Viewing the row-major
+    weight as (parts, N / parts, K) and calling bmm gives each thread its own slice of
+    rows: SmolLM2's 30 layers + LM head went from 12 to 30-43 GB/s at batch 1 and
+    stayed ahead up to M = 256 (see SPLIT_MAX_ROWS).  Same values as F.linear up to
+    float rounding; falls back to it when N does not split evenly.
+    """
+    parts = parts or torch.get_num_threads()
+    n, k = weight.shape
+    m = x.shape[0]
+    if parts < 2 or m > SPLIT_MAX_ROWS or n % parts or not weight.is_contiguous() or x.dim() != 2:
+        return F.linear(x, weight, bias)
+    out = torch.bmm(weight.view(parts, n // parts, k),  # (P, N/P, K)
+                    x.t().unsqueeze(0).expand(parts, k, m))  # (P, K, M) -> (P, N/P, M)
+    out = out.view(n, m).t()  # (M, N)
+    return out + bias if bias is not None else out
+
+
+class CpuSplitLinear(nn.Linear):
+    """nn.Linear whose forward uses `split_linear` (same parameters, same state dict)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2:
+            return split_linear(x, self.weight, self.bias)
+        return super().forward(x)
+
+
+def use_cpu_split_linears(model: nn.Module) -> int:
+    """Switch every CPU nn.Linear of `model` to CpuSplitLinear in place; returns how many.
+
+    Only the class changes: parameters, names and views of them stay valid.  GPU
+    modules are left alone.  Idempotent.
     """
     moved = 0
     for module in model.modules():
-        if isinstance(module, nn.Linear) and module.weight.device.type == "cpu":
-            w = module.weight
-            if w.dim() == 2 and w.stride() == (w.shape[1], 1) and w.shape[0] > 1:
-                # (N, K) row-major -> same values in a (K, N)-contiguous buffer
-                w.data = w.data.t().contiguous().t()
-                moved += 1
+        if type(module) is nn.Linear and module.weight.device.type == "cpu":
+            module.__class__ = CpuSplitLinear
+            moved += 1
     return moved

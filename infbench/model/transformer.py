@@ -22,7 +22,7 @@ from infbench.config import LayerSpec, ModelConfig, QuantConfig
 from infbench.errors import ConfigError
 from infbench.model.context import AttentionContext
 from infbench.model.layers import RMSNorm, SwiGLUMLP, apply_rope, build_rope_cache
-from infbench.model.linear import make_linear
+from infbench.model.linear import make_linear, split_linear
 from infbench.roofline.shapes import has_mlp
 
 
@@ -261,6 +261,8 @@ class Transformer(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden (N, H) -> logits (N, V) in float32."""
-        if self.lm_head is None:
-            return F.linear(hidden, self.embed_tokens.weight).float()  # tied (N, V)
+        if self.lm_head is None:  # tied (N, V)
+            if hidden.device.type == "cpu":
+                return split_linear(hidden, self.embed_tokens.weight).float()
+            return F.linear(hidden, self.embed_tokens.weight).float()
         return self.lm_head(hidden).float()  # (N, V)
