@@ -63,7 +63,9 @@ def split_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
         return F.linear(x, weight, bias)
     out = torch.bmm(weight.view(parts, n // parts, k),  # (P, N/P, K)
                     x.t().unsqueeze(0).expand(parts, k, m))  # (P, K, M) -> (P, N/P, M)
-    out = out.view(n, m).t()  # (M, N)
+    out = out.view(n, m).t()  # (M, N), column-major
+    if m > 1:
+        out = out.contiguous()  # downstream kernels want contiguous rows
     return out + bias if bias is not None else out
 
 
