@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -120,23 +121,19 @@ def attention_ref(
     Key p is visible to a query at t iff p <= t and t - p < window.  Queries that see no
     key (padding: q_pos < 0) return zeros.  Returns (B, Q, Hq, Dv) in q.dtype.
     """
-    batch, num_q, num_heads, head_dim = q.shape
-    num_kv_heads, num_keys = k.shape[1], k.shape[2]
-    group = num_heads // num_kv_heads
-    # Rows of one KV head's query block: (group, query token) pairs.
-    qg = q.float().view(batch, num_q, num_kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)
-    qg = qg.reshape(batch, num_kv_heads, group * num_q, head_dim)  # (B, Hkv, G*Q, D)
-    scores = qg @ k.float().transpose(-1, -2) * scale  # (B, Hkv, G*Q, L)
+    num_keys = k.shape[2]
     delta = q_pos[:, :, None] - torch.arange(num_keys, device=q.device)  # (B, Q, L)
     visible = delta >= 0
     if window is not None:
         visible &= delta < window
-    scores = scores.view(batch, num_kv_heads, group, num_q, num_keys)
-    scores.masked_fill_(~visible[:, None, None], float("-inf"))
-    probs = torch.softmax(scores, dim=-1).nan_to_num_(0.0)  # all-masked rows -> 0
-    out = probs.view(batch, num_kv_heads, group * num_q, num_keys) @ v.float()  # (B,Hkv,GQ,Dv)
-    out = out.view(batch, num_kv_heads, group, num_q, -1).permute(0, 3, 1, 2, 4)
-    return out.reshape(batch, num_q, num_heads, v.shape[-1]).to(q.dtype)
+    # torch's fused attention (flash/math kernel on CPU) in fp32, with GQA expansion; it
+    # never materialises the (B, Hq, Q, L) probabilities in Python-visible temporaries.
+    out = F.scaled_dot_product_attention(
+        q.float().transpose(1, 2), k.float(), v.float(),  # (B, Hq, Q, D), (B, Hkv, L, D)
+        attn_mask=visible[:, None], scale=scale,
+        enable_gqa=k.shape[1] != q.shape[2])  # (B, Hq, Q, Dv)
+    out = out.nan_to_num_(0.0)  # a query that sees no key (padding) gives zeros, not NaN
+    return out.transpose(1, 2).to(q.dtype)  # (B, Q, Hq, Dv)
 
 
 def attended_keys(context_len: int, num_query_tokens: int, window: int | None) -> int:

@@ -230,18 +230,24 @@ def paged_decode_attention_ref(
     del num_splits
     is_single = q.dim() == 3
     q4 = q.unsqueeze(1) if is_single else q  # (B, Q, Hq, D)
-    num_q = q4.shape[1]
+    batch, num_q = q4.shape[:2]
+    block_size = k_cache.shape[1]
     max_context = int(context_lens.max()) if context_lens.numel() else 0
-    keys = gather_kv_ref(k_cache, block_tables, max_context)  # (B, Hkv, L, D)
-    values = gather_kv_ref(v_cache, block_tables, max_context)  # (B, Hkv, L, Dv)
+    num_blocks = max(1, -(-max_context // block_size))
+    ids = block_tables[:, :num_blocks].long()  # (B, nb)
+    # One gather per cache; the (B, Hkv, L, D) views below are transposes, not copies.
+    keys = k_cache[ids].flatten(1, 2)[:, :max_context]  # (B, L, Hkv, D), a fresh copy
+    values = v_cache[ids].flatten(1, 2)[:, :max_context]  # (B, L, Hkv, Dv), a fresh copy
     ctx = context_lens.to(device=q.device, dtype=torch.long)
-    # Slots past a shorter sequence's end hold stale data, maybe NaN, and a masked score
-    # does not help there (0 * NaN = NaN in P @ V): zero those values.
-    is_pad = torch.arange(values.shape[2], device=q.device) >= ctx[:, None]  # (B, L)
-    if bool(is_pad.any()):
-        values.masked_fill_(is_pad[:, None, :, None], 0.0)
+    # Slots past a shorter sequence's end hold stale data, maybe NaN, and masking the
+    # score does not help there (NaN + -inf = NaN; 0 * NaN = NaN in P @ V): zero them.
+    is_pad = torch.arange(max_context, device=q.device) >= ctx[:, None]  # (B, L)
+    if batch > 1 and bool(is_pad.any()):
+        keys.masked_fill_(is_pad[:, :, None, None], 0.0)
+        values.masked_fill_(is_pad[:, :, None, None], 0.0)
     q_pos = ctx[:, None] - num_q + torch.arange(num_q, device=q.device)  # (B, Q)
-    out = attention_ref(q4, keys, values, q_pos, scale, window)  # (B, Q, Hq, Dv)
+    out = attention_ref(q4, keys.transpose(1, 2), values.transpose(1, 2), q_pos, scale,
+                        window)  # (B, Q, Hq, Dv)
     return out.squeeze(1) if is_single else out
 
 
