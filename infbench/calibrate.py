@@ -166,7 +166,8 @@ def device_description(device: str) -> str:
 
 
 def calibrate(device: str = "cpu", quick: bool = False,
-              dtypes: tuple[str, ...] | None = None, name: str = "local") -> HardwareSpec:
+              dtypes: tuple[str, ...] | None = None, name: str = "local",
+              engine_terms: bool = True) -> HardwareSpec:
     """Measure bandwidths and GEMM peaks on `device` and return them as a HardwareSpec."""
     device = resolve_calibration_device(device)
     plan = PLANS[(device, quick)]
@@ -203,6 +204,10 @@ def calibrate(device: str = "cpu", quick: bool = False,
         "allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+    if engine_terms:
+        from infbench.calibrate_engine import engine_extra
+
+        extra.update(engine_extra(device, dtypes, quick))
     return HardwareSpec(
         name=name,
         description=f"{desc} ({threads} torch threads), calibrated" if device == "cpu"

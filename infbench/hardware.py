@@ -12,6 +12,7 @@ JSON (see `profile_path`); any other name may also be a path to such a file.
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -42,6 +43,34 @@ class HardwareSpec:
             f"hardware {self.name!r} has no peak for dtype {dtype!r}; "
             f"allowed: {', '.join(self.peak_flops)}"
         )
+
+    def peak_at(self, dtype: str, num_tokens: int | None = None) -> float:
+        """Attainable matmul FLOP/s for a step of `num_tokens` rows.
+
+        A calibrated profile carries the engine's measured curve
+        (`extra.matmul_flops_by_tokens`, see infbench.calibrate_engine); it is
+        interpolated in log(tokens) and capped at the dtype's peak.  Datasheet entries
+        have no curve: their peak applies at every size (the plain roofline).
+        """
+        peak = self.peak(dtype)
+        curve = (self.extra.get("matmul_flops_by_tokens") or {}).get(dtype)
+        if not curve or num_tokens is None:
+            return peak
+        pts = sorted((float(m), float(f)) for m, f in curve)
+        n = float(max(num_tokens, 1))
+        if n <= pts[0][0]:
+            return min(pts[0][1], peak)
+        for (m0, f0), (m1, f1) in zip(pts, pts[1:]):
+            if n <= m1:
+                w = (math.log(n) - math.log(m0)) / (math.log(m1) - math.log(m0))
+                return min(f0 + w * (f1 - f0), peak)
+        return min(pts[-1][1], peak)
+
+    def step_overhead_s(self, num_layers: int) -> float:
+        """Fixed cost of one engine step (dispatch, Python), when the profile measured it."""
+        extra = self.extra
+        return float(extra.get("step_overhead_s", 0.0)) + num_layers * float(
+            extra.get("layer_overhead_s", 0.0))
 
     def ridge_point(self, dtype: str = "bfloat16") -> float:
         """FLOP per byte where the bandwidth slope meets the compute ceiling."""

@@ -65,6 +65,8 @@ class Engine:
         self.dtype = TORCH_DTYPES[dtype]
         self.eos_token_id = eos_token_id
         self.ops = get_ops(engine_cfg.backend, device)
+        if engine_cfg.num_threads is not None:
+            torch.set_num_threads(engine_cfg.num_threads)  # CPU intra-op threads
         if device.type == "cpu":
             from infbench.model.linear import use_cpu_split_linears
 

@@ -71,18 +71,26 @@ class SpecConfig:
         return float(g + 1) if a >= 1.0 else (1.0 - a ** (g + 1)) / (1.0 - a)
 
 
-def roofline_time(flops: float, nbytes: float, hw: HardwareSpec, dtype: str) -> float:
-    return max(nbytes / hw.bandwidth, flops / hw.peak(dtype))
+def roofline_time(flops: float, nbytes: float, hw: HardwareSpec, dtype: str,
+                  num_tokens: int | None = None) -> float:
+    """max(bytes / bandwidth, FLOPs / peak); a calibrated profile's peak depends on the
+    step's token count (`HardwareSpec.peak_at`), a datasheet's does not."""
+    return max(nbytes / hw.bandwidth, flops / hw.peak_at(dtype, num_tokens))
 
 
-def bound_of(flops: float, nbytes: float, hw: HardwareSpec, dtype: str) -> str:
-    return "compute" if flops / hw.peak(dtype) > nbytes / hw.bandwidth else "memory"
+def bound_of(flops: float, nbytes: float, hw: HardwareSpec, dtype: str,
+             num_tokens: int | None = None) -> str:
+    compute = flops / hw.peak_at(dtype, num_tokens)
+    return "compute" if compute > nbytes / hw.bandwidth else "memory"
 
 
-def step_time(costs: Sequence[OpCost], hw: HardwareSpec, dtype: str) -> float:
-    """Roofline time of one step: its summed bytes at bandwidth or FLOPs at peak."""
+def step_time(costs: Sequence[OpCost], hw: HardwareSpec, dtype: str,
+              num_tokens: int | None = None, num_layers: int = 0) -> float:
+    """Roofline time of one step: its summed bytes at bandwidth or FLOPs at peak, plus the
+    profile's fixed per-step cost (zero for datasheet hardware)."""
     step = total(costs)
-    return roofline_time(step.flops, step.bytes, hw, dtype)
+    return (roofline_time(step.flops, step.bytes, hw, dtype, num_tokens)
+            + hw.step_overhead_s(num_layers))
 
 
 @dataclass(frozen=True)
@@ -191,13 +199,14 @@ def _op_times(ops: Sequence[OpCost], hw: HardwareSpec, dtype: str) -> tuple[OpTi
     )
 
 
-def _stage(stage: str, ops: Sequence[OpCost], hw: HardwareSpec, dtype: str) -> StagePrediction:
+def _stage(stage: str, ops: Sequence[OpCost], hw: HardwareSpec, dtype: str,
+           num_tokens: int | None = None, overhead_s: float = 0.0) -> StagePrediction:
     step = total(ops, stage, stage)
     return StagePrediction(
         stage,
         step,
-        roofline_time(step.flops, step.bytes, hw, dtype),
-        bound_of(step.flops, step.bytes, hw, dtype),
+        roofline_time(step.flops, step.bytes, hw, dtype, num_tokens) + overhead_s,
+        bound_of(step.flops, step.bytes, hw, dtype, num_tokens),
         _op_times(ops, hw, dtype),
     )
 
@@ -253,7 +262,8 @@ def mean_stage(cfg: ModelConfig, hw: HardwareSpec, dtype: str, quant: QuantConfi
     sums: dict[str, list[Any]] = {}
     op_time_sums: dict[str, float] = {}
     time_sum = 0.0
-    bw, peak = hw.bandwidth, hw.peak(dtype)
+    num_tokens = sum(sw.query_len for sw in make_seqs(lo))
+    bw, peak = hw.bandwidth, hw.peak_at(dtype, num_tokens)
     pending = _segments(cfg, query_len, lo, hi)
     while pending:
         s, e = pending.pop(0)
@@ -280,8 +290,8 @@ def mean_stage(cfg: ModelConfig, hw: HardwareSpec, dtype: str, quant: QuantConfi
     step = total(ops, stage, stage)
     op_times = tuple(OpTime(op, op_time_sums[op.name] / count,
                             bound_of(op.flops, op.bytes, hw, dtype)) for op in ops)
-    return StagePrediction(stage, step, time_sum / count,
-                           bound_of(step.flops, step.bytes, hw, dtype), op_times)
+    return StagePrediction(stage, step, time_sum / count + hw.step_overhead_s(cfg.num_layers),
+                           bound_of(step.flops, step.bytes, hw, dtype, num_tokens), op_times)
 
 
 def _speculative(cfg: ModelConfig, hw: HardwareSpec, dtype: str, quant: QuantConfig,
@@ -313,7 +323,8 @@ def predict(
     quant = quant or QuantConfig()
     prefill_ops = step_costs(cfg, [SeqWork(prompt_len, prompt_len)] * batch, dtype, quant,
                              stage="prefill")
-    prefill = _stage("prefill", prefill_ops, hw, dtype)
+    prefill = _stage("prefill", prefill_ops, hw, dtype, batch * prompt_len,
+                     hw.step_overhead_s(cfg.num_layers))
     lo, hi = prompt_len + 1, prompt_len + gen_len
     decode = mean_stage(cfg, hw, dtype, quant, lambda x: [SeqWork(1, x)] * batch, 1, lo, hi)
     spec = None
