@@ -126,14 +126,25 @@ def attention_ref(
     visible = delta >= 0
     if window is not None:
         visible &= delta < window
-    # torch's fused attention (flash/math kernel on CPU) in fp32, with GQA expansion; it
-    # never materialises the (B, Hq, Q, L) probabilities in Python-visible temporaries.
+    batch, num_q, num_heads, head_dim = q.shape
+    num_kv_heads = k.shape[1]
+    group = num_heads // num_kv_heads
+    if num_q > 1:
+        # Prefill: repeat K/V per query head (GQA expansion) and let torch's fused CPU
+        # attention take a (B, 1, Q, L) mask broadcast over heads.
+        if group > 1:
+            k = k.repeat_interleave(group, dim=1)  # (B, Hq, L, D)
+            v = v.repeat_interleave(group, dim=1)  # (B, Hq, L, Dv)
+        out = F.scaled_dot_product_attention(q.float().transpose(1, 2), k.float(), v.float(),
+                                             attn_mask=visible[:, None], scale=scale)
+        return out.nan_to_num_(0.0).transpose(1, 2).to(q.dtype)  # (B, Q, Hq, Dv)
+    # Decode: fold each KV head's query group into the query axis, (B, Hkv, G, D), so
+    # the KV is read once per KV head (what the Triton kernel does) instead of copied.
+    qg = q.float().view(batch, num_kv_heads, group, head_dim)
     out = F.scaled_dot_product_attention(
-        q.float().transpose(1, 2), k.float(), v.float(),  # (B, Hq, Q, D), (B, Hkv, L, D)
-        attn_mask=visible[:, None], scale=scale,
-        enable_gqa=k.shape[1] != q.shape[2])  # (B, Hq, Q, Dv)
+        qg, k.float(), v.float(), attn_mask=visible[:, None], scale=scale)  # (B,Hkv,G,Dv)
     out = out.nan_to_num_(0.0)  # a query that sees no key (padding) gives zeros, not NaN
-    return out.transpose(1, 2).to(q.dtype)  # (B, Q, Hq, Dv)
+    return out.reshape(batch, 1, num_heads, v.shape[-1]).to(q.dtype)  # (B, Q, Hq, Dv)
 
 
 def attended_keys(context_len: int, num_query_tokens: int, window: int | None) -> int:
