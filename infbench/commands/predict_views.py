@@ -249,15 +249,15 @@ def kv_measured(paths: list[Path], hw: Any, as_json: bool) -> None:
         emit_json(rows)
         return
     table = Table(title=f"KV cache: measured (engine) vs predicted; max batch on {hw.name}")
-    for col in ("run", "attention", "KV B/token pred", "KV B/token meas", "state B/seq",
+    for col in ("scheme", "context", "KV B/token pred", "KV B/token meas", "state B/seq",
                 "KV MB pred", "peak KV MB meas", "max batch", "decode tok/s", "TTFT p50 ms"):
-        table.add_column(col, justify="left" if col in ("run", "attention") else "right")
+        table.add_column(col, justify="left" if col == "scheme" else "right")
     for r in rows:
         ok = r["kv_bytes_per_token_measured"] == r["kv_bytes_per_token_predicted"]
         state_ok = r["state_bytes_per_seq_measured"] == r["state_bytes_per_seq_predicted"]
         tps = r["decode_tokens_per_s_measured"]
         table.add_row(
-            r["label"] or r["model"], r["attention"], f"{r['kv_bytes_per_token_predicted']:,}",
+            r["scheme"], f"{r['context_len']:,}", f"{r['kv_bytes_per_token_predicted']:,}",
             f"{r['kv_bytes_per_token_measured']:,}{'' if ok else ' (!)'}",
             f"{r['state_bytes_per_seq_measured']:,}{'' if state_ok else ' (!)'}",
             f"{r['kv_cache_bytes_predicted'] / 1e6:.2f}", f"{r['peak_kv_bytes_measured'] / 1e6:.2f}",

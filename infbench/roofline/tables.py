@@ -142,6 +142,22 @@ def kv_rows(models: Sequence[ModelConfig], *, context_len: int, batch: int, hw: 
     return rows
 
 
+def scheme_name(cfg: ModelConfig) -> str:
+    """A short name of the KV scheme: gqa-8, mla-64+16, cla-2, sliding-4096/g4, ssm-16, ..."""
+    a = cfg.attention
+    names = {
+        "mha": "mha", "mqa": "mqa", "gqa": f"gqa-{cfg.kv_heads}",
+        "mla": f"mla-{a.kv_lora_rank}+{a.qk_rope_head_dim}",
+        "cla": f"cla-{a.cla_group} (kv {cfg.kv_heads})",
+        "sliding": f"sliding-{a.window}" + (f"/g{a.global_every}" if a.global_every else ""),
+        "linear": f"linear-{a.feature_map}", "ssm": f"ssm-{a.d_state}",
+    }
+    name = names[a.kind]
+    if a.kind in ("linear", "ssm") and a.attn_every:
+        name += f" + attn 1:{a.attn_every - 1}"
+    return name
+
+
 def kv_measured_rows(results: Sequence[dict[str, Any]], hw: HardwareSpec) -> list[dict[str, Any]]:
     """`infbench kv --results`: what each run allocated next to what the model predicts.
 
@@ -165,6 +181,7 @@ def kv_measured_rows(results: Sequence[dict[str, Any]], hw: HardwareSpec) -> lis
             "label": r.get("label", ""),
             "model": cfg.name,
             "attention": cfg.attention.kind,
+            "scheme": scheme_name(cfg),
             "kv_bytes_per_token_predicted": kv_bytes_per_token(cfg, dtype, quant),
             "kv_bytes_per_token_measured": m["kv_bytes_per_token"],
             "state_bytes_per_seq_predicted": state_bytes_per_seq(cfg, dtype),
