@@ -9,9 +9,10 @@ engine's own code paths and stores them in the profile's `extra`:
 - `matmul_flops_by_tokens[dtype]`: [[M, FLOP/s], ...] of the engine's linear layer
   (`split_linear` on CPU, F.linear on GPU) over a stack of weights larger than the
   last-level cache, for M = 1 .. 2048 rows.
-- `step_overhead_s` and `layer_overhead_s`: a line fitted to the decode step time of
-  two tiny-width models (2 and 8 layers) whose weights and KV are negligible, so
-  the step time is the engine's fixed cost.
+- `step_overhead_s`, `layer_overhead_s` and `seq_layer_overhead_s`: fitted to the
+  decode step time of tiny-width models (2 and 8 layers at batch 1, 8 layers at batch
+  16) whose weights and KV are negligible, so the step time is the engine's fixed
+  cost: per step, per layer, and per sequence per layer (attention runs per sequence).
 
 `HardwareSpec.peak_at` and `HardwareSpec.step_overhead_s` read them back; the
 analysis uses them only when a profile has them (never for datasheet entries).
@@ -49,9 +50,10 @@ def matmul_curve(device: str, dtype: torch.dtype, quick: bool = False) -> list[l
     return curve
 
 
-def step_overhead(device: str, quick: bool = False) -> tuple[float, float]:
-    """(per-step seconds, per-layer seconds) of the engine's decode loop, fitted on 2 and 8
-    layers of a hidden-64 model at batch 1 (bytes and FLOPs negligible)."""
+def step_overhead(device: str, quick: bool = False) -> tuple[float, float, float]:
+    """(per-step, per-layer, per-sequence-per-layer) seconds of the engine's decode loop,
+    fitted on a hidden-64 model (bytes and FLOPs negligible) with 2 and 8 layers at batch
+    1 and 8 layers at batch 16."""
     from infbench.config import EngineConfig
     from infbench.engine.engine import Engine, max_tokens_needed
     from infbench.engine.request import Request, SamplingParams
@@ -59,20 +61,21 @@ def step_overhead(device: str, quick: bool = False) -> tuple[float, float]:
 
     gen = 16 if quick else 48
     times = {}
-    for layers in (2, 8):
+    for layers, batch in ((2, 1), (8, 1), (8, 16)):
         loaded = load_model({"preset": "tiny"}, dtype="float32", device=device,
                             overrides={"num_layers": layers})
-        req = Request("calib", tuple(range(3, 11)), SamplingParams(max_tokens=gen,
-                                                                    ignore_eos=True))
+        reqs = [Request(f"calib{i}", tuple(range(3, 11)),
+                        SamplingParams(max_tokens=gen, ignore_eos=True)) for i in range(batch)]
         engine = Engine(loaded.model, loaded.config, EngineConfig(), torch.device(device),
                         "float32", weight_bytes=loaded.weight_bytes,
-                        max_tokens_needed=max_tokens_needed([req], 16), min_seq_tokens=8 + gen)
-        engine.run([req])  # warm-up
-        steps = engine.run([req]).steps
-        times[layers] = statistics.median(s.duration_s for s in steps
-                                          if s.num_prefill_tokens == 0)
-    per_layer = max(0.0, (times[8] - times[2]) / 6)
-    return max(0.0, times[2] - 2 * per_layer), per_layer
+                        max_tokens_needed=max_tokens_needed(reqs, 16), min_seq_tokens=8 + gen)
+        engine.run(reqs)  # warm-up
+        steps = engine.run(reqs).steps
+        times[layers, batch] = statistics.median(s.duration_s for s in steps
+                                                 if s.num_prefill_tokens == 0)
+    per_layer = max(0.0, (times[8, 1] - times[2, 1]) / 6)
+    per_seq_layer = max(0.0, (times[8, 16] - times[8, 1]) / (15 * 8))
+    return max(0.0, times[2, 1] - 2 * per_layer), per_layer, per_seq_layer
 
 
 def engine_extra(device: str, dtypes: tuple[str, ...], quick: bool) -> dict[str, Any]:
@@ -80,9 +83,9 @@ def engine_extra(device: str, dtypes: tuple[str, ...], quick: bool) -> dict[str,
 
     curves = {d: matmul_curve(device, TORCH_DTYPES[d], quick) for d in dtypes
               if not (device == "cpu" and d != "float32")}  # CPU runs the engine in fp32
-    per_step, per_layer = step_overhead(device, quick)
+    per_step, per_layer, per_seq = step_overhead(device, quick)
     return {"matmul_flops_by_tokens": curves, "step_overhead_s": per_step,
-            "layer_overhead_s": per_layer}
+            "layer_overhead_s": per_layer, "seq_layer_overhead_s": per_seq}
 
 
 def _median_time(fn: Any, device: str, repeats: int) -> float:

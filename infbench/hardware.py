@@ -66,11 +66,12 @@ class HardwareSpec:
                 return min(f0 + w * (f1 - f0), peak)
         return min(pts[-1][1], peak)
 
-    def step_overhead_s(self, num_layers: int) -> float:
+    def step_overhead_s(self, num_layers: int, num_seqs: int = 1) -> float:
         """Fixed cost of one engine step (dispatch, Python), when the profile measured it."""
         extra = self.extra
-        return float(extra.get("step_overhead_s", 0.0)) + num_layers * float(
-            extra.get("layer_overhead_s", 0.0))
+        per_layer = float(extra.get("layer_overhead_s", 0.0)) + num_seqs * float(
+            extra.get("seq_layer_overhead_s", 0.0))
+        return float(extra.get("step_overhead_s", 0.0)) + num_layers * per_layer
 
     def ridge_point(self, dtype: str = "bfloat16") -> float:
         """FLOP per byte where the bandwidth slope meets the compute ceiling."""

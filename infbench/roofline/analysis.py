@@ -85,12 +85,12 @@ def bound_of(flops: float, nbytes: float, hw: HardwareSpec, dtype: str,
 
 
 def step_time(costs: Sequence[OpCost], hw: HardwareSpec, dtype: str,
-              num_tokens: int | None = None, num_layers: int = 0) -> float:
+              num_tokens: int | None = None, num_layers: int = 0, num_seqs: int = 1) -> float:
     """Roofline time of one step: its summed bytes at bandwidth or FLOPs at peak, plus the
     profile's fixed per-step cost (zero for datasheet hardware)."""
     step = total(costs)
     return (roofline_time(step.flops, step.bytes, hw, dtype, num_tokens)
-            + hw.step_overhead_s(num_layers))
+            + hw.step_overhead_s(num_layers, num_seqs))
 
 
 @dataclass(frozen=True)
@@ -290,7 +290,8 @@ def mean_stage(cfg: ModelConfig, hw: HardwareSpec, dtype: str, quant: QuantConfi
     step = total(ops, stage, stage)
     op_times = tuple(OpTime(op, op_time_sums[op.name] / count,
                             bound_of(op.flops, op.bytes, hw, dtype)) for op in ops)
-    return StagePrediction(stage, step, time_sum / count + hw.step_overhead_s(cfg.num_layers),
+    overhead = hw.step_overhead_s(cfg.num_layers, len(make_seqs(lo)))
+    return StagePrediction(stage, step, time_sum / count + overhead,
                            bound_of(step.flops, step.bytes, hw, dtype, num_tokens), op_times)
 
 
@@ -324,7 +325,7 @@ def predict(
     prefill_ops = step_costs(cfg, [SeqWork(prompt_len, prompt_len)] * batch, dtype, quant,
                              stage="prefill")
     prefill = _stage("prefill", prefill_ops, hw, dtype, batch * prompt_len,
-                     hw.step_overhead_s(cfg.num_layers))
+                     hw.step_overhead_s(cfg.num_layers, batch))
     lo, hi = prompt_len + 1, prompt_len + gen_len
     decode = mean_stage(cfg, hw, dtype, quant, lambda x: [SeqWork(1, x)] * batch, 1, lo, hi)
     spec = None
