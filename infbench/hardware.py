@@ -118,13 +118,16 @@ HARDWARE: dict[str, HardwareSpec] = {
         "NVIDIA L40S datasheet (2023): BF16 362.05 TFLOPS dense (733 with sparsity), "
         "FP32 91.6 TFLOPS, 864 GB/s",
     ),
-    # The 2-core development/CI machine (ENVIRONMENT.md): a starting point only.
-    # Run `infbench calibrate` and use `hardware: local` for predictions on your CPU.
+    # The 2-core development/CI machine, measured with `infbench calibrate` on 2026-11-29
+    # (AMD EPYC, 2 torch threads): x.sum() read 30-33 GB/s, fp32 GEMM 186-197 GFLOP/s,
+    # bf16 GEMM 430 GFLOP/s (this CPU has native bf16 dot products; ENVIRONMENT.md's older
+    # machine read 17 GB/s at 66 GFLOP/s), 25.3 GB MemTotal.  A starting point only: run
+    # `infbench calibrate` and use `hardware: local` for predictions on your CPU.
     "cpu": HardwareSpec(
-        "cpu", "2-core x86-64 CPU (AVX2/FMA), measured on the development machine",
-        {"float32": 66e9, "float16": 1.3e9, "bfloat16": 1.3e9}, 17e9, 24e9,
-        "ENVIRONMENT.md: fp32 GEMM 66 GFLOP/s on 2 threads, streaming read 17 GB/s, 24 GiB; "
-        "bf16 matmul is emulated (about 50x slower)",
+        "cpu", "2-core x86-64 CPU (AMD EPYC), measured on the development machine",
+        {"float32": 195e9, "bfloat16": 430e9}, 32e9, 25.3e9,
+        "infbench calibrate on the 2-core dev machine, 2026-11-29: read 32 GB/s, "
+        "fp32 GEMM 195 GFLOP/s, bf16 GEMM 430 GFLOP/s",
         kind="cpu",
     ),
 }
