@@ -4,8 +4,9 @@ One process, one run, interleaved rounds: for each batch size the two engines
 alternate (warm-up first, then `--rounds` timed rounds each) on the same random
 128-token prompts, 64 new tokens, greedy, EOS ignored.  Printed: tokens/s of both,
 the ratio, and infbench's batch-1 decode against the memory-bandwidth roofline
-(weight + KV bytes a decode step must read / the streaming read bandwidth
-measured in this same process).  Ratios are what to compare: the machine is shared.
+(max of the bytes a decode step must read over the streaming read bandwidth of a
+1 GB buffer, and its FLOPs over the fp32 GEMM peak, both measured in this same
+process).  Ratios are what to compare: the machine is shared.
 
     python -m infbench.benchmarks.cpu_vs_transformers [--batches 1,16] [--out FILE]
 """
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from infbench.calibrate import measure_reference_bandwidth
+    from infbench.calibrate import gemm_flops, measure_reference_bandwidth
     from infbench.config import EngineConfig, QuantConfig
     from infbench.engine.engine import Engine, max_tokens_needed
     from infbench.engine.request import Request, SamplingParams
@@ -71,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     ours = load_model({"gguf": "smollm2-135m"}, dtype="float32", device="cpu")
     theirs = _transformers_model(path)
     cfg = ours.config
+    peak = max(gemm_flops("cpu", torch.float32, (1024, 2048), 3, 1, 5.0).values())
     gen = torch.Generator().manual_seed(0)
     rows: list[dict[str, Any]] = []
     for batch in batches:
@@ -91,10 +93,14 @@ def main(argv: list[str] | None = None) -> int:
             decode_step_s.append(statistics.median(
                 s.duration_s for s in res.steps if s.num_prefill_tokens == 0))
             theirs_s.append(_time_hf(theirs, prompts, args.gen))
-        bw = measure_reference_bandwidth("cpu", seconds=1.0)
-        # Bytes one decode step must read at this batch, mid-generation context.
+        # 1 GB: past any last-level cache, so this is DRAM streaming bandwidth.
+        bw = measure_reference_bandwidth("cpu", seconds=1.0, nbytes=1 << 30)
+        # Bytes and FLOPs one decode step must move at this batch, mid-generation context;
+        # the roofline time is max(bytes / bandwidth, FLOPs / fp32 GEMM peak), both
+        # measured in this process.
         ctx = args.prompt + args.gen // 2
         step = total(step_costs(cfg, [SeqWork(1, ctx)] * batch, "float32", QuantConfig()))
+        roof_s = max(step.bytes / bw, step.flops / peak)
         decode_s = statistics.median(decode_step_s)
         row = {
             "batch": batch,
@@ -102,8 +108,10 @@ def main(argv: list[str] | None = None) -> int:
             "transformers_tokens_per_s": batch * args.gen / statistics.median(theirs_s),
             "infbench_decode_tokens_per_s": batch / decode_s,
             "decode_step_bytes": step.bytes,
+            "decode_step_flops": step.flops,
             "read_bandwidth_bytes_per_s": bw,
-            "roofline_decode_tokens_per_s": batch * bw / step.bytes,
+            "gemm_flops_per_s": peak,
+            "roofline_decode_tokens_per_s": batch / roof_s,
         }
         row["speedup"] = row["infbench_tokens_per_s"] / row["transformers_tokens_per_s"]
         row["fraction_of_roofline"] = (row["infbench_decode_tokens_per_s"]
@@ -113,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     table = Table(title=f"SmolLM2-135M fp32 on CPU: {args.prompt}-token prompts, "
                         f"{args.gen} new tokens (median of {args.rounds})")
     for col in ("batch", "infbench tok/s", "transformers tok/s", "speedup",
-                "infbench decode tok/s", "roofline decode tok/s", "% of roofline", "read GB/s"):
+                "infbench decode tok/s", "roofline decode tok/s", "% of roofline", "read GB/s",
+                "GEMM GFLOP/s"):
         table.add_column(col, justify="right")
     for r in rows:
         table.add_row(str(r["batch"]), f"{r['infbench_tokens_per_s']:.1f}",
@@ -121,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"{r['infbench_decode_tokens_per_s']:.1f}",
                       f"{r['roofline_decode_tokens_per_s']:.1f}",
                       f"{100 * r['fraction_of_roofline']:.0f}%",
-                      f"{r['read_bandwidth_bytes_per_s'] / 1e9:.1f}")
+                      f"{r['read_bandwidth_bytes_per_s'] / 1e9:.1f}",
+                      f"{r['gemm_flops_per_s'] / 1e9:.0f}")
     Console().print(table)
     write_json_atomic(args.out, {"kind": "infbench.bench.cpu_vs_transformers",
                                  "env": env_info("cpu"), "args": vars(args), "rows": rows})
