@@ -144,7 +144,7 @@ def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None
             telemetry["ncu"] = ncu_profile(point.to_dict())
     summary, spread = metrics_mod.aggregate_repeats(runs)
     prediction = predict_point(point, cfg, hw)
-    steps = [{**dataclasses.asdict(s), **c} for s, c in zip(last_steps, last_costs)]
+    steps = [{**dataclasses.asdict(s), **c} for s, c in zip(last_steps, last_costs, strict=True)]
     env = results_mod.env_info(dev)
     env["backend"] = engine.ops.name
     env["kv_budget_bytes"] = engine.kv_budget_bytes

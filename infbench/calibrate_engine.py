@@ -41,7 +41,7 @@ def matmul_curve(device: str, dtype: torch.dtype, quick: bool = False) -> list[l
     for m in TOKEN_COUNTS[:-2] if quick else TOKEN_COUNTS:
         x = torch.randn(m, dim, dtype=dtype, device=device)
 
-        def run() -> None:
+        def run(x: torch.Tensor = x) -> None:
             for w in weights:
                 linear(x, w)
 

@@ -345,7 +345,8 @@ def _make(cls: type, owner: str, values: dict[str, Any]) -> Any:
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - names)
     if unknown:
-        raise ConfigError(f"unknown {owner} key {unknown[0]!r}; allowed: {', '.join(sorted(names))}")
+        raise ConfigError(
+            f"unknown {owner} key {unknown[0]!r}; allowed: {', '.join(sorted(names))}")
     try:
         return cls(**values)
     except TypeError as exc:
@@ -396,12 +397,14 @@ PRESETS: dict[str, ModelConfig] = {
     # meta-llama/Llama-2-7b-hf
     "llama2-7b": ModelConfig(
         name="llama2-7b", vocab_size=32000, hidden_size=4096, num_layers=32, num_heads=32,
-        num_kv_heads=32, intermediate_size=11008, max_seq_len=4096, attention=AttentionConfig("mha"),
+        num_kv_heads=32, intermediate_size=11008, max_seq_len=4096,
+        attention=AttentionConfig("mha"),
     ),
     # meta-llama/Llama-2-13b-hf
     "llama2-13b": ModelConfig(
         name="llama2-13b", vocab_size=32000, hidden_size=5120, num_layers=40, num_heads=40,
-        num_kv_heads=40, intermediate_size=13824, max_seq_len=4096, attention=AttentionConfig("mha"),
+        num_kv_heads=40, intermediate_size=13824, max_seq_len=4096,
+        attention=AttentionConfig("mha"),
     ),
     # meta-llama/Llama-2-70b-hf (GQA, 8 KV heads)
     "llama2-70b": ModelConfig(

@@ -60,7 +60,7 @@ class HardwareSpec:
         n = float(max(num_tokens, 1))
         if n <= pts[0][0]:
             return min(pts[0][1], peak)
-        for (m0, f0), (m1, f1) in zip(pts, pts[1:]):
+        for (m0, f0), (m1, f1) in zip(pts, pts[1:], strict=False):
             if n <= m1:
                 w = (math.log(n) - math.log(m0)) / (math.log(m1) - math.log(m0))
                 return min(f0 + w * (f1 - f0), peak)

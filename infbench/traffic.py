@@ -30,7 +30,8 @@ def annotate_steps(steps: Sequence[StepRecord], cfg: ModelConfig, dtype: str,
     peak = hw.peak(dtype)
     rows = []
     for s in steps:
-        key = tuple(zip(s.query_lens, s.context_lens, s.logits_lens or [1] * len(s.query_lens)))
+        key = tuple(zip(s.query_lens, s.context_lens,
+                        s.logits_lens or [1] * len(s.query_lens), strict=True))
         if key not in memo:
             seqs = [SeqWork(q, c, n) for q, c, n in key]
             t = total(step_costs(cfg, seqs, dtype, quant)) if seqs else None
@@ -62,7 +63,7 @@ def stage_traffic(steps: Sequence[StepRecord], costs: Sequence[dict[str, Any]],
     """
     out: dict[str, dict[str, float]] = {}
     for stage in ("prefill", "decode", "mixed"):
-        sel = [(s, c) for s, c in zip(steps, costs) if c["stage"] == stage]
+        sel = [(s, c) for s, c in zip(steps, costs, strict=True) if c["stage"] == stage]
         if not sel:
             continue
         flops = sum(c["flops"] for _, c in sel)

@@ -26,7 +26,6 @@ from kernels._paged_attention import (
     attended_keys,
     attention_ref,
     check_cache,
-    gather_kv_ref,
     kv_tokens_read,
     window_arg,
 )

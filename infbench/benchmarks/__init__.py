@@ -1,1 +1,4 @@
-"""Benchmarks run by `make bench` and `make bench-gpu` (they print figures; no test asserts speed)."""
+"""Benchmarks run by `make bench` and `make bench-gpu`.
+
+They print figures; no test asserts a speed.
+"""

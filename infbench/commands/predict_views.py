@@ -260,7 +260,8 @@ def kv_measured(paths: list[Path], hw: Any, as_json: bool) -> None:
             r["scheme"], f"{r['context_len']:,}", f"{r['kv_bytes_per_token_predicted']:,}",
             f"{r['kv_bytes_per_token_measured']:,}{'' if ok else ' (!)'}",
             f"{r['state_bytes_per_seq_measured']:,}{'' if state_ok else ' (!)'}",
-            f"{r['kv_cache_bytes_predicted'] / 1e6:.2f}", f"{r['peak_kv_bytes_measured'] / 1e6:.2f}",
+            f"{r['kv_cache_bytes_predicted'] / 1e6:.2f}",
+            f"{r['peak_kv_bytes_measured'] / 1e6:.2f}",
             str(r["max_batch_predicted"]), "-" if tps is None else f"{tps:.1f}",
             f"{r['ttft_p50_s_measured'] * 1e3:.1f}")
     make_console().print(table)

@@ -51,13 +51,16 @@ def run(
         overall = progress.add_task(f"{sc.name}: {len(points)} point(s)", total=len(points))
         for point in points:
             task = progress.add_task(f"{point.label}", total=None)
+
+            def on_step(_record: Any, task: Any = task) -> None:
+                progress.advance(task)
+
+            def on_phase(msg: str, task: Any = task, label: str = point.label) -> None:
+                progress.update(task, description=f"{label}: {msg}", completed=0)
+
             try:
-                result = run_point(
-                    point, cache=cache, device=device,
-                    on_step=lambda _r, t=task: progress.advance(t),
-                    on_phase=lambda msg, t=task, p=point: progress.update(
-                        t, description=f"{p.label}: {msg}", completed=0),
-                )
+                result = run_point(point, cache=cache, device=device, on_step=on_step,
+                                   on_phase=on_phase)
             except UserError as exc:
                 failure = UserError(f"{scenario}: point {point.index} ({point.label}): {exc}")
                 break
@@ -84,7 +87,8 @@ def run(
 
 
 def generate(
-    model: str = typer.Option(..., "--model", help="PRESET, HF directory, FILE.gguf or smollm2-135m"),
+    model: str = typer.Option(
+        ..., "--model", help="PRESET, HF directory, FILE.gguf or smollm2-135m"),
     prompt: str | None = typer.Option(None, "--prompt", help="Prompt text."),
     prompt_ids: str | None = typer.Option(None, "--prompt-ids", help="Token ids: 1,2,3"),
     max_tokens: int = typer.Option(64, "--max-tokens", min=1),
@@ -116,7 +120,8 @@ def generate(
         try:
             ids = [int(x) for x in prompt_ids.split(",") if x.strip()]
         except ValueError:
-            raise UserError(f"--prompt-ids: not a comma-separated list of ints: {prompt_ids!r}")
+            raise UserError(
+                f"--prompt-ids: not a comma-separated list of ints: {prompt_ids!r}") from None
         if chat:
             raise UserError("--chat applies to --prompt text, not to --prompt-ids")
     else:

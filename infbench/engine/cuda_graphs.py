@@ -21,6 +21,7 @@ import torch
 
 from infbench.engine.backend import Ops
 from infbench.engine.kv_cache import KVCache
+from infbench.model.context import AttentionContext, LanguageModel
 
 
 def batch_buckets(max_num_seqs: int) -> list[int]:
@@ -31,9 +32,9 @@ def batch_buckets(max_num_seqs: int) -> list[int]:
 class DecodeGraphs:
     """Captured decode forwards keyed by padded batch size."""
 
-    def __init__(self, model: torch.nn.Module, kv: KVCache, ops: Ops, device: torch.device,
+    def __init__(self, model: LanguageModel, kv: KVCache, ops: Ops, device: torch.device,
                  max_num_seqs: int, max_seq_len: int,
-                 make_context: Callable[..., object]) -> None:
+                 make_context: Callable[..., AttentionContext]) -> None:
         self.model = model
         self.kv = kv
         self.ops = ops

@@ -33,6 +33,7 @@ from infbench.engine.runner import ModelRunner
 from infbench.engine.scheduler import Scheduler
 from infbench.engine.sequence import Sequence as Seq
 from infbench.errors import UserError
+from infbench.model.context import LanguageModel
 from infbench.records import RequestRecord, StepRecord
 
 
@@ -54,7 +55,7 @@ class RunOutput:
 
 
 class Engine:
-    def __init__(self, model: torch.nn.Module, cfg: ModelConfig, engine_cfg: EngineConfig,
+    def __init__(self, model: LanguageModel, cfg: ModelConfig, engine_cfg: EngineConfig,
                  device: torch.device, dtype: str, *, weight_bytes: int, seed: int = 0,
                  eos_token_id: int | None = None, max_tokens_needed: int | None = None,
                  min_seq_tokens: int = 1) -> None:
@@ -70,7 +71,8 @@ class Engine:
         if device.type == "cpu":
             from infbench.model.linear import use_cpu_split_linears
 
-            use_cpu_split_linears(model)
+            if isinstance(model, torch.nn.Module):
+                use_cpu_split_linears(model)
         if hasattr(model, "set_ops"):
             model.set_ops(self.ops)
         elem = torch.empty(0, dtype=self.dtype).element_size()
@@ -201,7 +203,9 @@ class Engine:
             if on_step is not None:
                 on_step(record)
             for seq in finished:
-                key = seq.request_id if num_samples[seq.request_id] == 1 else f"{seq.request_id}/{seq.sample_index}"
+                key = seq.request_id
+                if num_samples[seq.request_id] > 1:
+                    key = f"{seq.request_id}/{seq.sample_index}"
                 outputs[key] = list(seq.output_ids)
                 records.append(RequestRecord(
                     request_id=key,

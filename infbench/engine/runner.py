@@ -22,7 +22,7 @@ from infbench.engine.cuda_graphs import DecodeGraphs
 from infbench.engine.kv_cache import KVCache, StatePool
 from infbench.engine.sampler import Sampler
 from infbench.engine.scheduler import ScheduledSeq, SchedulerOutput
-from infbench.model.context import LayerState
+from infbench.model.context import LanguageModel, LayerState
 
 
 def _block_table_tensor(tables: list[list[int]], device: torch.device) -> torch.Tensor:
@@ -126,7 +126,7 @@ class PagedAttentionContext:
 class ModelRunner:
     """Owns the step's tensors; the model and the KV pool are shared across runs."""
 
-    def __init__(self, model: torch.nn.Module, kv: KVCache, ops: Ops, device: torch.device,
+    def __init__(self, model: LanguageModel, kv: KVCache, ops: Ops, device: torch.device,
                  seed: int = 0, states: StatePool | None = None) -> None:
         self.model = model
         self.kv = kv
@@ -233,7 +233,7 @@ class ModelRunner:
             [s.num_samples for s in inputs.sampled_seqs],
             [self.sample_seed(q.request_id, q.sampling.seed) for q in seqs],
         )
-        return {q.seq_id: t for q, t in zip(seqs, tokens)}
+        return {q.seq_id: t for q, t in zip(seqs, tokens, strict=True)}
 
     def sample_seed(self, request_id: str, seed: int | None) -> int:
         if seed is not None:

@@ -37,6 +37,15 @@ class LayerState:
     num_decode: int
 
 
+class LanguageModel(Protocol):
+    """What the engine needs of a model (infbench.model.transformer.Transformer has it)."""
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                 ctx: AttentionContext) -> torch.Tensor: ...
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
+
+
 class AttentionContext(Protocol):
     """Per-step attention over the flattened batch."""
 

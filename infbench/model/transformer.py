@@ -12,7 +12,7 @@ implemented here, the other mixers plug into `MIXERS` when their issues land.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -251,12 +251,12 @@ class Transformer(nn.Module):
         ops = getattr(self, "ops", None)
         if ops is not None:
             residual: torch.Tensor | None = None
-            for layer in self.layers:
+            for layer in cast(list[DecoderLayer], self.layers):
                 x, residual = layer.forward_fused(x, residual, positions, ctx, self.rope_cache,
                                                   ops)
             return ops.rmsnorm(x, self.norm.weight, self.norm.eps, residual)[0]  # (T, H)
-        for layer in self.layers:
-            x = layer(x, positions, ctx, self.rope_cache)
+        for block in self.layers:
+            x = block(x, positions, ctx, self.rope_cache)
         return self.norm(x)  # (T, H)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -43,7 +43,7 @@ def test_decode_step_attention_equals_decode_kernel_costs(name):
 def test_prefill_step_attention_equals_prefill_kernel_costs(name):
     cfg = CASES[name]
     queries, contexts = [7, 30, 12], [7, 45, 12]  # the second one has cached context
-    flops, nbytes = _attention(cfg, [SeqWork(q, c) for q, c in zip(queries, contexts)])
+    flops, nbytes = _attention(cfg, [SeqWork(q, c) for q, c in zip(queries, contexts, strict=True)])
     per_layer = [prefill_attention_cost(
         cfg.num_heads, cfg.kv_heads, cfg.dim_head, cfg.dim_head, queries, contexts, 4,
         window=spec.window) for spec in cfg.layers()]
