@@ -89,6 +89,18 @@ def causal_window_mask(length: int, window: int | None, device: torch.device) ->
     return visible  # (L, L)
 
 
+def _causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None,
+                 scale: float, is_gqa: bool) -> torch.Tensor:
+    """Causal (optionally windowed) attention of one sequence in SDPA's (1, H, L, D) layout."""
+    length = q.shape[2]
+    if window is None or window >= length:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale,
+                                              enable_gqa=is_gqa)
+    mask = causal_window_mask(length, window, q.device)  # (L, L)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
+                                          enable_gqa=is_gqa)
+
+
 class DenseContext:
     """No-cache attention over sequences packed back to back in T.
 
@@ -161,16 +173,7 @@ class DenseContext:
             qs = q[start:end].transpose(0, 1).unsqueeze(0)
             ks = k[start:end].transpose(0, 1).unsqueeze(0)
             vs = v[start:end].transpose(0, 1).unsqueeze(0)
-            length = end - start
-            if layer.window is None or layer.window >= length:
-                o = F.scaled_dot_product_attention(
-                    qs, ks, vs, is_causal=True, scale=scale, enable_gqa=is_gqa
-                )
-            else:
-                mask = causal_window_mask(length, layer.window, q.device)  # (L, L)
-                o = F.scaled_dot_product_attention(
-                    qs, ks, vs, attn_mask=mask, scale=scale, enable_gqa=is_gqa
-                )
+            o = _causal_sdpa(qs, ks, vs, layer.window, scale, is_gqa)
             out[start:end] = o.squeeze(0).transpose(0, 1)  # (L, Hq, D)
         return out
 
@@ -193,15 +196,6 @@ class DenseContext:
             qs = q[start:end].transpose(0, 1).unsqueeze(0)  # (1, H, L, Dl + Dr)
             ks = latent[None, None, start:end]  # (1, 1, L, Dl + Dr): one KV head
             vs = ks[..., :rank]  # (1, 1, L, Dl)
-            length = end - start
-            if layer.window is None or layer.window >= length:
-                o = F.scaled_dot_product_attention(
-                    qs, ks, vs, is_causal=True, scale=scale, enable_gqa=True
-                )
-            else:
-                mask = causal_window_mask(length, layer.window, q.device)  # (L, L)
-                o = F.scaled_dot_product_attention(
-                    qs, ks, vs, attn_mask=mask, scale=scale, enable_gqa=True
-                )
+            o = _causal_sdpa(qs, ks, vs, layer.window, scale, True)
             out[start:end] = o.squeeze(0).transpose(0, 1)  # (L, H, Dl)
         return out
