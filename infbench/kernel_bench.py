@@ -246,6 +246,43 @@ def time_cuda(fn: Callable[[], Any]) -> float:
     return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")) * 1e-3
 
 
+def _state_cases(sizes: BenchSizes, dtype: Any, device: str, triton: bool) -> Iterator[_Case]:
+    """MLA decode over a latent cache (DeepSeek-V2 dims) and the linear-attention update."""
+    import torch
+
+    from kernels import linear_attention as la
+    from kernels import mla_decode_attention as mla
+
+    nbytes = torch.empty(0, dtype=dtype).element_size()
+    rank, rope, heads, bs = 512, 64, 16, sizes.block_size
+    decode = mla.mla_decode_attention if triton else mla.mla_decode_attention_ref
+    for ctx in sizes.decode_contexts:
+        for batch in sizes.decode_batches:
+            per_seq = -(-ctx // bs)
+            cache = torch.randn(batch * per_seq, bs, 1, rank + rope, dtype=dtype, device=device)
+            tables = torch.randperm(batch * per_seq, device=device).view(batch, -1).int()
+            lens = torch.full((batch,), ctx, dtype=torch.int32, device=device)
+            q = torch.randn(batch, heads, rank + rope, dtype=dtype, device=device)
+            yield _Case(
+                "mla_decode_attention", f"B={batch} ctx={ctx} H={heads} latent={rank}+{rope}",
+                partial(decode, q, cache, cache[..., :rank], tables, lens, 0.1),
+                mla.mla_decode_attention_cost(batch, heads, rank, rope, ctx, nbytes),
+            )
+    update = la.linear_attention_decode if triton else la.linear_attention_decode_ref
+    heads, feat, dim = sizes.num_heads, sizes.head_dim, sizes.head_dim
+    for batch in sizes.decode_batches:
+        s_state = torch.zeros(batch, heads, feat, dim, dtype=torch.float32, device=device)
+        z_state = torch.zeros(batch, heads, feat, dtype=torch.float32, device=device)
+        qf, kf, v = (torch.rand(batch, heads, n, dtype=dtype, device=device)
+                     for n in (feat, feat, dim))
+        slots = torch.arange(batch, device=device)
+        yield _Case(
+            "linear_attention_decode", f"B={batch} H={heads} f={feat} D={dim}",
+            partial(update, qf, kf, v, s_state, z_state, slots),
+            la.linear_attention_decode_cost(batch, heads, feat, dim, nbytes, 4),
+        )
+
+
 def run_kernel_bench(
     device: str,
     dtype: str,
@@ -261,7 +298,7 @@ def run_kernel_bench(
     peak_flops = hardware.peak(dtype)
     rows: list[BenchRow] = []
     with torch.inference_mode():
-        for family in (_attention_cases, _pointwise_cases, _matmul_cases):
+        for family in (_attention_cases, _state_cases, _pointwise_cases, _matmul_cases):
             for case in family(sizes, torch_dtype, device, is_cuda):
                 seconds = time_cuda(case.fn) if is_cuda else time_cpu(
                     case.fn, sizes.warmup, sizes.repeats)
