@@ -24,7 +24,8 @@ TINY = kernel_bench.BenchSizes(
     warmup=0, repeats=2,
 )
 KERNELS = {"paged_decode_attention", "prefill_attention", "rmsnorm+residual", "rope",
-           "silu_and_mul", "store_kv", "int8_gemv", "int4_gemv", "int8_gemm", "int4_gemm"}
+           "silu_and_mul", "store_kv", "int8_gemv", "int4_gemv", "int8_gemm", "int4_gemm",
+           "mla_decode_attention", "linear_attention_decode"}
 
 
 def test_rows_carry_costs_and_derived_rates():
