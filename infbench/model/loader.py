@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from infbench.config import ModelConfig
-from infbench.errors import ConfigError, UserError
+from infbench.errors import ConfigError, DoesNotFitError, UserError
 from infbench.model.configs import (
     check_gguf_tensor_types,
     config_from_gguf,
@@ -102,8 +102,29 @@ def _with_overrides(config: ModelConfig, overrides: dict[str, Any] | None) -> Mo
     return config.with_overrides(**overrides) if overrides else config
 
 
+def _check_fits(config: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
+    """Refuse, before allocating anything, weights that cannot fit the device's free memory.
+
+    On Linux a huge CPU allocation can succeed virtually and then get the process killed
+    while the weights are written; the analytic size (same formula as `infbench predict`)
+    turns that into a one-line error.
+    """
+    from infbench.engine.kv_cache import available_memory_bytes
+    from infbench.roofline.shapes import weight_bytes
+
+    name = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}[dtype]
+    need = weight_bytes(config, name)
+    free = available_memory_bytes(device)
+    if need > free:
+        raise DoesNotFitError(
+            f"model {config.name!r}: its {name} weights need {need / 1e9:.1f} GB but only "
+            f"{free / 1e9:.1f} GB of {device.type} memory is free; pick a smaller model, "
+            "fewer layers (model.overrides.num_layers) or another device")
+
+
 def _materialize(config: ModelConfig, dtype: torch.dtype, device: torch.device) -> Transformer:
     """Allocate the model once on `device` in `dtype`, weights uninitialized."""
+    _check_fits(config, dtype, device)
     model = Transformer(config, dtype=dtype, device="meta")
     model.to_empty(device=device)
     model.init_rope_cache()

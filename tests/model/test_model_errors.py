@@ -136,3 +136,11 @@ def test_package_import_does_not_load_torch() -> None:
 def test_gguf_config_reads_metadata_only() -> None:
     cfg = configs.config_from_gguf("smollm2-135m")
     assert (cfg.num_layers, cfg.kv_heads, cfg.tie_word_embeddings) == (30, 3, True)
+
+
+def test_weights_that_do_not_fit_are_refused_before_allocation(monkeypatch) -> None:
+    from infbench.errors import DoesNotFitError
+
+    monkeypatch.setattr("infbench.engine.kv_cache.available_memory_bytes", lambda _dev: 10_000)
+    with pytest.raises(DoesNotFitError, match="weights need"):
+        load_model({"preset": "tiny"})
