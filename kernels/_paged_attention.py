@@ -141,6 +141,10 @@ def attention_ref(
     # Decode: fold each KV head's query group into the query axis, (B, Hkv, G, D), so
     # the KV is read once per KV head (what the Triton kernel does) instead of copied.
     qg = q.float().view(batch, num_kv_heads, group, head_dim)
+    if window is None and bool((q_pos == num_keys - 1).all()):
+        # Every sequence sees all L keys (equal lengths, no window): no mask to build.
+        out = F.scaled_dot_product_attention(qg, k.float(), v.float(), scale=scale)
+        return out.reshape(batch, 1, num_heads, v.shape[-1]).to(q.dtype)  # (B, Q, Hq, Dv)
     out = F.scaled_dot_product_attention(
         qg, k.float(), v.float(), attn_mask=visible[:, None], scale=scale)  # (B,Hkv,G,Dv)
     out = out.nan_to_num_(0.0)  # a query that sees no key (padding) gives zeros, not NaN

@@ -92,6 +92,11 @@ def store_kv_ref(
 ) -> None:
     """Torch reference (and CPU backend): an index_put into the valid slots."""
     _check(key, value, k_cache, v_cache, slot_mapping)
+    if slot_mapping.numel() and int(slot_mapping.min()) >= 0:
+        # No padding: one index_copy_ per cache into its (slots, H, D) view.
+        k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, key)
+        v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, value)
+        return
     valid = slot_mapping >= 0
     slots = slot_mapping[valid]
     block_size = k_cache.shape[1]
