@@ -178,3 +178,39 @@ def kv_figure(rows: Sequence[KVRow], out_path: str | Path,
         "kv_gb": [float(b.get_height()) for b in bars_own],
         "mha_gb": [float(b.get_height()) for b in bars_mha],
     }
+
+
+def kv_measured_figure(rows: Sequence[dict[str, Any]], out_path: str | Path,
+                       title: str | None = None) -> dict[str, Any]:
+    """`infbench kv --results --plot`: per run, predicted KV + state next to the measured
+    peak allocation (MB, log scale), and measured decode tokens/s on a second axis."""
+    import numpy as np
+
+    fig = _new_figure((max(7.0, 0.9 * len(rows) + 4.0), 5.0))
+    ax = fig.add_subplot(1, 1, 1)
+    x = np.arange(len(rows))
+    pred = [(r["kv_cache_bytes_predicted"] + r["state_bytes_per_seq_predicted"] * r["batch"])
+            / 1e6 for r in rows]
+    meas = [(r["peak_kv_bytes_measured"] + r["state_bytes_per_seq_measured"] * r["batch"])
+            / 1e6 for r in rows]
+    bars_pred = ax.bar(x - 0.2, pred, width=0.4, color="lightgrey", label="predicted KV + state")
+    bars_meas = ax.bar(x + 0.2, meas, width=0.4, color="tab:blue", label="measured peak")
+    ax.set_yscale("symlog", linthresh=0.01)
+    ax.set_ylabel("MB")
+    ax.set_xticks(x, [f"{r['scheme']}\n{r['context_len']}" for r in rows], fontsize=7,
+                  rotation=90)
+    speed = ax.twinx()
+    tps = [r["decode_tokens_per_s_measured"] or 0.0 for r in rows]
+    (line,) = speed.plot(x, tps, "o", color="tab:red", label="decode tok/s (measured)")
+    speed.set_ylabel("decode tokens/s")
+    handles = [bars_pred, bars_meas, line]
+    ax.legend(handles, [str(h.get_label()) for h in handles], fontsize=8, loc="upper left")
+    ax.set_title(title or "KV cache per scheme: predicted vs measured")
+    path = _save(fig, out_path)
+    return {
+        "out_path": str(path),
+        "schemes": [r["scheme"] for r in rows],
+        "predicted_mb": [float(b.get_height()) for b in bars_pred],
+        "measured_mb": [float(b.get_height()) for b in bars_meas],
+        "decode_tokens_per_s": [float(v) for v in line.get_ydata()],
+    }

@@ -46,7 +46,7 @@ def kv_command(
     from infbench.roofline.tables import kv_rows
 
     if results:
-        kv_measured(results, get_hardware(hardware), as_json)
+        kv_measured(results, get_hardware(hardware), as_json, plot)
         return
 
     check_positive("--context", context)
@@ -237,7 +237,7 @@ def measured_roofline(paths: list[Path], hardware: str | None, steps: bool, out:
     make_console().print(table)
 
 
-def kv_measured(paths: list[Path], hw: Any, as_json: bool) -> None:
+def kv_measured(paths: list[Path], hw: Any, as_json: bool, plot: Path | None = None) -> None:
     """`infbench kv --results`: allocated KV and state next to the analytic values."""
     from rich.table import Table
 
@@ -245,6 +245,11 @@ def kv_measured(paths: list[Path], hw: Any, as_json: bool) -> None:
     from infbench.roofline.tables import kv_measured_rows
 
     rows = kv_measured_rows(load_results([str(p) for p in paths]), hw)
+    if plot is not None:
+        from infbench.plots import kv_measured_figure
+
+        kv_measured_figure(rows, plot)
+        print(f"wrote {plot}", file=sys.stderr)
     if as_json:
         emit_json(rows)
         return
