@@ -133,8 +133,8 @@ def _kv_peak(steps: list[StepRecord], kv_bytes_per_token: int, block_size: int,
     """Peak allocated KV bytes (whole blocks) and the fragmentation at that step."""
     if not steps:
         return 0, None
-    sizes = [s.kv_blocks_used * block_size * kv_bytes_per_token + s.num_running * state_bytes
-             for s in steps]
+    sizes = [(s.kv_blocks_used * block_size * kv_bytes_per_token if s.kv_bytes_used is None
+              else s.kv_bytes_used) + s.num_running * state_bytes for s in steps]
     peak = steps[int(np.argmax(sizes))]  # first step reaching the peak
     allocated = peak.kv_blocks_used * block_size
     fragmentation = (allocated - peak.kv_slots_used) / allocated if allocated > 0 else 0.0

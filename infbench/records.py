@@ -32,6 +32,9 @@ class StepRecord:
     query_lens: list[int] = field(default_factory=list)
     logits_lens: list[int] = field(default_factory=list)  # rows that needed logits (0 or 1)
     device_time_s: float | None = None  # GPU: the step's kernels timed with CUDA events
+    # Exact bytes of the used blocks: sum over KV groups of used blocks x block_size x
+    # that group's bytes per token slot (None in records written before KV groups).
+    kv_bytes_used: int | None = None
 
 
 @dataclass

@@ -61,6 +61,11 @@ class BlockManager:
         return self._num_used
 
     @property
+    def max_seq_blocks(self) -> int:
+        """Blocks of context one sequence may reach: the whole pool."""
+        return self.num_blocks
+
+    @property
     def num_cached_blocks(self) -> int:
         """Blocks findable by prefix hash (in use or evictable)."""
         return len(self._hash_to_block)

@@ -25,9 +25,11 @@ from infbench.engine.kv_cache import (
     TORCH_DTYPES,
     KVCache,
     StatePool,
+    kv_budget_bytes,
     kv_bytes_per_token_for,
     plan_num_blocks,
 )
+from infbench.engine.kv_groups import GroupedBlockManager, kv_group_windows, plan_group_blocks
 from infbench.engine.request import Request
 from infbench.engine.runner import ModelRunner
 from infbench.engine.scheduler import Scheduler
@@ -77,9 +79,22 @@ class Engine:
             model.set_ops(self.ops)
         elem = torch.empty(0, dtype=self.dtype).element_size()
         per_token = kv_bytes_per_token_for(cfg, elem)
-        num_blocks, self.kv_budget_bytes = plan_num_blocks(
-            cfg, engine_cfg, per_token, weight_bytes, device, max_tokens_needed, min_seq_tokens)
+        # Layers with different windows get one KV pool each (engine/kv_groups.py).
+        self.kv_windows = kv_group_windows(cfg)
+        num_blocks: int | list[int]
+        if len(self.kv_windows) > 1:
+            self.kv_budget_bytes = kv_budget_bytes(engine_cfg, device)
+            num_blocks = plan_group_blocks(
+                cfg, engine_cfg,
+                [kv_bytes_per_token_for(cfg, elem, g) for g in range(len(self.kv_windows))],
+                self.kv_budget_bytes, weight_bytes, max_tokens_needed, min_seq_tokens)
+        else:
+            num_blocks, self.kv_budget_bytes = plan_num_blocks(
+                cfg, engine_cfg, per_token, weight_bytes, device, max_tokens_needed,
+                min_seq_tokens)
         self.kv = KVCache(cfg, num_blocks, engine_cfg.block_size, self.dtype, device)
+        self._group_slot_bytes = [self.kv.group_bytes_per_token(g)
+                                  for g in range(len(self.kv.group_num_blocks))]
         # Constant-state schemes reserve one state slot per running sequence instead of blocks.
         has_state = any(spec.mixer in ("linear", "ssm") for spec in cfg.layers())
         self.states = (StatePool(cfg, engine_cfg.max_num_seqs, self.dtype, device)
@@ -97,6 +112,8 @@ class Engine:
             reason = "there is no GPU (CUDA graphs are a GPU feature)"
         elif self.states is not None or any(s.mixer == "mla" for s in self.cfg.layers()):
             reason = "MLA and recurrent-state layers run eagerly for now"
+        elif len(self.kv.group_num_blocks) > 1:
+            reason = "models with several KV groups (windowed and full layers) run eagerly"
         if reason is not None:
             warnings.warn(f"engine.cuda_graphs ignored: {reason}", stacklevel=3)
             return
@@ -109,8 +126,14 @@ class Engine:
         """Fresh bookkeeping (cold prefix cache) over the same model and KV pool."""
         # A prefix-cache hit cannot restore a recurrent state: no prefix caching with states.
         caching = self.engine_cfg.enable_prefix_caching and self.states is None
-        self.block_manager = BlockManager(
-            self.kv.num_blocks, self.engine_cfg.block_size, caching)
+        self.block_manager: BlockManager | GroupedBlockManager
+        if len(self.kv.group_num_blocks) > 1:  # no prefix caching over several groups
+            self.block_manager = GroupedBlockManager(
+                self.kv.group_num_blocks, self.engine_cfg.block_size, self.kv_windows,
+                self.engine_cfg)
+        else:
+            self.block_manager = BlockManager(
+                self.kv.num_blocks, self.engine_cfg.block_size, caching)
         slots = StateSlots(self.states.num_slots) if self.states is not None else None
         self.scheduler = Scheduler(self.engine_cfg, self.block_manager, state_slots=slots,
                                    window=self.window, eos_token_id=self.eos_token_id)
@@ -160,6 +183,7 @@ class Engine:
             kv_blocks_used=bm.num_used_blocks,
             kv_blocks_total=bm.num_blocks,
             kv_slots_used=used_slots(self.scheduler.running, bm),
+            kv_bytes_used=self._kv_bytes_used(),
             num_preempted=len(out.preempted),
             context_lens=[s.start_pos + s.num_new_tokens for s in out.scheduled],
             query_lens=[s.num_new_tokens for s in out.scheduled],
@@ -170,6 +194,13 @@ class Engine:
         for seq in finished:
             self.runner.sampler.release((seq.request_id, seq.sample_index))
         return record, finished
+
+    def _kv_bytes_used(self) -> int:
+        """Bytes of the used blocks: used blocks x block_size x bytes per slot, per group."""
+        bm, bs = self.block_manager, self.engine_cfg.block_size
+        used = (bm.group_used_blocks() if isinstance(bm, GroupedBlockManager)
+                else [bm.num_used_blocks])
+        return sum(n * bs * b for n, b in zip(used, self._group_slot_bytes, strict=True))
 
     # ------------------------------------------------------------------ runs
     def run(self, requests: Sequence[Request], realtime_arrivals: bool = True,
@@ -220,13 +251,15 @@ class Engine:
         return RunOutput(records, steps, clock(), outputs)
 
 
-def used_slots(running: list[Seq], bm: BlockManager) -> int:
+def used_slots(running: list[Seq], bm: BlockManager | GroupedBlockManager) -> int:
     """Token slots holding live KV: used blocks minus the empty tail of each last block.
 
     Blocks cover exactly the computed tokens after an update, so only the last block
     of a sequence can be partly empty; forked samples share it until they diverge,
-    hence the dict over block ids.
+    hence the dict over block ids.  Several KV groups: the sum over groups.
     """
+    if isinstance(bm, GroupedBlockManager):
+        return bm.used_slots(running)
     bs = bm.block_size
     holes: dict[int, int] = {}
     for seq in running:

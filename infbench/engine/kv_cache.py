@@ -4,7 +4,9 @@ Layout per layer (the kernels' contract, vLLM's "flash" layout):
     k: (num_blocks, block_size, num_kv_heads, head_dim)
     v: (num_blocks, block_size, num_kv_heads, v_head_dim)
 A CLA layer that does not own its KV reads the cache of `LayerSpec.kv_source`;
-linear-attention and SSM layers hold no blocks at all.
+linear-attention and SSM layers hold no blocks at all.  A model whose layers mix
+windows has one pool per KV group (engine/kv_groups.py): each group's layers get
+that group's num_blocks.
 
 The bytes per token this pool allocates are computed from the tensors themselves
 (`bytes_per_token`), so tests can check them against the analytic model exactly.
@@ -18,6 +20,7 @@ import os
 import torch
 
 from infbench.config import EngineConfig, LayerSpec, ModelConfig
+from infbench.engine.kv_groups import layer_groups
 from infbench.errors import DoesNotFitError
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -51,31 +54,42 @@ def cache_entries(cfg: ModelConfig, spec: LayerSpec) -> list[tuple[str, tuple[in
     return [("k", (cfg.kv_heads, cfg.dim_head)), ("v", (cfg.kv_heads, cfg.dim_head))]
 
 
-def kv_bytes_per_token_for(cfg: ModelConfig, element_size: int) -> int:
-    """Bytes per token the pool will allocate (tests check it against the tensors)."""
+def kv_bytes_per_token_for(cfg: ModelConfig, element_size: int, group: int | None = None) -> int:
+    """Bytes per token the pool will allocate (tests check it against the tensors).
+
+    With `group`, only the layers of that KV group (engine/kv_groups.py).
+    """
+    groups = layer_groups(cfg) if group is not None else {}
     total = 0
     for spec in cfg.layers():
-        if spec.has_kv_cache:
+        if spec.has_kv_cache and groups.get(spec.index, group) == group:
             for _name, shape in cache_entries(cfg, spec):
                 total += math.prod(shape) * element_size
     return total
 
 
 class KVCache:
-    """Owns the KV tensors of every cache-owning layer; plain block ids index them."""
+    """Owns the KV tensors of every cache-owning layer; plain block ids index them.
 
-    def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
-                 device: torch.device) -> None:
+    `num_blocks` is one count, or a list with one count per KV group; then
+    `num_blocks` is their sum and `layer_group` maps an owning layer to its group.
+    """
+
+    def __init__(self, cfg: ModelConfig, num_blocks: int | list[int], block_size: int,
+                 dtype: torch.dtype, device: torch.device) -> None:
         self.cfg = cfg
-        self.num_blocks = num_blocks
+        self.group_num_blocks = [num_blocks] if isinstance(num_blocks, int) else list(num_blocks)
+        self.num_blocks = sum(self.group_num_blocks)
         self.block_size = block_size
         self.layers: tuple[LayerSpec, ...] = cfg.layers()
-        # layer index -> {entry name: (num_blocks, block_size, heads, dim)}
+        self.layer_group = layer_groups(cfg) if len(self.group_num_blocks) > 1 else {}
+        # layer index -> {entry name: (num_blocks of its group, block_size, heads, dim)}
         self._cache: dict[int, dict[str, torch.Tensor]] = {}
         for spec in self.layers:
             if spec.has_kv_cache:
+                n = self.group_num_blocks[self.layer_group.get(spec.index, 0)]
                 self._cache[spec.index] = {
-                    name: torch.zeros(num_blocks, block_size, *shape, dtype=dtype, device=device)
+                    name: torch.zeros(n, block_size, *shape, dtype=dtype, device=device)
                     for name, shape in cache_entries(cfg, spec)
                 }
 
@@ -88,14 +102,20 @@ class KVCache:
         """MLA: the (num_blocks, block_size, 1, kv_lora_rank + rope_dim) latent cache."""
         return self._cache[spec.kv_source]["kv"]
 
-    def tensors(self) -> list[torch.Tensor]:
-        return [t for entry in self._cache.values() for t in entry.values()]
+    def tensors(self, group: int | None = None) -> list[torch.Tensor]:
+        """Every KV tensor, or those of one KV group."""
+        return [t for index, entry in self._cache.items()
+                if group is None or self.layer_group.get(index, 0) == group
+                for t in entry.values()]
+
+    def group_bytes_per_token(self, group: int) -> int:
+        """Bytes of one token slot of a KV group, read off its tensors."""
+        return sum(t[0, 0].numel() * t.element_size() for t in self.tensors(group))
 
     @property
     def bytes_per_token(self) -> int:
         """Bytes one token occupies across all layers, read off the allocated tensors."""
-        slots = self.num_blocks * self.block_size
-        return sum(t.numel() // slots * t.element_size() for t in self.tensors())
+        return sum(t[0, 0].numel() * t.element_size() for t in self.tensors())
 
     @property
     def total_bytes(self) -> int:
@@ -104,6 +124,19 @@ class KVCache:
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """Copy-on-write: duplicate whole blocks (src -> dst) in every layer."""
         tensors = self.tensors()
+        if not copies or not tensors:
+            return
+        if len(self.group_num_blocks) > 1:  # ids offset per group (GroupedBlockManager)
+            start = 0
+            for g, n in enumerate(self.group_num_blocks):
+                pairs = [(s - start, d - start) for s, d in copies if start <= s < start + n]
+                start += n
+                self._copy(self.tensors(g), pairs)
+            return
+        self._copy(tensors, copies)
+
+    @staticmethod
+    def _copy(tensors: list[torch.Tensor], copies: list[tuple[int, int]]) -> None:
         if not copies or not tensors:
             return
         device = tensors[0].device
@@ -152,6 +185,13 @@ class StatePool:
                 t[dst] = t[src]
 
 
+def kv_budget_bytes(engine: EngineConfig, device: torch.device) -> int:
+    """The KV byte budget: engine.kv_cache_memory as bytes (> 1) or as a memory fraction."""
+    if engine.kv_cache_memory > 1:
+        return int(engine.kv_cache_memory)
+    return int(engine.kv_cache_memory * available_memory_bytes(device))
+
+
 def plan_num_blocks(cfg: ModelConfig, engine: EngineConfig, bytes_per_token: int,
                     weight_bytes: int, device: torch.device, max_tokens_needed: int | None,
                     min_tokens: int) -> tuple[int, int]:
@@ -163,10 +203,7 @@ def plan_num_blocks(cfg: ModelConfig, engine: EngineConfig, bytes_per_token: int
     `max_tokens_needed` caps the pool at what the workload can ever use, so a CPU run
     does not reserve tens of GB for a 16-request benchmark.
     """
-    if engine.kv_cache_memory > 1:
-        budget = int(engine.kv_cache_memory)
-    else:
-        budget = int(engine.kv_cache_memory * available_memory_bytes(device))
+    budget = kv_budget_bytes(engine, device)
     bs = engine.block_size
     if bytes_per_token == 0:
         # Constant-state schemes only: blocks hold no tensors, but the block manager

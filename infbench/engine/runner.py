@@ -6,13 +6,14 @@ sequence over its own paged cache.  Sequences are ordered decode-first so the
 first `num_decode` rows of every (T, ...) tensor are one-token decodes served by
 the paged decode kernel and the rest are prompt chunks served by the varlen
 prefill kernel (which reads earlier context, and prefix-cache hits, from the
-cache).
+cache).  A model with several KV groups (engine/kv_groups.py) gets a slot mapping
+and block tables per group; each layer reads those of its group.
 """
 
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -51,6 +52,8 @@ class StepInputs:
     seq_cu_seqlens: torch.Tensor  # (B + 1,) int64
     seq_start_pos: torch.Tensor  # (B,) int64: 0 means the state starts from zero
     state_slots: torch.Tensor  # (B,) int64 (-1 when the model has no recurrent state)
+    # KV groups 1.. (group 0 is the fields above): (slot_mapping, decode_tables, prefill_tables)
+    groups: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=list)
 
 
 class PagedAttentionContext:
@@ -62,6 +65,14 @@ class PagedAttentionContext:
         self.ops = ops
         self.inputs = inputs
         self.states = states
+
+    def paged(self, layer: LayerSpec) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(slot_mapping, decode_tables, prefill_tables) of the layer's KV group."""
+        inp = self.inputs
+        group = self.kv.layer_group.get(layer.kv_source, 0)
+        if group == 0:
+            return inp.slot_mapping, inp.decode_tables, inp.prefill_tables
+        return inp.groups[group - 1]
 
     def state(self, layer: LayerSpec) -> LayerState:
         """The recurrent state of a linear-attention or SSM layer for this step."""
@@ -81,45 +92,47 @@ class PagedAttentionContext:
         576 values per token, not 2 x heads x head_dim).  Returns (T, H, kv_lora_rank).
         """
         inp = self.inputs
+        slot_mapping, decode_tables, prefill_tables = self.paged(layer)
         cache = self.kv.latent(layer)  # (num_blocks, block_size, 1, Dl + Dr)
         rank = self.kv.cfg.attention.kv_lora_rank
         flat = cache.view(-1, cache.shape[-1])  # (slots, Dl + Dr)
-        flat.index_copy_(0, inp.slot_mapping, latent.to(cache.dtype))
+        flat.index_copy_(0, slot_mapping, latent.to(cache.dtype))
         values = cache[..., :rank]  # a strided view: no second copy of the latent
         nd = inp.num_decode
         parts = []
         if nd:
             parts.append(self.ops.mla_decode_attention(
-                q[:nd], cache, values, inp.decode_tables, inp.decode_context_lens, scale))
+                q[:nd], cache, values, decode_tables, inp.decode_context_lens, scale))
         if nd < q.shape[0]:
             parts.append(self.ops.prefill_attention(
                 q[nd:], cache, values, inp.prefill_cu_seqlens, inp.prefill_context_lens,
-                inp.prefill_tables, scale, layer.window))
+                prefill_tables, scale, layer.window))
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def attention(self, layer: LayerSpec, q: torch.Tensor, k: torch.Tensor | None,
                   v: torch.Tensor | None, scale: float) -> torch.Tensor:
         inp = self.inputs
+        slot_mapping, decode_tables, prefill_tables = self.paged(layer)
         k_cache, v_cache = self.kv.layer(layer)
         if k is not None and v is not None:  # CLA non-owners reuse their group's cache
-            self.ops.store_kv(k, v, k_cache, v_cache, inp.slot_mapping)
+            self.ops.store_kv(k, v, k_cache, v_cache, slot_mapping)
         nd = inp.num_decode
         if nd == q.shape[0]:
             return self.ops.decode_attention(  # type: ignore[no-any-return]
-                q, k_cache, v_cache, inp.decode_tables, inp.decode_context_lens, scale,
+                q, k_cache, v_cache, decode_tables, inp.decode_context_lens, scale,
                 layer.window)
         if nd == 0:
             return self.ops.prefill_attention(  # type: ignore[no-any-return]
                 q, k_cache, v_cache, inp.prefill_cu_seqlens, inp.prefill_context_lens,
-                inp.prefill_tables, scale, layer.window)
+                prefill_tables, scale, layer.window)
         out = torch.empty(q.shape[0], q.shape[1], v_cache.shape[-1], dtype=q.dtype,
                           device=q.device)  # (T, Hq, Dv)
         out[:nd] = self.ops.decode_attention(
-            q[:nd], k_cache, v_cache, inp.decode_tables, inp.decode_context_lens, scale,
+            q[:nd], k_cache, v_cache, decode_tables, inp.decode_context_lens, scale,
             layer.window)
         out[nd:] = self.ops.prefill_attention(
             q[nd:], k_cache, v_cache, inp.prefill_cu_seqlens, inp.prefill_context_lens,
-            inp.prefill_tables, scale, layer.window)
+            prefill_tables, scale, layer.window)
         return out
 
 
@@ -149,6 +162,10 @@ class ModelRunner:
         sampled: list[ScheduledSeq] = []
         num_decode = 0
         seq_cu, seq_start, state_slots = [0], [], []
+        num_groups = len(self.kv.group_num_blocks)
+        # KV groups 1..: slots, decode tables, prefill tables
+        extra: list[tuple[list[int], list[list[int]], list[list[int]]]] = [
+            ([], [], []) for _ in range(1, num_groups)]
         for s in order:
             seq, start, n = s.seq, s.start_pos, s.num_new_tokens
             seq_cu.append(seq_cu[-1] + n)
@@ -158,6 +175,10 @@ class ModelRunner:
             ids.extend(seq.token_ids[start:start + n])
             pos.extend(range(start, start + n))
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
+            for g, (g_slots, g_dec, g_pre) in enumerate(extra, start=1):
+                g_table = seq.group_tables[g]
+                g_slots.extend(g_table[p // bs] * bs + p % bs for p in range(start, start + n))
+                (g_pre if s.is_prefill else g_dec).append(g_table)
             if s.is_prefill:
                 pre_tables.append(table)
                 pre_lens.append(start + n)
@@ -189,6 +210,9 @@ class ModelRunner:
             seq_cu_seqlens=torch.tensor(seq_cu, dtype=torch.long, device=dev),
             seq_start_pos=torch.tensor(seq_start, dtype=torch.long, device=dev),
             state_slots=torch.tensor(state_slots, dtype=torch.long, device=dev),
+            groups=[(torch.tensor(g_slots, dtype=torch.long, device=dev),
+                     _block_table_tensor(g_dec, dev), _block_table_tensor(g_pre, dev))
+                    for g_slots, g_dec, g_pre in extra],
         )
 
     def graph_context(self, buf: dict[str, torch.Tensor]) -> PagedAttentionContext:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from infbench.config import EngineConfig
 from infbench.engine.block_manager import BlockManager, StateSlots
+from infbench.engine.kv_groups import GroupedBlockManager
 from infbench.engine.sequence import SeqStatus, Sequence
 from infbench.errors import UserError
 
@@ -65,7 +66,7 @@ class Scheduler:
     def __init__(
         self,
         config: EngineConfig,
-        block_manager: BlockManager,
+        block_manager: BlockManager | GroupedBlockManager,
         state_slots: StateSlots | None = None,
         window: int | None = None,
         eos_token_id: int | None = None,
@@ -128,11 +129,11 @@ class Scheduler:
             )
         max_tokens = seq.sampling.max_tokens
         num_needed = _cdiv(num_prompt + max_tokens, bm.block_size)
-        if num_needed > bm.num_blocks:
+        if num_needed > bm.max_seq_blocks:
             raise UserError(
                 f"request {rid}: prompt ({num_prompt}) + max_tokens ({max_tokens}) needs "
                 f"{num_needed} KV blocks of {bm.block_size} tokens, but the KV budget "
-                f"(engine.kv_cache_memory) holds {bm.num_blocks}; shorten the request or "
+                f"(engine.kv_cache_memory) holds {bm.max_seq_blocks}; shorten the request or "
                 "raise engine.kv_cache_memory"
             )
         if seq.n > cfg.max_num_seqs:

@@ -38,6 +38,7 @@ class Sequence:
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
     block_table: list[int] = field(default_factory=list)  # -1: released by a sliding window
+    group_tables: dict[int, list[int]] = field(default_factory=dict)  # KV groups 1.. (kv_groups)
     token_times_s: list[float] = field(default_factory=list)
     num_preemptions: int = 0
     finish_reason: str | None = None  # length | stop | eos
