@@ -81,6 +81,45 @@ class PagedAttentionContext:
         return LayerState(self.states.layer(layer.index), inp.state_slots, inp.seq_cu_seqlens,
                           inp.seq_start_pos, inp.num_decode)
 
+    @property
+    def num_decode(self) -> int:
+        """The first num_decode rows of the step are single-token decodes."""
+        return self.inputs.num_decode
+
+    def store_latent(self, layer: LayerSpec, latent: torch.Tensor) -> torch.Tensor:
+        """Write latent (N, Dl + Dr), the step's first N rows, into the layer's latent cache.
+
+        Returns the cache, (num_blocks, block_size, 1, Dl + Dr).
+        """
+        slot_mapping = self.paged(layer)[0][: latent.shape[0]]  # (N,)
+        cache = self.kv.latent(layer)  # (num_blocks, block_size, 1, Dl + Dr)
+        flat = cache.view(-1, cache.shape[-1])  # (slots, Dl + Dr)
+        flat.index_copy_(0, slot_mapping, latent.to(cache.dtype))
+        return cache
+
+    def mla_prefill_latents(
+        self, layer: LayerSpec, latent: torch.Tensor
+    ) -> list[tuple[torch.Tensor, int]]:
+        """Store the step's latent rows (T, Dl + Dr); gather each prefill sequence's context.
+
+        Returns (latent (context_len_b, Dl + Dr), q_len_b) per prefill sequence, the
+        latent in the cache's dtype: its earlier cached rows (prefix hits, earlier
+        chunks), then this chunk's q_len_b rows.
+        """
+        inp = self.inputs
+        cache = self.store_latent(layer, latent)  # (num_blocks, block_size, 1, Dl + Dr)
+        prefill_tables = self.paged(layer)[2]  # (num_prefill_seqs, max_blocks) int32
+        block_size = cache.shape[1]
+        cu = inp.prefill_cu_seqlens.tolist()
+        out = []
+        for b, length in enumerate(inp.prefill_context_lens.tolist()):
+            num_blocks = -(-length // block_size)
+            # Whole blocks are contiguous: index_select copies them at memcpy speed.
+            blocks = cache.index_select(0, prefill_tables[b, :num_blocks].long())
+            rows = blocks.view(-1, cache.shape[-1])[:length]  # (L_b, Dl + Dr)
+            out.append((rows, cu[b + 1] - cu[b]))
+        return out
+
     def mla_attention(self, layer: LayerSpec, q: torch.Tensor, latent: torch.Tensor,
                       scale: float) -> torch.Tensor:
         """MLA with absorbed weights: multi-query attention over the latent cache.
@@ -90,13 +129,13 @@ class PagedAttentionContext:
         rope_dim), this step's compressed KV with the decoupled RoPE key.  Keys are the
         whole latent row, values its first kv_lora_rank dims (the same bytes: MLA reads
         576 values per token, not 2 x heads x head_dim).  Returns (T, H, kv_lora_rank).
+        q and latent may also be just the step's first num_decode rows (the decodes), when
+        the model runs its prefill rows through `mla_prefill_latents`.
         """
         inp = self.inputs
         slot_mapping, decode_tables, prefill_tables = self.paged(layer)
-        cache = self.kv.latent(layer)  # (num_blocks, block_size, 1, Dl + Dr)
+        cache = self.store_latent(layer, latent)  # (num_blocks, block_size, 1, Dl + Dr)
         rank = self.kv.cfg.attention.kv_lora_rank
-        flat = cache.view(-1, cache.shape[-1])  # (slots, Dl + Dr)
-        flat.index_copy_(0, slot_mapping, latent.to(cache.dtype))
         values = cache[..., :rank]  # a strided view: no second copy of the latent
         nd = inp.num_decode
         parts = []

@@ -78,6 +78,22 @@ class AttentionContext(Protocol):
         """
         ...
 
+    @property
+    def num_decode(self) -> int:
+        """The first num_decode rows of the step are single-token decodes (0: none)."""
+        ...
+
+    def mla_prefill_latents(
+        self, layer: LayerSpec, latent: torch.Tensor
+    ) -> list[tuple[torch.Tensor, int]]:
+        """Store this step's latent rows (T, Dl + Dr); return each prefill sequence's context.
+
+        One (latent (L_b, Dl + Dr), q_len_b) per prefill sequence, in batch order: every
+        latent row the sequence has so far (earlier cached tokens, then this chunk), and
+        how many of them (the last q_len_b) are this step's, for the decompressed form.
+        """
+        ...
+
 
 def causal_window_mask(length: int, window: int | None, device: torch.device) -> torch.Tensor:
     """Boolean (L, L) mask, True where key p is visible to query t: p <= t and t - p < window."""
@@ -151,6 +167,21 @@ class DenseContext:
     @property
     def num_tokens(self) -> int:
         return self.cu_seqlens[-1]
+
+    @property
+    def num_decode(self) -> int:
+        """Every packed sequence is a whole prompt: no decode rows."""
+        return 0
+
+    def mla_prefill_latents(
+        self, layer: LayerSpec, latent: torch.Tensor
+    ) -> list[tuple[torch.Tensor, int]]:
+        """Each packed sequence's own latent rows (no cache: the context is this call)."""
+        if latent.shape[0] != self.num_tokens:
+            raise ValueError(
+                f"latent has {latent.shape[0]} tokens, cu_seqlens covers {self.num_tokens}")
+        # (L_b, Dl + Dr) each; every row is a query
+        return [(latent[start:end], end - start) for start, end in pairwise(self.cu_seqlens)]
 
     def attention(
         self,

@@ -24,6 +24,7 @@ import math
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from infbench.config import LayerSpec, ModelConfig, QuantConfig
@@ -110,6 +111,10 @@ class MLAAttention(nn.Module):
         # positions, in float32 as transformers does, so no max_seq_len table per layer.
         self._inv_freq = rope_inv_freq(self.rope_dim, config.rope_theta, config.rope_scaling_dict)
         self._attention_factor = rope_attention_factor(config.rope_scaling_dict)
+        # Prefill rows expand the latent into per-head K/V (cheaper than MQA at Dl + Dr
+        # with every head); decode rows always take the absorbed path.  False: all rows
+        # absorbed (the reference form the tests compare against).
+        self.decompressed_prefill = True
 
     def absorbed_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Views of kv_b_proj's weight: W_UK (H, nope, Dl) and W_UV (H, v_head_dim, Dl).
@@ -147,12 +152,85 @@ class MLAAttention(nn.Module):
         q_pe = rotate_interleaved(q_pe, cos[:, None], sin[:, None])  # (T, H, Dr)
         k_pe = rotate_interleaved(k_pe, cos, sin)  # (T, Dr): one key for all heads
 
-        w_uk, w_uv = self.absorbed_weights()
-        q_latent = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)  # (T, H, Dl)
-        q_cat = torch.cat([q_latent, q_pe], dim=-1)  # (T, H, Dl + Dr)
         latent = torch.cat([c_kv, k_pe], dim=-1)  # (T, Dl + Dr): what the cache stores
+        nd = ctx.num_decode if self.decompressed_prefill else num_tokens
+        parts = []
+        if nd > 0:  # stores the decode rows' latents, then attends over the cache
+            parts.append(self._absorbed(q_nope[:nd], q_pe[:nd], latent[:nd], ctx))
+        if nd < num_tokens:  # stores every row of the step, then gathers the contexts
+            contexts = ctx.mla_prefill_latents(self.layer, latent)
+            parts.append(self._decompressed(q_nope[nd:], q_pe[nd:], contexts))
+        out = parts[0] if len(parts) == 1 else torch.cat(parts)  # (T, H, v_head_dim)
+        return self.o_proj(out.reshape(num_tokens, -1))  # (T, hidden)
+
+    def _absorbed(self, q_nope: torch.Tensor, q_pe: torch.Tensor, latent: torch.Tensor,
+                  ctx: AttentionContext) -> torch.Tensor:
+        """Weight-absorbed MQA over the latent cache: (N, H, nope), (N, H, Dr) -> (N, H, v)."""
+        w_uk, w_uv = self.absorbed_weights()
+        q_latent = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)  # (N, H, Dl)
+        q_cat = torch.cat([q_latent, q_pe], dim=-1)  # (N, H, Dl + Dr)
         # A context that cannot split the latent (DenseContext without a config) returns
         # all Dl + Dr dims; the first Dl are the attention output.
         out = ctx.mla_attention(self.layer, q_cat, latent, self.scale)[..., : self.kv_lora_rank]
-        out = torch.bmm(out.transpose(0, 1), w_uv.transpose(1, 2))  # (H, T, v_head_dim)
-        return self.o_proj(out.transpose(0, 1).reshape(num_tokens, -1))  # (T, hidden)
+        out = torch.bmm(out.transpose(0, 1), w_uv.transpose(1, 2))  # (H, N, v_head_dim)
+        return out.transpose(0, 1)  # (N, H, v_head_dim)
+
+    def _decompressed(self, q_nope: torch.Tensor, q_pe: torch.Tensor,
+                      contexts: list[tuple[torch.Tensor, int]]) -> torch.Tensor:
+        """Prefill rows in the un-absorbed form: per-head K and V expanded from the latent.
+
+        q_nope (N, H, nope), q_pe (N, H, Dr): the prefill rows, sequence after sequence;
+        contexts[b] = (latent (L_b, Dl + Dr), q_len_b): sequence b's latent rows, of which
+        the last q_len_b are its queries'.  Attention per head runs at nope + rope (192
+        for DeepSeek-V2) instead of Dl + Dr (576); the expansion is one kv_b_proj GEMM
+        over the context rows.
+        Returns (N, H, v_head_dim).
+        """
+        q = torch.cat([q_nope, q_pe], dim=-1)  # (N, H, nope + Dr)
+        out = q.new_empty(q.shape[0], self.num_heads, self.v_head_dim)  # (N, H, v)
+        start = 0
+        for lat, q_len in contexts:
+            lat = lat.to(q.dtype)
+            length = lat.shape[0]
+            c_kv, k_pe = lat.split([self.kv_lora_rank, self.rope_dim], dim=-1)
+            kv = self.kv_b_proj(c_kv).view(length, self.num_heads, -1)  # (L, H, nope + v)
+            k_nope, v = kv.split([self.nope_dim, self.v_head_dim], dim=-1)
+            k_pe = k_pe[:, None].expand(length, self.num_heads, self.rope_dim)  # (L, H, Dr)
+            k = torch.cat([k_nope, k_pe], dim=-1)  # (L, H, nope + Dr)
+            # SDPA's (1, H, len, D) layout for one sequence
+            qs = q[start : start + q_len].transpose(0, 1).unsqueeze(0)  # (1, H, q_len, D)
+            ks = k.transpose(0, 1).unsqueeze(0)  # (1, H, L, nope + Dr)
+            vs = v.transpose(0, 1).unsqueeze(0)  # (1, H, L, v)
+            o = _tail_causal_sdpa(qs, ks, vs, self.layer.window, self.scale)
+            out[start : start + q_len] = o.squeeze(0).transpose(0, 1)  # (q_len, H, v)
+            start += q_len
+        return out
+
+
+def _tail_causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None,
+                      scale: float) -> torch.Tensor:
+    """Causal SDPA of the last q_len positions of a sequence over all its L keys.
+
+    q (1, H, q_len, D), k (1, H, L, D), v (1, H, L, Dv) -> (1, H, q_len, Dv); query j sits
+    at position L - q_len + j and sees key p iff p <= its position and, with a window,
+    position - p < window.
+    """
+    q_len, length = q.shape[2], k.shape[2]
+    qk_dim, v_dim = q.shape[-1], v.shape[-1]
+    # Fused (flash) SDPA wants one head size for q, k and v; otherwise torch falls back to
+    # the math path, which materializes the scores (4x slower on CPU at 16k).  Zero
+    # padding changes neither the scores (the scale is explicit) nor the kept outputs.
+    if v_dim < qk_dim:
+        v = F.pad(v, (0, qk_dim - v_dim))  # (1, H, L, qk_dim)
+    elif qk_dim < v_dim:
+        q, k = F.pad(q, (0, v_dim - qk_dim)), F.pad(k, (0, v_dim - qk_dim))  # (.., v_dim)
+    if q_len == length and window is None:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+    else:
+        t = torch.arange(length - q_len, length, device=q.device)[:, None]  # (q_len, 1) query
+        p = torch.arange(length, device=q.device)[None, :]  # (1, L) key position
+        visible = p <= t
+        if window is not None:
+            visible = visible & (t - p < window)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=scale)
+    return out[..., :v_dim]  # (1, H, q_len, Dv)
