@@ -153,16 +153,10 @@ def memory_capacity(device: str) -> float:
 
 
 def device_description(device: str) -> str:
-    if device == "cuda":
-        return torch.cuda.get_device_name(0)
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "CPU"
+    """The GPU's name, or the CPU model (the same lookup result files record)."""
+    from infbench.results import device_name
+
+    return device_name(device)
 
 
 def calibrate(device: str = "cpu", quick: bool = False,

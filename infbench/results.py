@@ -45,7 +45,7 @@ def env_info(device: str) -> dict[str, Any]:
     """Where and with what a result was produced (never imports torch itself)."""
     return {
         "device": device,
-        "device_name": _device_name(device),
+        "device_name": device_name(device),
         "python": platform.python_version(),
         "platform": platform.platform(),
         "host": socket.gethostname(),
@@ -64,7 +64,8 @@ def _version(name: str) -> str | None:
         return None
 
 
-def _device_name(device: str) -> str:
+def device_name(device: str) -> str:
+    """The GPU model (without importing torch when it is not loaded yet) or the CPU model."""
     if device.startswith("cuda"):
         torch = sys.modules.get("torch")  # only if the engine already imported it
         if torch is not None and torch.cuda.is_available():
