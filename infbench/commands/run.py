@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -40,7 +41,9 @@ def run(
     points = sc.points()
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out_dir = out or Path("results") / "runs" / f"{points[0].name}-{stamp}"
-    console = Console(stderr=True)
+    # Logs (CI, pipes) get 120 columns instead of rich's 80, so the table is not truncated.
+    width = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 120
+    console = Console(stderr=True, width=width)
     cache = ModelCache()
     finished: list[dict[str, Any]] = []
     failure: UserError | None = None
@@ -73,7 +76,7 @@ def run(
             progress.remove_task(task)
             progress.advance(overall)
     if finished:
-        Console().print(run_table(finished))
+        Console(width=width).print(run_table(finished))
         console.print(f"wrote {len(finished)} result file(s) and {csv_path} to {out_dir}")
     if failure is not None:
         raise failure
