@@ -30,13 +30,17 @@ class ModelCache:
         return self.entries[key]
 
 
-def resolve_device(device: str) -> str:
+def resolve_device(device: str, key: str = "device") -> str:
+    """auto -> cuda when available, else cpu; `key` names the setting in errors."""
     import torch
 
+    if device not in ("auto", "cpu", "cuda"):
+        raise UserError(f"{key}: unknown value {device!r}; allowed: auto, cpu, cuda")
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
-        raise UserError("device: 'cuda' requested but CUDA is not available; allowed: auto, cpu")
+        raise UserError(f"{key}: 'cuda' requested but CUDA is not available here; "
+                        "allowed: auto, cpu")
     return device
 
 
@@ -153,9 +157,6 @@ def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None
     return results_mod.build_result(
         point.to_dict(), metrics=summary, prediction=prediction, steps=steps, env=env,
         seed=seed, hardware=hw.to_dict(), repeats=runs, spread=spread,
-        extra={"model_config": _config_dict(cfg), "telemetry": telemetry},
+        extra={"model_config": dataclasses.asdict(cfg), "telemetry": telemetry},
     )
 
-
-def _config_dict(cfg: Any) -> dict[str, Any]:
-    return dataclasses.asdict(cfg)  # type: ignore[no-any-return]

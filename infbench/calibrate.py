@@ -58,13 +58,9 @@ _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch
 
 
 def resolve_calibration_device(device: str) -> str:
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device not in ("cpu", "cuda"):
-        raise UserError(f"--device: unknown value {device!r}; allowed: auto, cpu, cuda")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda: CUDA is not available here; allowed: auto, cpu")
-    return device
+    from infbench.bench import resolve_device
+
+    return resolve_device(device, "--device")
 
 
 def time_op(fn: Callable[[], object], device: str, repeats: int, warmup: int,

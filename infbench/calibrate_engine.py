@@ -21,7 +21,6 @@ analysis uses them only when a profile has them (never for datasheet entries).
 from __future__ import annotations
 
 import statistics
-import time
 from typing import Any
 
 import torch
@@ -31,6 +30,7 @@ TOKEN_COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 2048)
 
 def matmul_curve(device: str, dtype: torch.dtype, quick: bool = False) -> list[list[float]]:
     """[[M, achieved FLOP/s], ...] of the engine's linear path at each row count M."""
+    from infbench.calibrate import time_op
     from infbench.model.linear import split_linear
 
     dim = 1024 if quick else 2048
@@ -45,7 +45,7 @@ def matmul_curve(device: str, dtype: torch.dtype, quick: bool = False) -> list[l
             for w in weights:
                 linear(x, w)
 
-        seconds = _median_time(run, device, repeats=3 if quick else 5)
+        seconds = statistics.median(time_op(run, device, 3 if quick else 5, warmup=1))
         curve.append([float(m), 2.0 * m * dim * dim * count / seconds])
     return curve
 
@@ -87,16 +87,3 @@ def engine_extra(device: str, dtypes: tuple[str, ...], quick: bool) -> dict[str,
     return {"matmul_flops_by_tokens": curves, "step_overhead_s": per_step,
             "layer_overhead_s": per_layer, "seq_layer_overhead_s": per_seq}
 
-
-def _median_time(fn: Any, device: str, repeats: int) -> float:
-    fn()
-    samples = []
-    for _ in range(repeats):
-        if device == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)

@@ -32,7 +32,6 @@ from infbench.errors import UserError
 from infbench.hardware import HardwareSpec
 
 SCHEMA_VERSION = 1
-DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 
 
@@ -101,15 +100,9 @@ class _Case:
 
 
 def resolve_device(device: str) -> str:
-    import torch
+    from infbench.bench import resolve_device as resolve
 
-    if device not in DEVICES:
-        raise UserError(f"--device: unknown value {device!r}; allowed: {', '.join(DEVICES)}")
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda: no CUDA device is available; use --device cpu")
-    return device
+    return resolve(device, "--device")
 
 
 def resolve_dtype(dtype: str, device: str) -> str:

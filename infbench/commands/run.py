@@ -31,12 +31,12 @@ def run(
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from infbench import results as results_mod
-    from infbench.bench import ModelCache, run_point
+    from infbench.bench import ModelCache, resolve_device, run_point
     from infbench.report import run_table
     from infbench.scenario import load_scenario
 
-    if device is not None and device not in ("auto", "cpu", "cuda"):
-        raise UserError(f"--device: unknown value {device!r}; allowed: auto, cpu, cuda")
+    if device is not None:
+        device = resolve_device(device, "--device")  # fail before any point runs
     sc = load_scenario(scenario, set_)
     points = sc.points()
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -141,9 +141,11 @@ def generate(
     eos = tok.eos_token_id if tok is not None else None
     request = Request("r0", tuple(ids), SamplingParams(
         temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=max_tokens, seed=seed))
-    engine = Engine(loaded.model, loaded.config, EngineConfig(backend=backend),
+    engine_cfg = EngineConfig(backend=backend)
+    engine = Engine(loaded.model, loaded.config, engine_cfg,
                     torch.device(dev), dtype, weight_bytes=loaded.weight_bytes, seed=seed,
-                    eos_token_id=eos, max_tokens_needed=max_tokens_needed([request], 16),
+                    eos_token_id=eos,
+                    max_tokens_needed=max_tokens_needed([request], engine_cfg.block_size),
                     min_seq_tokens=len(ids) + max_tokens)
     res = engine.run([request])
     rec = res.requests[0]

@@ -39,15 +39,6 @@ from infbench.model.context import LanguageModel
 from infbench.records import RequestRecord, StepRecord
 
 
-def sliding_release_window(cfg: ModelConfig) -> int | None:
-    """The window the block manager may free behind, when every layer is windowed alike."""
-    windows = {spec.window for spec in cfg.layers() if spec.mixer in ("attention", "mla")}
-    if len(windows) == 1:
-        (w,) = windows
-        return w
-    return None
-
-
 @dataclass
 class RunOutput:
     requests: list[RequestRecord]
@@ -78,7 +69,6 @@ class Engine:
         if hasattr(model, "set_ops"):
             model.set_ops(self.ops)
         elem = torch.empty(0, dtype=self.dtype).element_size()
-        per_token = kv_bytes_per_token_for(cfg, elem)
         # Layers with different windows get one KV pool each (engine/kv_groups.py).
         self.kv_windows = kv_group_windows(cfg)
         num_blocks: int | list[int]
@@ -90,8 +80,8 @@ class Engine:
                 self.kv_budget_bytes, weight_bytes, max_tokens_needed, min_seq_tokens)
         else:
             num_blocks, self.kv_budget_bytes = plan_num_blocks(
-                cfg, engine_cfg, per_token, weight_bytes, device, max_tokens_needed,
-                min_seq_tokens)
+                cfg, engine_cfg, kv_bytes_per_token_for(cfg, elem), weight_bytes, device,
+                max_tokens_needed, min_seq_tokens)
         self.kv = KVCache(cfg, num_blocks, engine_cfg.block_size, self.dtype, device)
         self._group_slot_bytes = [self.kv.group_bytes_per_token(g)
                                   for g in range(len(self.kv.group_num_blocks))]
@@ -99,7 +89,9 @@ class Engine:
         has_state = any(spec.mixer in ("linear", "ssm") for spec in cfg.layers())
         self.states = (StatePool(cfg, engine_cfg.max_num_seqs, self.dtype, device)
                        if has_state else None)
-        self.window = sliding_release_window(cfg)
+        # One KV group whose layers all share a window: the scheduler frees behind it.
+        # Several groups: GroupedBlockManager releases per windowed group itself.
+        self.window = self.kv_windows[0] if len(self.kv_windows) == 1 else None
         self.runner = ModelRunner(model, self.kv, self.ops, device, seed, states=self.states)
         if engine_cfg.cuda_graphs:
             self._enable_cuda_graphs()

@@ -9,48 +9,18 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-import torch
+from engine_helpers import greedy_recompute as _greedy_recompute
+from engine_helpers import make_engine as _engine
+from engine_helpers import random_requests as _requests
 
-from infbench.config import EngineConfig, ModelConfig
-from infbench.engine.engine import Engine, max_tokens_needed
+from infbench.config import ModelConfig
 from infbench.engine.request import Request, SamplingParams
-from infbench.model.context import DenseContext
 from infbench.model.loader import load_model
 
 
 def _loaded(preset: str = "tiny", **overrides):
     return load_model({"preset": preset}, dtype="float32", device="cpu", seed=1,
                       overrides=overrides or None)
-
-
-def _engine(loaded, requests, **engine_kw) -> Engine:
-    cfg = EngineConfig(**{"block_size": 4, **engine_kw})
-    return Engine(loaded.model, loaded.config, cfg, torch.device("cpu"), "float32",
-                  weight_bytes=loaded.weight_bytes, seed=0,
-                  max_tokens_needed=max_tokens_needed(requests, cfg.block_size)
-                  if "kv_cache_memory" not in engine_kw else None,
-                  min_seq_tokens=max(len(r.prompt_ids) + r.sampling.max_tokens for r in requests))
-
-
-@torch.inference_mode()
-def _greedy_recompute(model, prompt: list[int], n: int) -> list[int]:
-    ids = list(prompt)
-    for _ in range(n):
-        t = torch.tensor(ids)
-        ctx = DenseContext(torch.tensor([0, len(ids)], dtype=torch.int32))
-        hidden = model(t, torch.arange(len(ids)), ctx)
-        ids.append(int(model.compute_logits(hidden[-1:]).argmax(-1)))
-    return ids[len(prompt):]
-
-
-def _requests(lengths, gen, vocab, seed=0, prefix=()):
-    g = torch.Generator().manual_seed(seed)
-    reqs = []
-    for i, n in enumerate(lengths):
-        body = torch.randint(3, vocab, (n,), generator=g).tolist()
-        reqs.append(Request(f"r{i}", tuple(prefix) + tuple(body),
-                            SamplingParams(max_tokens=gen, ignore_eos=True)))
-    return reqs
 
 
 def test_prefill_then_decode_equals_full_recompute():

@@ -7,14 +7,14 @@ The reference is the model run without any cache (DenseContext), as in test_engi
 
 from __future__ import annotations
 
-import torch
+from engine_helpers import greedy_recompute as _greedy_recompute
+from engine_helpers import make_engine as _engine
+from engine_helpers import random_requests as _requests
 
-from infbench.config import EngineConfig, QuantConfig
-from infbench.engine.engine import Engine, max_tokens_needed
+from infbench.config import QuantConfig
 from infbench.engine.kv_groups import GroupedBlockManager, kv_group_windows
 from infbench.engine.request import Request, SamplingParams
 from infbench.metrics import summarize
-from infbench.model.context import DenseContext
 from infbench.model.loader import load_model
 from infbench.roofline.costs import kv_bytes_per_token
 from infbench.roofline.shapes import kv_cache_bytes
@@ -26,33 +26,6 @@ BLOCK = 4
 def _hybrid():
     return load_model({"preset": "tiny"}, dtype="float32", device="cpu", seed=1, overrides={
         "num_layers": 4, "attention": {"kind": "sliding", "window": WINDOW, "global_every": 2}})
-
-
-def _engine(loaded, requests, **engine_kw) -> Engine:
-    cfg = EngineConfig(**{"block_size": BLOCK, **engine_kw})
-    return Engine(loaded.model, loaded.config, cfg, torch.device("cpu"), "float32",
-                  weight_bytes=loaded.weight_bytes, seed=0,
-                  max_tokens_needed=max_tokens_needed(requests, cfg.block_size)
-                  if "kv_cache_memory" not in engine_kw else None,
-                  min_seq_tokens=max(len(r.prompt_ids) + r.sampling.max_tokens for r in requests))
-
-
-@torch.inference_mode()
-def _greedy_recompute(model, prompt: list[int], n: int) -> list[int]:
-    ids = list(prompt)
-    for _ in range(n):
-        t = torch.tensor(ids)
-        ctx = DenseContext(torch.tensor([0, len(ids)], dtype=torch.int32))
-        hidden = model(t, torch.arange(len(ids)), ctx)
-        ids.append(int(model.compute_logits(hidden[-1:]).argmax(-1)))
-    return ids[len(prompt):]
-
-
-def _requests(lengths, gen, vocab, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [Request(f"r{i}", tuple(torch.randint(3, vocab, (n,), generator=g).tolist()),
-                    SamplingParams(max_tokens=gen, ignore_eos=True))
-            for i, n in enumerate(lengths)]
 
 
 def test_hybrid_has_two_groups_and_exact_bytes_per_token():

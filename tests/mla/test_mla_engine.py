@@ -10,40 +10,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from engine_helpers import greedy_recompute as _greedy_recompute
+from engine_helpers import make_engine as _engine
+from engine_helpers import random_requests as _requests
 from mla_checkpoints import write_hf_deepseek_v2
 
-from infbench.config import EngineConfig, ModelConfig, QuantConfig
-from infbench.engine.engine import Engine, max_tokens_needed
+from infbench.config import ModelConfig, QuantConfig
 from infbench.engine.kv_cache import KVCache, kv_bytes_per_token_for
-from infbench.engine.request import Request, SamplingParams
-from infbench.model.context import DenseContext
 from infbench.model.loader import LoadedModel, load_model
 from infbench.roofline.costs import kv_bytes_per_token
-
-
-def _engine(loaded: LoadedModel, requests: list[Request], **engine_kw) -> Engine:
-    cfg = EngineConfig(**{"block_size": 4, **engine_kw})
-    return Engine(loaded.model, loaded.config, cfg, torch.device("cpu"), "float32",
-                  weight_bytes=loaded.weight_bytes, seed=0,
-                  max_tokens_needed=max_tokens_needed(requests, cfg.block_size),
-                  min_seq_tokens=max(len(r.prompt_ids) + r.sampling.max_tokens
-                                     for r in requests))
-
-
-@torch.inference_mode()
-def _greedy_recompute(model, prompt: list[int], n: int) -> list[int]:
-    ids = list(prompt)
-    for _ in range(n):
-        hidden = model(torch.tensor(ids), torch.arange(len(ids)), DenseContext([0, len(ids)]))
-        ids.append(int(model.compute_logits(hidden[-1:]).argmax(-1)))
-    return ids[len(prompt):]
-
-
-def _requests(lengths: list[int], gen: int, vocab: int, seed: int = 0) -> list[Request]:
-    g = torch.Generator().manual_seed(seed)
-    return [Request(f"r{i}", tuple(torch.randint(3, vocab, (n,), generator=g).tolist()),
-                    SamplingParams(max_tokens=gen, ignore_eos=True))
-            for i, n in enumerate(lengths)]
 
 
 @pytest.fixture(params=["tiny-mla", "hf-deepseek-v2"])

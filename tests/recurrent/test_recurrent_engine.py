@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from engine_helpers import greedy_recompute, random_requests
+from engine_helpers import make_engine as _engine
 
-from infbench.config import EngineConfig, ModelConfig
-from infbench.engine.engine import Engine, max_tokens_needed
-from infbench.engine.request import Request, SamplingParams
-from infbench.model.context import DenseContext
+from infbench.engine.request import Request
 from infbench.model.loader import load_model
 from infbench.roofline.costs import kv_bytes_per_token, state_bytes_per_seq
 
@@ -45,30 +44,8 @@ def _loaded(attention, **overrides):
     return loaded
 
 
-def _engine(loaded, requests, dtype="float32", **engine_kw) -> Engine:
-    cfg = EngineConfig(**{"block_size": 4, "backend": "torch", **engine_kw})
-    return Engine(loaded.model, loaded.config, cfg, torch.device("cpu"), dtype,
-                  weight_bytes=loaded.weight_bytes, seed=0,
-                  max_tokens_needed=max_tokens_needed(requests, cfg.block_size)
-                  if "kv_cache_memory" not in engine_kw else None,
-                  min_seq_tokens=max(len(r.prompt_ids) + r.sampling.max_tokens for r in requests))
-
-
 def _requests(vocab: int) -> list[Request]:
-    g = torch.Generator().manual_seed(0)
-    return [Request(f"r{i}", tuple(torch.randint(3, vocab, (n,), generator=g).tolist()),
-                    SamplingParams(max_tokens=GEN, ignore_eos=True))
-            for i, n in enumerate(PROMPTS)]
-
-
-@torch.inference_mode()
-def _greedy_recompute(model, cfg: ModelConfig, prompt: list[int], n: int) -> list[int]:
-    ids = list(prompt)
-    for _ in range(n):
-        ctx = DenseContext.single(len(ids), cfg)
-        hidden = model(torch.tensor(ids), torch.arange(len(ids)), ctx)
-        ids.append(int(model.compute_logits(hidden[-1:]).argmax(-1)))
-    return ids[len(prompt):]
+    return random_requests(PROMPTS, GEN, vocab)
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
@@ -78,8 +55,8 @@ def test_engine_equals_recompute_with_chunking_and_slot_reuse(kind):
     reqs = _requests(cfg.vocab_size)
     one_shot = _engine(loaded, reqs).run(reqs, realtime_arrivals=False)
     for r in reqs:
-        assert one_shot.outputs[r.request_id] == _greedy_recompute(
-            loaded.model, cfg, list(r.prompt_ids), GEN), r.request_id
+        assert one_shot.outputs[r.request_id] == greedy_recompute(
+            loaded.model, list(r.prompt_ids), GEN, cfg), r.request_id
     assert any(s.num_decode_seqs > 1 for s in one_shot.steps)  # batched recurrent decode
     # Chunked prefill: the 11- and 8-token prompts continue from their stored states.
     chunked = _engine(loaded, reqs, max_num_batched_tokens=4).run(reqs, realtime_arrivals=False)
