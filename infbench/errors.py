@@ -25,3 +25,7 @@ class ResultSchemaError(UserError):
 
 class DoesNotFitError(UserError):
     """Weights plus the minimum KV cache do not fit the memory budget."""
+
+
+class DamagedFileError(UserError):
+    """A file that exists but cannot be parsed (truncated, corrupted, wrong format)."""
