@@ -14,6 +14,7 @@ from typing import Any
 
 import typer
 
+from infbench.commands import _options as opt
 from infbench.errors import UserError
 
 DEFAULT_MODEL = "llama2-13b"
@@ -257,31 +258,45 @@ def predict_command(
                                            "the model/workload flags."),
     model: str | None = typer.Option(None, help=f"Model preset (default: {DEFAULT_MODEL})."),
     hardware: str | None = typer.Option(None, help=f"Hardware (default: {DEFAULT_HARDWARE})."),
-    batch: str | None = typer.Option(None, help="Batch sizes, comma-separated (default: 1)."),
-    prompt: int | None = typer.Option(None, help="Prompt tokens (default: 1024)."),
-    gen: int | None = typer.Option(None, help="Generated tokens (default: 128)."),
+    batch: str | None = typer.Option(
+        None, callback=opt.positive_int_list, help="Batch sizes, comma-separated (default: 1)."),
+    prompt: int | None = typer.Option(
+        None, callback=opt.positive_int, help="Prompt tokens (default: 1024)."),
+    gen: int | None = typer.Option(
+        None, callback=opt.positive_int, help="Generated tokens (default: 128)."),
     dtype: str | None = typer.Option(None, help="Model dtype (default: bfloat16)."),
-    kv_heads: int | None = typer.Option(None, help="KV heads (GQA; switches MHA to gqa)."),
+    kv_heads: int | None = typer.Option(
+        None, callback=opt.positive_int, help="KV heads (GQA; switches MHA to gqa)."),
     attention: str | None = typer.Option(
         None, help="mha | gqa | mqa | mla | cla | sliding | linear | ssm"),
-    window: int | None = typer.Option(None, help="Sliding window (switches to sliding)."),
-    global_every: int | None = typer.Option(None, help="Sliding: every Nth layer is global."),
-    cla_group: int | None = typer.Option(None, help="CLA: layers sharing one KV."),
-    kv_lora_rank: int | None = typer.Option(None, help="MLA latent rank."),
-    q_lora_rank: int | None = typer.Option(None, help="MLA query rank."),
+    window: int | None = typer.Option(
+        None, callback=opt.positive_int, help="Sliding window (switches to sliding)."),
+    global_every: int | None = typer.Option(
+        None, callback=opt.positive_int, help="Sliding: every Nth layer is global."),
+    cla_group: int | None = typer.Option(
+        None, callback=opt.positive_int, help="CLA: layers sharing one KV."),
+    kv_lora_rank: int | None = typer.Option(
+        None, callback=opt.positive_int, help="MLA latent rank."),
+    q_lora_rank: int | None = typer.Option(None, callback=opt.positive_int, help="MLA query rank."),
     feature_map: str | None = typer.Option(None, help="Linear: elu | relu | favor | taylor."),
-    feature_dim: int | None = typer.Option(None, help="Linear: feature dimension."),
-    d_state: int | None = typer.Option(None, help="SSM state size."),
-    attn_every: int | None = typer.Option(None, help="Linear/SSM: every Nth layer attends."),
+    feature_dim: int | None = typer.Option(
+        None, callback=opt.positive_int, help="Linear: feature dimension."),
+    d_state: int | None = typer.Option(None, callback=opt.positive_int, help="SSM state size."),
+    attn_every: int | None = typer.Option(
+        None, callback=opt.positive_int, help="Linear/SSM: every Nth layer attends."),
     quant: str | None = typer.Option(None, help="Weights: none | int8 | int4."),
-    group_size: int | None = typer.Option(None, help="int4 group size (default: 128)."),
+    group_size: int | None = typer.Option(
+        None, callback=opt.positive_int, help="int4 group size (default: 128)."),
     kv_dtype: str | None = typer.Option(None, help="KV cache: none | int8 | fp8."),
     set_: list[str] | None = typer.Option(None, "--set", help="field=value model override "
                                           "(dotted for attention./moe.), repeatable."),
-    spec_tokens: int | None = typer.Option(None, help="Speculative: draft tokens g."),
-    spec_acceptance: float | None = typer.Option(None, help="Speculative: acceptance rate."),
+    spec_tokens: int | None = typer.Option(
+        None, callback=opt.positive_int, help="Speculative: draft tokens g."),
+    spec_acceptance: float | None = typer.Option(
+        None, callback=opt.unit_interval, help="Speculative: acceptance rate."),
     spec_draft_ratio: float | None = typer.Option(
-        None, help="Speculative: draft/target step cost (default: 0, free drafts)."),
+        None, callback=opt.non_negative_float,
+        help="Speculative: draft/target step cost (default: 0, free drafts)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON on stdout."),
     ops: bool = typer.Option(False, "--ops", help="Also print the per-operator table."),
 ) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import typer
 
+from infbench.commands import _options as opt
 from infbench.commands.predict import (
     DEFAULT_HARDWARE,
     DEFAULT_MODEL,
@@ -27,10 +28,11 @@ from infbench.errors import UserError
 
 
 def kv_command(
-    models: str = typer.Option("llama2-13b,llama3-8b,deepseek-v2-lite",
+    models: str = typer.Option("llama2-13b,llama3-8b,deepseek-v2-lite", callback=opt.name_list,
                                help="Model presets, comma-separated."),
-    context: int = typer.Option(4096, help="Context length (tokens per sequence)."),
-    batch: int = typer.Option(8, help="Sequences."),
+    context: int = typer.Option(
+        4096, callback=opt.positive_int, help="Context length (tokens per sequence)."),
+    batch: int = typer.Option(8, callback=opt.positive_int, help="Sequences."),
     hardware: str = typer.Option(DEFAULT_HARDWARE, help="Hardware for the max batch."),
     dtype: str = typer.Option("bfloat16", help="Model dtype."),
     kv_dtype: str = typer.Option("none", help="KV cache: none | int8 | fp8."),
@@ -89,9 +91,10 @@ def roofline_command(
         None, help=f"Hardware (default {DEFAULT_HARDWARE}; with result files: the one each "
                    "run was analysed against)."),
     steps: bool = typer.Option(False, "--steps", help="With result files: every step too."),
-    batch: str = typer.Option("1,8,64", help="Batch sizes, comma-separated."),
-    prompt: int = typer.Option(1024, help="Prompt tokens."),
-    gen: int = typer.Option(128, help="Generated tokens."),
+    batch: str = typer.Option(
+        "1,8,64", callback=opt.positive_int_list, help="Batch sizes, comma-separated."),
+    prompt: int = typer.Option(1024, callback=opt.positive_int, help="Prompt tokens."),
+    gen: int = typer.Option(128, callback=opt.positive_int, help="Generated tokens."),
     dtype: str = typer.Option("bfloat16", help="Model dtype."),
     quant: str = typer.Option("none", help="Weights: none | int8 | int4."),
     kv_dtype: str = typer.Option("none", help="KV cache: none | int8 | fp8."),

@@ -11,6 +11,7 @@ from typing import Any
 
 import typer
 
+from infbench.commands import _options as opt
 from infbench.errors import UserError
 
 
@@ -94,11 +95,15 @@ def generate(
         ..., "--model", help="PRESET, HF directory, FILE.gguf or smollm2-135m"),
     prompt: str | None = typer.Option(None, "--prompt", help="Prompt text."),
     prompt_ids: str | None = typer.Option(None, "--prompt-ids", help="Token ids: 1,2,3"),
-    max_tokens: int = typer.Option(64, "--max-tokens", min=1),
-    temperature: float = typer.Option(0.0, "--temperature", min=0.0),
-    top_k: int = typer.Option(0, "--top-k", min=0),
-    top_p: float = typer.Option(1.0, "--top-p"),
-    seed: int = typer.Option(0, "--seed"),
+    max_tokens: int = typer.Option(64, "--max-tokens", callback=opt.positive_int,
+                                   help="Tokens to generate (>= 1)."),
+    temperature: float = typer.Option(0.0, "--temperature", callback=opt.non_negative_float,
+                                      help="0 is greedy (finite, >= 0)."),
+    top_k: int = typer.Option(0, "--top-k", callback=opt.non_negative_int,
+                              help="Keep the k likeliest tokens; 0: off."),
+    top_p: float = typer.Option(1.0, "--top-p", callback=opt.probability_mass,
+                                help="Nucleus mass in (0, 1]; 1: off."),
+    seed: int = typer.Option(0, "--seed", callback=opt.non_negative_int),
     chat: bool = typer.Option(False, "--chat", help="Apply the model's chat template."),
     output_ids: bool = typer.Option(False, "--output-ids", help="Print token ids, not text."),
     device: str = typer.Option("auto", "--device"),

@@ -1,0 +1,113 @@
+"""Shared validators for command-line options: bad values are refused at the boundary.
+
+Each function here is a Typer `callback=`: it receives the converted value, returns it
+unchanged when it is allowed and raises `typer.BadParameter` otherwise.  Click attaches
+the option to the exception, and `infbench.cli` prints it as one line naming the option:
+`error: --top-k: must be >= 0 (got -1)`.  None (an option left at its None default)
+always passes; the command body applies its own default.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import typer
+
+
+def _int_at_least(minimum: int) -> Callable[[int | None], int | None]:
+    def check(value: int | None) -> int | None:
+        if value is not None and value < minimum:
+            raise typer.BadParameter(f"must be >= {minimum} (got {value})")
+        return value
+
+    return check
+
+
+positive_int = _int_at_least(1)
+"""A count that must be at least 1 (tokens, batch, heads, ranks, group sizes)."""
+
+non_negative_int = _int_at_least(0)
+"""A count where 0 is meaningful (`--top-k 0`: off)."""
+
+
+def _check_finite(value: float) -> None:
+    if not math.isfinite(value):
+        raise typer.BadParameter(f"must be a finite number (got {value})")
+
+
+def finite_float(value: float | None) -> float | None:
+    """Any finite float: NaN and +-inf are refused."""
+    if value is not None:
+        _check_finite(value)
+    return value
+
+
+def non_negative_float(value: float | None) -> float | None:
+    """A finite float >= 0 (`--temperature`, `--spec-draft-ratio`)."""
+    if value is not None:
+        _check_finite(value)
+        if value < 0:
+            raise typer.BadParameter(f"must be >= 0 (got {value})")
+    return value
+
+
+def unit_interval(value: float | None) -> float | None:
+    """A finite float in [0, 1] (a rate such as `--spec-acceptance`)."""
+    if value is not None:
+        _check_finite(value)
+        if not 0.0 <= value <= 1.0:
+            raise typer.BadParameter(f"must be in [0, 1] (got {value})")
+    return value
+
+
+def probability_mass(value: float | None) -> float | None:
+    """A finite float in (0, 1] (`--top-p`: 1 keeps every token)."""
+    if value is not None:
+        _check_finite(value)
+        if not 0.0 < value <= 1.0:
+            raise typer.BadParameter(f"must be in (0, 1] (got {value})")
+    return value
+
+
+def parse_positive_list(text: str) -> list[int]:
+    """'1,8,64' -> [1, 8, 64]; refuses '', '1,,2', '0' and non-integers with BadParameter."""
+    parts = [part.strip() for part in text.split(",")]
+    if any(not part for part in parts):
+        raise typer.BadParameter(
+            f"expected comma-separated integers >= 1 such as 1,8,64 (got {text!r})")
+    sizes: list[int] = []
+    for part in parts:
+        try:
+            size = int(part)
+        except ValueError:
+            raise typer.BadParameter(
+                f"expected comma-separated integers >= 1 such as 1,8,64; {part!r} is not an "
+                f"integer (got {text!r})") from None
+        if size < 1:
+            raise typer.BadParameter(f"each size must be >= 1 (got {size} in {text!r})")
+        sizes.append(size)
+    return sizes
+
+
+def positive_int_list(value: str | None) -> str | None:
+    """A comma-separated list of counts, kept as text for the command body to split."""
+    if value is not None:
+        parse_positive_list(value)
+    return value
+
+
+def name_list(value: str | None) -> str | None:
+    """A comma-separated list of names (`--models a,b`): no empty entries."""
+    if value is not None:
+        parts = [part.strip() for part in value.split(",")]
+        if any(not part for part in parts):
+            raise typer.BadParameter(f"expected comma-separated names (got {value!r})")
+    return value
+
+
+def non_empty(value: str | None) -> str | None:
+    """A string option that must not be empty or blank (`--model ''`)."""
+    if value is not None and not value.strip():
+        raise typer.BadParameter("must not be empty")
+    return value
