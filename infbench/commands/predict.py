@@ -256,19 +256,22 @@ def register(app: typer.Typer) -> None:
 def predict_command(
     scenario: Path | None = typer.Argument(None, help="A scenario YAML; its points replace "
                                            "the model/workload flags."),
-    model: str | None = typer.Option(None, help=f"Model preset (default: {DEFAULT_MODEL})."),
-    hardware: str | None = typer.Option(None, help=f"Hardware (default: {DEFAULT_HARDWARE})."),
+    model: str | None = typer.Option(
+        None, callback=opt.non_empty, help=f"Model preset (default: {DEFAULT_MODEL})."),
+    hardware: str | None = typer.Option(
+        None, callback=opt.non_empty, help=f"Hardware (default: {DEFAULT_HARDWARE})."),
     batch: str | None = typer.Option(
         None, callback=opt.positive_int_list, help="Batch sizes, comma-separated (default: 1)."),
     prompt: int | None = typer.Option(
         None, callback=opt.positive_int, help="Prompt tokens (default: 1024)."),
     gen: int | None = typer.Option(
         None, callback=opt.positive_int, help="Generated tokens (default: 128)."),
-    dtype: str | None = typer.Option(None, help="Model dtype (default: bfloat16)."),
+    dtype: str | None = typer.Option(
+        None, callback=opt.non_empty, help="Model dtype (default: bfloat16)."),
     kv_heads: int | None = typer.Option(
         None, callback=opt.positive_int, help="KV heads (GQA; switches MHA to gqa)."),
     attention: str | None = typer.Option(
-        None, help="mha | gqa | mqa | mla | cla | sliding | linear | ssm"),
+        None, callback=opt.non_empty, help="mha | gqa | mqa | mla | cla | sliding | linear | ssm"),
     window: int | None = typer.Option(
         None, callback=opt.positive_int, help="Sliding window (switches to sliding)."),
     global_every: int | None = typer.Option(
@@ -278,16 +281,19 @@ def predict_command(
     kv_lora_rank: int | None = typer.Option(
         None, callback=opt.positive_int, help="MLA latent rank."),
     q_lora_rank: int | None = typer.Option(None, callback=opt.positive_int, help="MLA query rank."),
-    feature_map: str | None = typer.Option(None, help="Linear: elu | relu | favor | taylor."),
+    feature_map: str | None = typer.Option(
+        None, callback=opt.non_empty, help="Linear: elu | relu | favor | taylor."),
     feature_dim: int | None = typer.Option(
         None, callback=opt.positive_int, help="Linear: feature dimension."),
     d_state: int | None = typer.Option(None, callback=opt.positive_int, help="SSM state size."),
     attn_every: int | None = typer.Option(
         None, callback=opt.positive_int, help="Linear/SSM: every Nth layer attends."),
-    quant: str | None = typer.Option(None, help="Weights: none | int8 | int4."),
+    quant: str | None = typer.Option(
+        None, callback=opt.non_empty, help="Weights: none | int8 | int4."),
     group_size: int | None = typer.Option(
         None, callback=opt.positive_int, help="int4 group size (default: 128)."),
-    kv_dtype: str | None = typer.Option(None, help="KV cache: none | int8 | fp8."),
+    kv_dtype: str | None = typer.Option(
+        None, callback=opt.non_empty, help="KV cache: none | int8 | fp8."),
     set_: list[str] | None = typer.Option(None, "--set", help="field=value model override "
                                           "(dotted for attention./moe.), repeatable."),
     spec_tokens: int | None = typer.Option(

@@ -88,7 +88,8 @@ def roofline_command(
                    "prefill/decode points next to their predictions."),
     model: str = typer.Option(DEFAULT_MODEL, help="Model preset."),
     hardware: str | None = typer.Option(
-        None, help=f"Hardware (default {DEFAULT_HARDWARE}; with result files: the one each "
+        None, callback=opt.non_empty,
+        help=f"Hardware (default {DEFAULT_HARDWARE}; with result files: the one each "
                    "run was analysed against)."),
     steps: bool = typer.Option(False, "--steps", help="With result files: every step too."),
     batch: str = typer.Option(
