@@ -14,6 +14,8 @@ patterns, CLA sharing or sliding windows themselves.
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,10 +31,48 @@ BACKENDS = ("auto", "torch", "triton")
 MIXERS = ("attention", "mla", "linear", "ssm")
 
 
-def _check_positive(owner: str, **values: int | float | None) -> None:
+# Sane upper limits (inclusive).  The analytic model is O(1) in the batch and the
+# lengths, but values past these are typos or overflows, not workloads: refuse them by name.
+MAX_BATCH = 2**24  # sequences in one batch (predict --batch, engine.max_num_seqs)
+MAX_TOKENS = 2**24  # tokens of one context: prompt, generation, window, max_seq_len
+MAX_LAYERS = 2**16  # layers of a model (configs resolve one LayerSpec per layer)
+MAX_DIM = 2**24  # hidden / intermediate sizes, heads, vocabulary, ranks, experts
+
+
+def check_count(owner: str, key: str, value: object, limit: int = MAX_DIM,
+                minimum: int = 1) -> None:
+    """A whole number in minimum..limit (bools, floats, NaN and inf refused), naming `owner.key`.
+
+    `owner` may be "" for a bare name such as a CLI flag.
+    """
+    name = f"{owner}.{key}" if owner else key
+    op = "> 0" if minimum == 1 else f">= {minimum}"
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ConfigError(f"{name} must be an integer {op}, got {value!r}")
+    value = int(value)
+    if value < minimum:
+        raise ConfigError(f"{name} must be {op}, got {value}")
+    if value > limit:
+        power = limit.bit_length() - 1
+        shown = f"{limit} (2**{power})" if limit == 1 << power else str(limit)
+        raise ConfigError(f"{name} must be <= {shown}, infbench's sanity limit; got {value}")
+
+
+def check_real(owner: str, key: str, value: object, *, allow_zero: bool = False) -> None:
+    """A finite real number > 0 (>= 0 with `allow_zero`): NaN, inf and bools refused."""
+    name = f"{owner}.{key}" if owner else key
+    op = ">= 0" if allow_zero else "> 0"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ConfigError(f"{name} must be a finite number {op}, got {value!r}")
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(f"{name} must be a finite number {op}, got {value}")
+
+
+def _check_positive(owner: str, limit: int = MAX_DIM, **values: object) -> None:
+    """Integer fields: None (unset) or 1..limit."""
     for key, value in values.items():
-        if value is not None and value <= 0:
-            raise ConfigError(f"{owner}.{key} must be > 0, got {value}")
+        if value is not None:
+            check_count(owner, key, value, limit)
 
 
 def _choice(owner: str, key: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -82,7 +122,6 @@ class AttentionConfig:
         _check_positive(
             "attention",
             kv_heads=self.kv_heads,
-            window=self.window,
             global_every=self.global_every,
             cla_group=self.cla_group,
             kv_lora_rank=self.kv_lora_rank,
@@ -97,6 +136,8 @@ class AttentionConfig:
             dt_rank=self.dt_rank,
             attn_every=self.attn_every,
         )
+        if self.window is not None:
+            check_count("attention", "window", self.window, MAX_TOKENS)
         if self.kind == "sliding" and self.window is None:
             raise ConfigError("attention.window is required for kind 'sliding' (a token count > 0)")
         if self.kind == "mla" and self.qk_rope_head_dim % 2:
@@ -120,6 +161,8 @@ class MoEConfig:
             num_experts_per_tok=self.num_experts_per_tok,
             moe_intermediate_size=self.moe_intermediate_size,
         )
+        check_count("moe", "num_shared_experts", self.num_shared_experts, MAX_DIM, minimum=0)
+        check_count("moe", "first_k_dense", self.first_k_dense, MAX_LAYERS, minimum=0)
         if self.num_experts_per_tok > self.num_experts:
             raise ConfigError(
                 f"moe.num_experts_per_tok ({self.num_experts_per_tok}) exceeds "
@@ -207,14 +250,15 @@ class ModelConfig:
             "model",
             vocab_size=self.vocab_size,
             hidden_size=self.hidden_size,
-            num_layers=self.num_layers,
             num_heads=self.num_heads,
             num_kv_heads=self.num_kv_heads,
             head_dim=self.head_dim,
             intermediate_size=self.intermediate_size,
-            max_seq_len=self.max_seq_len,
-            rope_theta=self.rope_theta,
         )
+        check_count("model", "num_layers", self.num_layers, MAX_LAYERS)
+        check_count("model", "max_seq_len", self.max_seq_len, MAX_TOKENS)
+        check_real("model", "rope_theta", self.rope_theta)
+        check_real("model", "rms_norm_eps", self.rms_norm_eps)
         if self.head_dim is None and self.hidden_size % self.num_heads:
             raise ConfigError(
                 f"model.hidden_size ({self.hidden_size}) is not divisible by "
@@ -380,14 +424,11 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         _choice("engine", "backend", self.backend, BACKENDS)
-        _check_positive(
-            "engine",
-            block_size=self.block_size,
-            max_num_seqs=self.max_num_seqs,
-            max_num_batched_tokens=self.max_num_batched_tokens,
-            kv_cache_memory=self.kv_cache_memory,
-            num_threads=self.num_threads,
-        )
+        _check_positive("engine", MAX_TOKENS, block_size=self.block_size,
+                        max_num_batched_tokens=self.max_num_batched_tokens)
+        _check_positive("engine", MAX_BATCH, max_num_seqs=self.max_num_seqs)
+        _check_positive("engine", MAX_LAYERS, num_threads=self.num_threads)
+        check_real("engine", "kv_cache_memory", self.kv_cache_memory)
 
 
 # ---------------------------------------------------------------------- presets

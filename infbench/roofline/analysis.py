@@ -24,26 +24,36 @@ gets its own roofline time for the per-op table and plot.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from infbench.config import ModelConfig, QuantConfig
+from infbench.config import (
+    MAX_BATCH,
+    MAX_TOKENS,
+    ModelConfig,
+    QuantConfig,
+    check_count,
+    check_real,
+)
 from infbench.errors import ConfigError
 from infbench.hardware import HardwareSpec
 from infbench.roofline.costs import (
     OpCost,
     ParamCount,
     SeqWork,
+    group_costs,
     kv_bytes_per_token,
     kv_cache_bytes,
     param_count,
     state_bytes_per_seq,
-    step_costs,
     total,
     weight_bytes,
 )
 from infbench.roofline.layer_costs import FIELDS
+
+MAX_SPEC_TOKENS = 1024  # draft tokens per verification step (the step is priced per offset)
 
 
 @dataclass(frozen=True)
@@ -55,14 +65,11 @@ class SpecConfig:
     draft_cost_ratio: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.num_tokens < 1:
-            raise ConfigError(f"speculative.num_tokens must be >= 1, got {self.num_tokens}")
+        check_count("speculative", "num_tokens", self.num_tokens, MAX_SPEC_TOKENS)
+        check_real("speculative", "acceptance", self.acceptance, allow_zero=True)
         if not 0.0 <= self.acceptance <= 1.0:
             raise ConfigError(f"speculative.acceptance must be in [0, 1], got {self.acceptance}")
-        if self.draft_cost_ratio < 0:
-            raise ConfigError(
-                f"speculative.draft_cost_ratio must be >= 0, got {self.draft_cost_ratio}"
-            )
+        check_real("speculative", "draft_cost_ratio", self.draft_cost_ratio, allow_zero=True)
 
     @property
     def expected_tokens(self) -> float:
@@ -185,10 +192,15 @@ def max_batch(cfg: ModelConfig, hw: HardwareSpec, dtype: str, quant: QuantConfig
     return int(free // per_seq)
 
 
-def _positive(**values: int) -> None:
-    for key, value in values.items():
-        if value < 1:
-            raise ConfigError(f"{key} must be > 0, got {value}")
+def check_workload(batch: object, prompt_len: object, gen_len: object) -> None:
+    """Whole numbers within infbench's sanity limits (config.MAX_BATCH, MAX_TOKENS)."""
+    check_count("", "batch", batch, MAX_BATCH)
+    check_count("", "prompt_len", prompt_len, MAX_TOKENS)
+    check_count("", "gen_len", gen_len, MAX_TOKENS)
+    assert isinstance(prompt_len, int) and isinstance(gen_len, int)
+    if prompt_len + gen_len > MAX_TOKENS:
+        raise ConfigError(f"prompt_len + gen_len must be <= {MAX_TOKENS} (2**24), infbench's "
+                          f"sanity limit for one context; got {prompt_len + gen_len}")
 
 
 def _op_times(ops: Sequence[OpCost], hw: HardwareSpec, dtype: str) -> tuple[OpTime, ...]:
@@ -248,32 +260,51 @@ def _segments(cfg: ModelConfig, query_len: int, lo: int, hi: int) -> list[tuple[
             for i, s in enumerate(ordered)]
 
 
-def _mla_forms(cfg: ModelConfig, seqs: Sequence[SeqWork]) -> tuple[bool, ...]:
+Groups = list[tuple[SeqWork, int]]  # a batch as (sequence, how many such sequences)
+Batch = Sequence[SeqWork] | Groups  # a list of sequences, or the same as groups
+
+
+def as_groups(batch: Batch) -> Groups:
+    """(SeqWork, count) groups of a batch given either way, in order of first appearance."""
+    if all(isinstance(item, SeqWork) for item in batch):
+        return list(Counter(batch).items())  # type: ignore[arg-type]
+    return list(batch)  # type: ignore[arg-type]
+
+
+def _mla_forms(cfg: ModelConfig, groups: Groups) -> tuple[bool, ...]:
     from infbench.roofline.layer_costs import mla_absorbed_is_cheaper
 
     return tuple(mla_absorbed_is_cheaper(cfg, sw, spec.window)
-                 for spec in cfg.layers() if spec.mixer == "mla" for sw in set(seqs))
+                 for spec in cfg.layers() if spec.mixer == "mla" for sw, _ in groups)
 
 
 def mean_stage(cfg: ModelConfig, hw: HardwareSpec, dtype: str, quant: QuantConfig,
-               make_seqs: Callable[[int], list[SeqWork]], query_len: int, lo: int, hi: int,
+               make_seqs: Callable[[int], Batch], query_len: int, lo: int, hi: int,
                stage: str = "decode") -> StagePrediction:
-    """The exact mean over base contexts lo..hi of steps built by `make_seqs(x)`."""
+    """The exact mean over base contexts lo..hi of steps built by `make_seqs(x)`.
+
+    `make_seqs(x)` returns the step's batch as (SeqWork, count) groups (a plain list of
+    SeqWork is grouped first), so a batch of a million identical sequences is one group
+    and the cost stays O(1) in the batch.
+    """
+    def groups_at(x: int) -> Groups:
+        return as_groups(make_seqs(x))
+
     sums: dict[str, list[Any]] = {}
     op_time_sums: dict[str, float] = {}
     time_sum = 0.0
-    num_tokens = sum(sw.query_len for sw in make_seqs(lo))
+    num_tokens = sum(sw.query_len * n for sw, n in groups_at(lo))
     bw, peak = hw.bandwidth, hw.peak_at(dtype, num_tokens)
     pending = _segments(cfg, query_len, lo, hi)
     while pending:
         s, e = pending.pop(0)
-        seqs_s, seqs_e = make_seqs(s), make_seqs(e)
+        seqs_s, seqs_e = groups_at(s), groups_at(e)
         if s < e and _mla_forms(cfg, seqs_s) != _mla_forms(cfg, seqs_e):
             m = (s + e) // 2  # the MLA form flips inside: split until each piece is affine
             pending[:0] = [(s, m), (m + 1, e)]
             continue
-        ops_s = step_costs(cfg, seqs_s, dtype, quant, stage=stage)
-        ops_e = ops_s if s == e else step_costs(cfg, seqs_e, dtype, quant, stage=stage)
+        ops_s = group_costs(cfg, seqs_s, dtype, quant, stage=stage)
+        ops_e = ops_s if s == e else group_costs(cfg, seqs_e, dtype, quant, stage=stage)
         for a, b in zip(ops_s, ops_e, strict=True):
             assert a.name == b.name, (a.name, b.name)
             row = sums.setdefault(a.name, [a.kind] + [0.0] * len(FIELDS))
@@ -290,7 +321,7 @@ def mean_stage(cfg: ModelConfig, hw: HardwareSpec, dtype: str, quant: QuantConfi
     step = total(ops, stage, stage)
     op_times = tuple(OpTime(op, op_time_sums[op.name] / count,
                             bound_of(op.flops, op.bytes, hw, dtype)) for op in ops)
-    overhead = hw.step_overhead_s(cfg.num_layers, len(make_seqs(lo)))
+    overhead = hw.step_overhead_s(cfg.num_layers, sum(n for _, n in groups_at(lo)))
     return StagePrediction(stage, step, time_sum / count + overhead,
                            bound_of(step.flops, step.bytes, hw, dtype, num_tokens), op_times)
 
@@ -300,7 +331,7 @@ def _speculative(cfg: ModelConfig, hw: HardwareSpec, dtype: str, quant: QuantCon
                  decode: StagePrediction) -> SpecPrediction:
     q = spec.num_tokens + 1
     verify = mean_stage(cfg, hw, dtype, quant,
-                        lambda x: [SeqWork(q, x + q - 1, q)] * batch, q, lo, hi, "verify")
+                        lambda x: [(SeqWork(q, x + q - 1, q), batch)], q, lo, hi, "verify")
     draft = spec.num_tokens * spec.draft_cost_ratio * decode.time_s
     step = draft + verify.time_s
     per_token = step / spec.expected_tokens
@@ -320,14 +351,14 @@ def predict(
     speculative: SpecConfig | None = None,
 ) -> Prediction:
     """Predict prefill, decode, memory and throughput for `batch` identical requests."""
-    _positive(batch=batch, prompt_len=prompt_len, gen_len=gen_len)
+    check_workload(batch, prompt_len, gen_len)
     quant = quant or QuantConfig()
-    prefill_ops = step_costs(cfg, [SeqWork(prompt_len, prompt_len)] * batch, dtype, quant,
-                             stage="prefill")
+    prefill_ops = group_costs(cfg, [(SeqWork(prompt_len, prompt_len), batch)], dtype, quant,
+                              stage="prefill")
     prefill = _stage("prefill", prefill_ops, hw, dtype, batch * prompt_len,
                      hw.step_overhead_s(cfg.num_layers, batch))
     lo, hi = prompt_len + 1, prompt_len + gen_len
-    decode = mean_stage(cfg, hw, dtype, quant, lambda x: [SeqWork(1, x)] * batch, 1, lo, hi)
+    decode = mean_stage(cfg, hw, dtype, quant, lambda x: [(SeqWork(1, x), batch)], 1, lo, hi)
     spec = None
     per_token = decode.time_s
     if speculative is not None:

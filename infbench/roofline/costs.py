@@ -5,6 +5,10 @@ batch composition of a step (what the scheduler hands the runner), so the same
 function prices a whole-prompt prefill, a decode step, a chunked-prefill step
 mixing both, and a speculative verification.  The engine calls it for every real
 step to turn measured step times into achieved bandwidth and FLOP/s.
+`group_costs(cfg, groups, ...)` takes the same composition as (SeqWork, count)
+groups, so pricing `batch` identical sequences costs O(1) in the batch (the
+analytic `predict` never builds a list of a million SeqWork); `step_costs` groups
+its list and calls it, so both give identical numbers.
 
 Operators are summed over layers by name ("embed", "norm", "qkv_proj",
 "attn_score", "attn_value", "o_proj", "mlp", "moe_*", "linear_attn", "ssm_*",
@@ -18,7 +22,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from infbench.config import ModelConfig, QuantConfig
+from infbench.config import MAX_BATCH, ModelConfig, QuantConfig, check_count
 from infbench.errors import ConfigError
 from infbench.roofline.layer_costs import FIELDS, Totals, add, layer_costs
 from infbench.roofline.ops import OpCost, SeqWork, merge_by_name, total
@@ -42,6 +46,7 @@ __all__ = [
     "merge_by_name",
     "param_count",
     "state_bytes_per_seq",
+    "group_costs",
     "step_costs",
     "total",
     "weight_bytes",
@@ -83,10 +88,27 @@ def step_costs(
     """
     if not seqs:
         raise ConfigError("a step needs at least one sequence")
+    return group_costs(cfg, tuple(Counter(seqs).items()), dtype, quant, by_layer=by_layer,
+                       stage=stage)
+
+
+def group_costs(
+    cfg: ModelConfig,
+    groups: Sequence[tuple[SeqWork, int]],
+    dtype: str,
+    quant: QuantConfig | None = None,
+    *,
+    by_layer: bool = False,
+    stage: str = "step",
+) -> list[OpCost]:
+    """`step_costs` of a batch given as (SeqWork, number of such sequences) groups."""
+    if not groups:
+        raise ConfigError("a step needs at least one sequence")
+    for _, n in groups:
+        check_count("", "sequences in a batch group", n, MAX_BATCH)
     quant = quant or QuantConfig()
     a = dtype_bytes(dtype)
     kvb = quant.kv_bytes(a)
-    groups = tuple(Counter(seqs).items())
     num_tokens = sum(sw.query_len * n for sw, n in groups)
     num_logits = sum(sw.num_logits * n for sw, n in groups)
     first: Totals = {}

@@ -34,9 +34,10 @@ class SeqWork:
     num_logits: int = 1
 
     def __post_init__(self) -> None:
-        if self.query_len < 1:
+        # `not >=` rather than `<` so that a NaN is refused too.
+        if not self.query_len >= 1:
             raise ConfigError(f"query_len must be >= 1, got {self.query_len}")
-        if self.context_len < self.query_len:
+        if not self.context_len >= self.query_len:
             raise ConfigError(
                 f"context_len ({self.context_len}) must include the query_len "
                 f"({self.query_len}) new tokens"

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from infbench.config import PRESETS, ModelConfig, QuantConfig
+from infbench.config import MAX_BATCH, MAX_TOKENS, PRESETS, ModelConfig, QuantConfig, check_count
 from infbench.hardware import HARDWARE, HardwareSpec
 from infbench.plots import RooflinePoint
 from infbench.roofline.costs import (
@@ -124,6 +124,8 @@ def kv_rows(models: Sequence[ModelConfig], *, context_len: int, batch: int, hw: 
             dtype: str = "bfloat16", quant: QuantConfig | None = None) -> list[KVRow]:
     from infbench.roofline.analysis import max_batch
 
+    check_count("", "context_len", context_len, MAX_TOKENS)
+    check_count("", "batch", batch, MAX_BATCH)
     quant = quant or QuantConfig()
     kvb = quant.kv_bytes(dtype_bytes(dtype))
     rows = []
