@@ -7,18 +7,58 @@ never stored: h100-sxm bf16 is 989.4e12 / 3.35e12 = 295.
 
 `hardware: local` names a profile measured by `infbench calibrate` and stored as
 JSON (see `profile_path`); any other name may also be a path to such a file.
+
+One rule for every spec, built-in or loaded: `HardwareSpec.__post_init__` refuses a
+peak, bandwidth or capacity that is not a finite number > 0, a dtype outside
+`PEAK_DTYPES`, and a malformed calibration curve; `load_profile` first checks the
+file against `ProfileSchema` (pydantic: extra keys forbidden, types strict) so a
+damaged profile is one line naming the file and the key, never a traceback.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from infbench.errors import UserError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from infbench.errors import ConfigError, UserError
+
+# Dtypes a peak (or a calibrated matmul curve) may be given for.
+PEAK_DTYPES = ("float32", "float16", "bfloat16", "float8", "int8")
+HARDWARE_KINDS = ("gpu", "cpu")
+# `extra` keys the analysis reads (the rest of `extra` is calibration detail).
+_OVERHEAD_KEYS = ("step_overhead_s", "layer_overhead_s", "seq_layer_overhead_s")
+CURVE_KEY = "matmul_flops_by_tokens"
+
+
+def _finite(value: object, allow_zero: bool = False) -> bool:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return False
+    x = float(value)
+    return math.isfinite(x) and (x >= 0 if allow_zero else x > 0)
+
+
+def check_curve(dtype: object, curve: object) -> str | None:
+    """Why a matmul curve [[rows, FLOP/s], ...] is malformed, or None when it is fine."""
+    if dtype not in PEAK_DTYPES:
+        return f"unknown dtype {dtype!r}; allowed: {', '.join(PEAK_DTYPES)}"
+    if not isinstance(curve, (list, tuple)) or not curve:
+        return "must be a non-empty list of [rows, FLOP/s] pairs"
+    last = 0.0
+    for i, point in enumerate(curve):
+        if (not isinstance(point, (list, tuple)) or len(point) != 2
+                or not all(_finite(v) for v in point)):
+            return f"[{i}] must be a [rows, FLOP/s] pair of finite numbers > 0, got {point!r}"
+        if point[0] <= last:
+            return f"[{i}] rows must increase strictly along the curve, got {point[0]} after {last}"
+        last = point[0]
+    return None
 
 
 @dataclass(frozen=True)
@@ -31,6 +71,42 @@ class HardwareSpec:
     source: str = ""
     kind: str = "gpu"  # gpu | cpu
     extra: dict[str, Any] = field(default_factory=dict)  # calibration details
+
+    def __post_init__(self) -> None:
+        def bad(key: str, what: str) -> ConfigError:
+            return ConfigError(f"hardware {self.name!r}: {key} {what}")
+
+        if not isinstance(self.name, str) or not self.name:
+            raise ConfigError(f"hardware name must be a non-empty string, got {self.name!r}")
+        if not isinstance(self.peak_flops, dict) or not self.peak_flops:
+            raise bad("peak_flops", "must be a non-empty mapping dtype -> FLOP/s, got "
+                      f"{self.peak_flops!r}")
+        for dtype, peak in self.peak_flops.items():
+            if dtype not in PEAK_DTYPES:
+                raise bad(f"peak_flops.{dtype}", f"is not a known dtype; allowed: "
+                          f"{', '.join(PEAK_DTYPES)}")
+            if not _finite(peak):
+                raise bad(f"peak_flops.{dtype}", f"must be a finite number > 0 (FLOP/s), "
+                          f"got {peak!r}")
+        for key, unit in (("bandwidth", "bytes/s"), ("memory_bytes", "bytes")):
+            if not _finite(getattr(self, key)):
+                raise bad(key, f"must be a finite number > 0 ({unit}), got {getattr(self, key)!r}")
+        if self.kind not in HARDWARE_KINDS:
+            raise bad("kind", f"unknown value {self.kind!r}; allowed: {', '.join(HARDWARE_KINDS)}")
+        if not isinstance(self.extra, dict):
+            raise bad("extra", f"must be a mapping, got {type(self.extra).__name__}")
+        for key in _OVERHEAD_KEYS:
+            if key in self.extra and not _finite(self.extra[key], allow_zero=True):
+                raise bad(f"extra.{key}", f"must be a finite number >= 0 (seconds), "
+                          f"got {self.extra[key]!r}")
+        curves = self.extra.get(CURVE_KEY)
+        if curves is not None:
+            if not isinstance(curves, dict):
+                raise bad(f"extra.{CURVE_KEY}", "must be a mapping dtype -> [[rows, FLOP/s], ...]")
+            for dtype, curve in curves.items():
+                problem = check_curve(dtype, curve)
+                if problem:
+                    raise bad(f"extra.{CURVE_KEY}.{dtype}", problem)
 
     def peak(self, dtype: str) -> float:
         if dtype in self.peak_flops:
@@ -143,21 +219,156 @@ def profile_path(name: str = "local") -> Path:
     return profile_dir() / f"{name}.json"
 
 
-def load_profile(path: Path) -> HardwareSpec:
+PositiveFinite = Annotated[float, Field(gt=0, allow_inf_nan=False, strict=True)]
+NonNegativeFinite = Annotated[float, Field(ge=0, allow_inf_nan=False, strict=True)]
+Count = Annotated[int, Field(ge=0, strict=True)]
+Dtype = Literal["float32", "float16", "bfloat16", "float8", "int8"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ProfileExtra(_Strict):
+    """`extra` of a calibrated profile: what `infbench calibrate` writes, nothing else."""
+
+    matmul_flops_by_tokens: dict[Dtype, list[tuple[PositiveFinite, PositiveFinite]]] | None = None
+    step_overhead_s: NonNegativeFinite | None = None
+    layer_overhead_s: NonNegativeFinite | None = None
+    seq_layer_overhead_s: NonNegativeFinite | None = None
+    device: Literal["cpu", "cuda"] | None = None
+    quick: bool | None = None
+    read_bytes_per_s: PositiveFinite | None = None
+    copy_bytes_per_s: PositiveFinite | None = None
+    gemv_bytes_per_s: PositiveFinite | None = None
+    engine_gemv_bytes_per_s: PositiveFinite | None = None
+    gemv_shape: tuple[Count, Count] | None = None
+    gemv_dtype: Dtype | None = None
+    gemm_flops_per_s: dict[Dtype, dict[str, PositiveFinite]] | None = None
+    buffer_bytes: Count | None = None
+    repeats: Count | None = None
+    warmup: Count | None = None
+    torch_threads: Count | None = None
+    torch_version: str | None = None
+    allow_tf32: bool | None = None
+    timestamp: str | None = None
+
+    @field_validator("matmul_flops_by_tokens")
+    @classmethod
+    def _curves(cls, value: dict[str, list[tuple[float, float]]] | None
+                ) -> dict[str, list[tuple[float, float]]] | None:
+        for dtype, curve in (value or {}).items():
+            problem = check_curve(dtype, [list(p) for p in curve])
+            if problem:
+                raise ValueError(f"{dtype}: {problem}")
+        return value
+
+
+class ProfileSchema(_Strict):
+    """A hardware profile JSON (`infbench calibrate` writes it; users may write their own)."""
+
+    name: str = Field(min_length=1)
+    description: str = "calibrated profile"
+    peak_flops: dict[Dtype, PositiveFinite] = Field(min_length=1)
+    bandwidth: PositiveFinite  # bytes/s
+    memory_bytes: PositiveFinite  # bytes
+    source: str = ""
+    kind: Literal["gpu", "cpu"] = "cpu"
+    extra: ProfileExtra = Field(default_factory=ProfileExtra)
+
+
+_ALLOWED: dict[str, type[BaseModel]] = {"": ProfileSchema, "extra": ProfileExtra}
+
+
+def _allowed(ctx: dict[str, Any]) -> str:
+    return str(ctx.get("expected", "")).replace("'", "").replace(" or ", ", ")
+
+
+def _schema_message(err: Any) -> str:
+    """One pydantic error -> `key: what is wrong; allowed ...`."""
+    parts: list[str] = []
+    for p in err["loc"]:
+        if isinstance(p, int) and parts:
+            parts[-1] += f"[{p}]"
+        elif p != "[key]":
+            parts.append(str(p))
+    key = ".".join(parts) or "(top level)"
+    kind, got, ctx = err["type"], err.get("input"), err.get("ctx") or {}
+    in_curve = CURVE_KEY in key
+    if err["loc"] and err["loc"][-1] == "[key]":
+        return f"{key}: unknown dtype {got!r}; allowed: {_allowed(ctx)}"
+    if kind == "extra_forbidden":
+        model = _ALLOWED.get(".".join(parts[:-1]))
+        allowed = f"; allowed: {', '.join(model.model_fields)}" if model else ""
+        return f"{key}: unknown key{allowed}"
+    if kind == "missing":
+        return f"{key}: required key is missing"
+    if kind == "literal_error":
+        return f"{key}: unknown value {got!r}; allowed: {_allowed(ctx)}"
+    if kind in ("greater_than", "greater_than_equal", "finite_number", "float_type",
+                "float_parsing"):
+        op = ">= 0" if kind == "greater_than_equal" or ctx.get("ge") == 0 else "> 0"
+        return f"{key}: must be a finite number {op}, got {got!r}"
+    if kind == "dict_type":
+        what = "dtype -> FLOP/s" if parts == ["peak_flops"] else "key -> value"
+        return f"{key}: must be a JSON object ({what}), got {got!r}"
+    if in_curve and kind != "value_error":
+        return f"{key}: must be a list of [rows, FLOP/s] pairs of finite numbers > 0, got {got!r}"
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    if kind == "value_error":
+        return f"{key}: {msg}"
+    return f"{key}: {msg} (got {got!r})"
+
+
+def read_profile(path: Path) -> dict[str, Any]:
+    """The profile's JSON object, checked against `ProfileSchema` (UserError naming the file)."""
     try:
-        data = json.loads(path.read_text())
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read hardware profile ({exc.strerror})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not a hardware profile: not UTF-8 text (byte "
+                        f"0x{raw[exc.start]:02x} at offset {exc.start}); re-run "
+                        "`infbench calibrate` or fix the file") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        body = text.strip()
+        truncated = body[:1] in "{[" and body[-1:] not in "}]"
+        what = "truncated JSON" if truncated else "not JSON"
+        raise UserError(f"{path}: not a hardware profile: {what} ({exc.msg}: line "
+                        f"{exc.lineno} column {exc.colno}); re-run `infbench calibrate` or "
+                        "fix the file") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: not a hardware profile: expected a JSON object with keys "
+                        f"{', '.join(ProfileSchema.model_fields)}, got {type(data).__name__}")
+    try:
+        ProfileSchema.model_validate(data)
+    except ValidationError as exc:
+        errors = exc.errors()
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise UserError(f"{path}: invalid hardware profile: {_schema_message(errors[0])}{more}"
+                        ) from None
+    return data
+
+
+def load_profile(path: Path) -> HardwareSpec:
+    data = read_profile(path)
+    try:
         return HardwareSpec(
-            name=str(data["name"]),
-            description=str(data.get("description", "calibrated profile")),
+            name=data["name"],
+            description=data.get("description", "calibrated profile"),
             peak_flops={k: float(v) for k, v in data["peak_flops"].items()},
             bandwidth=float(data["bandwidth"]),
             memory_bytes=float(data["memory_bytes"]),
-            source=str(data.get("source", str(path))),
-            kind=str(data.get("kind", "cpu")),
-            extra=dict(data.get("extra", {})),
+            source=data.get("source", str(path)),
+            kind=data.get("kind", "cpu"),
+            extra=dict(data.get("extra") or {}),
         )
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise UserError(f"{path}: not a hardware profile ({exc})") from None
+    except ConfigError as exc:
+        raise UserError(f"{path}: invalid hardware profile: {exc}") from None
 
 
 def get_hardware(name: str) -> HardwareSpec:
