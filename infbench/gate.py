@@ -9,6 +9,12 @@ median of the repeats' values when `repeats` carry the metric, so one slow repea
 does not fail a job.  The baseline's spread (min..max over its repeats) is shown
 next to the verdict, with a note when the threshold is inside that spread.
 
+Bad data is bad input, never a verdict: every gated value (each repeat's, the
+summary's, the prediction a roofline fraction divides by) must be a finite number
+> 0 on both sides, else the gate stops with exit 2 naming the file and the metric
+path.  A NaN or inf is a broken measurement and a zero or negative has no relative
+change, so neither may pass as "ok" or "+inf% improved".
+
 Normalized gating answers "is the code slower, or the machine busier?":
 - `mbu`: gate on decode MBU (achieved / peak bandwidth) instead of a raw metric;
 - `roofline_fraction`: measured / predicted value of the metric (tokens/s by default);
@@ -17,6 +23,7 @@ Normalized gating answers "is the code slower, or the machine busier?":
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,7 +97,11 @@ def is_lower_better(metric: str) -> bool:
 
 
 def lookup(tree: Any, path: str) -> float | None:
-    """A dotted path into a metrics tree; a latency dict without a statistic means its p50."""
+    """A dotted path into a metrics tree; a latency dict without a statistic means its p50.
+
+    Returns the number as stored (NaN and inf included: `gated_values` refuses them by
+    name), None when the path is absent or not a number.
+    """
     node = tree
     for part in path.split("."):
         if not isinstance(node, dict) or part not in node:
@@ -147,29 +158,50 @@ def gated_values(result: dict[str, Any], metric: str, normalize: str) -> tuple[s
     denom = 1.0
     if normalize == "roofline_fraction":
         pred = lookup(result.get("prediction") or {}, metric)
-        if not pred:
+        if pred is None:
             raise ResultSchemaError(
                 f"{_result_id(result)}: no prediction.{metric} to normalize by "
                 "(the analytic model does not predict this workload); use --normalize none")
-        denom = pred
+        denom = _positive(result, f"prediction.{metric}", pred)
     shown = f"{metric} / predicted" if normalize == "roofline_fraction" else metric
     repeats = [lookup(r, metric) for r in result.get("repeats") or [] if isinstance(r, dict)]
     values = [v for v in repeats if v is not None]
     if values and len(values) == len(repeats):
-        return shown, [v / denom for v in values], f"median of {len(values)} repeats"
+        checked = [_positive(result, f"repeats[{i}].{metric}", v) for i, v in enumerate(values)]
+        return shown, [v / denom for v in checked], f"median of {len(values)} repeats"
     value = lookup(result.get("metrics") or {}, metric)
     if value is None:
         hint = (" (the run took no same-run reference bandwidth)" if normalize == "reference"
                 else "")
         raise ResultSchemaError(f"{_result_id(result)}: metric {metric!r} is missing{hint}")
-    return shown, [value / denom], "metrics"
+    return shown, [_positive(result, f"metrics.{metric}", value) / denom], "metrics"
+
+
+def _positive(result: dict[str, Any], where: str, value: float) -> float:
+    """`value` if it is a finite number > 0; else a ResultSchemaError naming file and path."""
+    if math.isfinite(value) and value > 0:
+        return value
+    why = ("not a number: a broken measurement" if math.isnan(value)
+           else "infinite: a broken measurement" if math.isinf(value)
+           else "zero: no relative change can be computed from it" if value == 0
+           else "negative: not a valid measurement")
+    raise ResultSchemaError(f"{_result_id(result)}: {where} is {value!r} ({why}); the gate "
+                            "needs a finite number > 0 on both sides; re-run the point or "
+                            "gate on another --metric")
 
 
 def _spread(values: list[float], result: dict[str, Any], metric: str) -> dict[str, float] | None:
     if len(values) >= 2:
         return {"min": min(values), "max": max(values), "stdev": statistics.stdev(values)}
     stored = (result.get("spread") or {}).get(metric)
-    return dict(stored) if isinstance(stored, dict) else None
+    if not isinstance(stored, dict):
+        return None
+    # A stored spread is display only: one with a missing or non-finite bound is dropped.
+    shown = {k: v for k, v in stored.items() if k in ("min", "max", "stdev")}
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+               for v in shown.values()) or not {"min", "max"} <= set(shown):
+        return None
+    return {k: float(v) for k, v in shown.items()}
 
 
 def compare(baseline: dict[str, Any], new: dict[str, Any], metric: str = DEFAULT_METRIC,
@@ -193,10 +225,10 @@ def _compare_into(out: GateResult, baseline: dict[str, Any], new: dict[str, Any]
     name, base_vals, source = gated_values(baseline, out.metric, out.normalize)
     _, new_vals, _ = gated_values(new, out.metric, out.normalize)
     b, n = statistics.median(base_vals), statistics.median(new_vals)
-    if b == 0:
-        change = 0.0 if n == 0 else float("inf") * (1 if n > 0 else -1)
-    else:
-        change = (n - b) / abs(b) * 100
+    change = (n - b) / b * 100  # both > 0 and finite (gated_values)
+    if not math.isfinite(change):
+        raise ResultSchemaError(f"{_result_id(new)}: {name} changed from {b!r} to {n!r}, "
+                                "beyond what a relative change can express; check both files")
     # mbu and reference gate rates; a roofline fraction keeps the metric's direction.
     lower = out.normalize in ("none", "roofline_fraction") and is_lower_better(out.metric)
     worse = change if lower else -change  # > 0 means worse
