@@ -10,11 +10,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from infbench.config import AttentionConfig, ModelConfig
-from infbench.errors import UserError
+from infbench.errors import ConfigError, DamagedFileError, UserError
 
 if TYPE_CHECKING:
     from gguf import GGUFReader
@@ -32,6 +34,36 @@ SMOLLM2_NAME = "smollm2-135m"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+# ------------------------------------------------------------------ reader boundary
+def describe_exception(exc: BaseException) -> str:
+    """`IndexError: index 0 is out of bounds` on one line, at most 200 characters."""
+    text = " ".join(str(exc).split())
+    text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+@contextmanager
+def reading(file: str | Path, what: str) -> Iterator[None]:
+    """Turn any parse failure inside the block into one DamagedFileError naming `file`.
+
+    A damaged file can make a third-party parser fail anywhere (IndexError,
+    UnicodeDecodeError, a reshape ValueError, ...), so the reader boundary is the one
+    place that catches broadly.  A ConfigError (a config built from the damaged values)
+    gets the file name in front; other UserErrors already name what they are about.
+    """
+    try:
+        yield
+    except ConfigError as exc:
+        if str(file) in str(exc):
+            raise
+        raise ConfigError(f"{file}: {exc}") from exc
+    except UserError:
+        raise
+    except (Exception, RecursionError) as exc:
+        raise DamagedFileError(f"{file}: not a readable {what}, damaged or truncated? "
+                               f"({describe_exception(exc)})") from exc
+
+
 # ------------------------------------------------------------------ HF directories
 def _read_config_json(path: str | Path) -> tuple[Path, dict[str, Any]]:
     root = Path(path)
@@ -43,16 +75,20 @@ def _read_config_json(path: str | Path) -> tuple[Path, dict[str, Any]]:
     if not cfg_file.is_file():
         raise UserError(f"{root}: no config.json (expected a Hugging Face checkpoint directory)")
     try:
-        raw = json.loads(cfg_file.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise UserError(f"{cfg_file}: cannot read JSON ({exc})") from None
+        raw = json.loads(cfg_file.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise UserError(f"{cfg_file}: cannot read ({exc.strerror})") from exc
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError
+        raise DamagedFileError(f"{cfg_file}: not valid JSON ({describe_exception(exc)})") from exc
     if not isinstance(raw, dict):
-        raise UserError(f"{cfg_file}: expected a JSON object")
+        raise DamagedFileError(f"{cfg_file}: expected a JSON object (got {type(raw).__name__})")
     return root, raw
 
 
 def _hf_arch(cfg_file: Path, raw: dict[str, Any]) -> str:
     archs = raw.get("architectures") or []
+    if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+        raise UserError(f"{cfg_file}: architectures: must be a list of class names")
     by_type = {v: k for k, v in HF_ARCHITECTURES.items()}
     # transformers writes no "architectures" when only a config was saved; fall back to model_type.
     name = archs[0] if archs else by_type.get(raw.get("model_type", ""), raw.get("model_type"))
@@ -84,7 +120,43 @@ def _rope(cfg_file: Path, raw: dict[str, Any]) -> tuple[float, tuple[tuple[str, 
 def config_from_hf_dir(path: str | Path) -> ModelConfig:
     """ModelConfig of a Llama/Mistral/DeepSeek-V2 checkpoint directory (reads config.json)."""
     root, raw = _read_config_json(path)
+    # Wrong value types (a string where a count belongs, a list as rope_scaling) surface as
+    # ValueError/TypeError/AttributeError anywhere below: one error naming config.json.
+    with reading(root / "config.json", "Hugging Face config.json"):
+        return _config_from_raw(root, raw)
+
+
+# config.json keys read as counts (> 0; first_k_dense_replace >= 0) and as real numbers.
+_HF_INT_KEYS = (
+    "vocab_size", "hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads",
+    "num_key_value_heads", "max_position_embeddings", "head_dim", "sliding_window",
+    "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim",
+    "first_k_dense_replace", "state_size", "conv_kernel", "expand",
+)
+_HF_FLOAT_KEYS = ("rms_norm_eps", "layer_norm_epsilon", "rope_theta")
+
+
+def _check_types(cfg_file: Path, raw: dict[str, Any]) -> None:
+    """Refuse `"hidden_size": "576"`, `true` or `2.5` where a count belongs (int() would coerce)."""
+    for key in _HF_INT_KEYS:
+        value = raw.get(key)
+        if value is None:
+            continue
+        low = 0 if key == "first_k_dense_replace" else 1
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise UserError(f"{cfg_file}: {key}: must be an integer >= {low} (got {value!r})")
+    for key in _HF_FLOAT_KEYS:
+        value = raw.get(key)
+        if value is None:
+            continue
+        if (isinstance(value, bool) or not isinstance(value, int | float)
+                or not math.isfinite(value) or value <= 0):
+            raise UserError(f"{cfg_file}: {key}: must be a finite number > 0 (got {value!r})")
+
+
+def _config_from_raw(root: Path, raw: dict[str, Any]) -> ModelConfig:
     cfg_file = root / "config.json"
+    _check_types(cfg_file, raw)
     arch = _hf_arch(cfg_file, raw)
     if arch == "mamba":
         return _mamba(root, raw)
@@ -259,19 +331,28 @@ def resolve_gguf(name_or_path: str | Path) -> Path:
 
 
 def open_gguf(path: str | Path) -> GGUFReader:
-    """A memory-mapped GGUFReader; a malformed file is a UserError."""
+    """A memory-mapped GGUFReader; a truncated or corrupted file is a DamagedFileError."""
     from gguf import GGUFReader
 
     try:
         return GGUFReader(str(path))
-    except (ValueError, OSError, KeyError) as exc:
-        raise UserError(f"{path}: not a readable GGUF file ({exc})") from None
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read ({exc.strerror or exc})") from exc
+    except (Exception, RecursionError) as exc:  # the parser indexes past the end, etc.
+        raise DamagedFileError(f"{path}: not a readable GGUF file, damaged or truncated? "
+                               f"({describe_exception(exc)})") from exc
 
 
 def gguf_value(reader: GGUFReader, key: str, default: Any = None) -> Any:
     """A metadata value (scalars, strings and arrays decoded), or `default` when absent."""
     field = reader.fields.get(key)
-    return default if field is None else field.contents()
+    if field is None:
+        return default
+    try:
+        return field.contents()
+    except (Exception, RecursionError) as exc:  # e.g. a string that is not UTF-8
+        raise DamagedFileError(f"{reader.data.filename}: GGUF metadata key {key!r} is damaged "
+                               f"({describe_exception(exc)})") from exc
 
 
 def _gguf_required(reader: GGUFReader, key: str) -> Any:
@@ -298,6 +379,13 @@ def config_from_gguf(path: str | Path | GGUFReader) -> ModelConfig:
         reader = open_gguf(file)
     else:  # already open: reading the metadata again costs seconds on a 49k-token vocabulary
         reader, file = path, Path(str(path.data.filename))
+    # A flipped byte can leave a parseable file with values of the wrong type (a string
+    # head count, a negative length): one error naming the file.
+    with reading(file, "GGUF file"):
+        return _config_from_gguf_reader(reader, file)
+
+
+def _config_from_gguf_reader(reader: GGUFReader, file: Path) -> ModelConfig:
     arch = gguf_value(reader, "general.architecture")
     if arch not in GGUF_ARCHITECTURES:
         raise UserError(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,12 +21,14 @@ from typing import Any
 import torch
 
 from infbench.config import ModelConfig
-from infbench.errors import ConfigError, DoesNotFitError, UserError
+from infbench.errors import ConfigError, DamagedFileError, DoesNotFitError, UserError
 from infbench.model.configs import (
     check_gguf_tensor_types,
     config_from_gguf,
     config_from_hf_dir,
+    describe_exception,
     open_gguf,
+    reading,
     resolve_gguf,
 )
 from infbench.model.layers import SwiGLUMLP
@@ -79,10 +82,14 @@ def load_model(
     file = resolve_gguf(value)
     reader = open_gguf(file)
     config = _with_overrides(config_from_gguf(reader), overrides)
-    check_gguf_tensor_types(reader)
+    with reading(file, "GGUF file"):
+        check_gguf_tensor_types(reader)
     model = _materialize(config, torch_dtype, dev)
-    _load_gguf(model, reader, file)
-    tokenizer = Tokenizer.from_gguf(reader) if "tokenizer.ggml.tokens" in reader.fields else None
+    # Tensor data is memory-mapped and read only here: damage there surfaces now.
+    with reading(file, "GGUF file"):
+        _load_gguf(model, reader, file)
+        has_tokenizer = "tokenizer.ggml.tokens" in reader.fields
+        tokenizer = Tokenizer.from_gguf(reader) if has_tokenizer else None
     types = Counter(t.tensor_type.name for t in reader.tensors)
     summary = ", ".join(f"{name} x{n}" for name, n in types.most_common())
     return _finish(model, config, tokenizer, f"gguf {file} ({summary})")
@@ -246,12 +253,11 @@ class _WeightSink:
 
 
 def _load_safetensors(model: Transformer, root: Path) -> None:
-    from safetensors import safe_open
-
     index = root / "model.safetensors.index.json"
     if index.is_file():
-        weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
-        files = sorted({root / f for f in weight_map.values()})
+        with reading(index, "safetensors index (JSON with a weight_map)"):
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            files = sorted({root / str(f) for f in weight_map.values()})
     else:
         files = sorted(root.glob("*.safetensors"))
     if not files:
@@ -260,10 +266,32 @@ def _load_safetensors(model: Transformer, root: Path) -> None:
     for file in files:
         if not file.is_file():
             raise UserError(f"{index}: shard {file.name} is missing")
-        with safe_open(str(file), framework="pt", device="cpu") as f:
-            for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
-                sink.put(name, f.get_tensor(name))
+        for name, tensor in _safetensors_tensors(file):
+            sink.put(name, tensor)
     sink.finish()
+
+
+def _safetensors_tensors(file: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) pairs of one safetensors file; a damaged file is a DamagedFileError."""
+    from safetensors import safe_open
+
+    def damaged(exc: BaseException) -> DamagedFileError:
+        return DamagedFileError(f"{file}: not a readable safetensors file, damaged or "
+                                f"truncated? ({describe_exception(exc)})")
+
+    try:
+        handle = safe_open(str(file), framework="pt", device="cpu")
+    except OSError as exc:
+        raise UserError(f"{file}: cannot read ({exc.strerror or exc})") from exc
+    except Exception as exc:  # SafetensorError: bad header, sizes past the end, ...
+        raise damaged(exc) from exc
+    with handle as f:
+        for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+            try:
+                tensor = f.get_tensor(name)
+            except Exception as exc:
+                raise damaged(exc) from exc
+            yield name, tensor
 
 
 # ------------------------------------------------------------------ GGUF

@@ -71,18 +71,28 @@ class Tokenizer:
         tok_file = root / "tokenizer.json"
         if not tok_file.is_file():
             raise UserError(f"{root}: no tokenizer.json (only fast tokenizers are supported)")
-        backend = _Backend.from_file(str(tok_file))
+        from infbench.model.configs import reading
+
+        with reading(tok_file, "tokenizer.json of the `tokenizers` library"):
+            backend = _Backend.from_file(str(tok_file))
         cfg: dict[str, Any] = {}
+        template: str | None = None
         cfg_file = root / "tokenizer_config.json"
         if cfg_file.is_file():
-            cfg = json.loads(cfg_file.read_text())
-        template = cfg.get("chat_template")
-        if isinstance(template, list):  # named templates: [{"name": ..., "template": ...}]
-            named = {t.get("name"): t.get("template") for t in template}
-            template = named.get("default")
+            with reading(cfg_file, "tokenizer_config.json"):
+                cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
+                if not isinstance(cfg, dict):
+                    raise ValueError(f"expected a JSON object, got {type(cfg).__name__}")
+                template = cfg.get("chat_template")
+                if isinstance(template, list):  # named: [{"name": ..., "template": ...}]
+                    named = {t.get("name"): t.get("template") for t in template}
+                    template = named.get("default")
+                if template is not None and not isinstance(template, str):
+                    raise ValueError("chat_template: expected a string")
         jinja_file = root / "chat_template.jinja"  # transformers >= 4.47 saves it separately
         if template is None and jinja_file.is_file():
-            template = jinja_file.read_text()
+            with reading(jinja_file, "UTF-8 text file"):
+                template = jinja_file.read_text(encoding="utf-8")
         return cls(
             backend,
             bos_token=_token_text(cfg.get("bos_token")),
@@ -93,13 +103,22 @@ class Tokenizer:
 
     @classmethod
     def from_gguf(cls, reader_or_path: GGUFReader | str | Path) -> Tokenizer:
-        from infbench.model.configs import gguf_value, open_gguf
+        from infbench.model.configs import open_gguf, reading
 
         if isinstance(reader_or_path, str | Path):
             reader = open_gguf(reader_or_path)
         else:
             reader = reader_or_path
         name = str(reader.data.filename)
+        # Damaged metadata (token ids past the vocabulary, merges that are not strings, ...)
+        # fails inside `tokenizers` or here: one error naming the file.
+        with reading(name, "GGUF file with a usable tokenizer"):
+            return cls._from_gguf_reader(reader, name)
+
+    @classmethod
+    def _from_gguf_reader(cls, reader: GGUFReader, name: str) -> Tokenizer:
+        from infbench.model.configs import gguf_value
+
         model = gguf_value(reader, "tokenizer.ggml.model")
         if model != "gpt2":
             raise UserError(
