@@ -5,6 +5,10 @@ level).  Every problem becomes a one-line `UserError` that names the file, the
 dotted key and what is allowed, e.g.
 `scenarios/x.yaml: workload.batch_size: must be > 0 (got -1)`.
 
+Values are strict: a count is a plain integer (`true`, `2.5` and `"8"` are refused, not
+coerced), a real number is finite, and every count or rate is at most
+`MAX_VALUE` (2**24); a scenario expands to at most `MAX_POINTS` points.
+
 Sweeps: any list value of a sweepable workload key (batch_size, prompt_len, ...)
 and every entry of the `sweep:` block (dotted key -> list of values) multiply
 into a cartesian product; the sweep block is the outer loop.  Points are plain
@@ -17,6 +21,7 @@ import copy
 import dataclasses
 import difflib
 import itertools
+import math
 import os
 import sys
 import types
@@ -39,7 +44,7 @@ from pydantic import (
 )
 
 from infbench.config import PRESETS, EngineConfig, ModelConfig, QuantConfig, make_quant
-from infbench.errors import ConfigError, UserError
+from infbench.errors import ConfigError, DamagedFileError, UserError
 
 _ENGINE = EngineConfig()
 # Workload keys whose list values sweep, in the order they nest in the product.
@@ -65,10 +70,20 @@ def _percent(value: Any) -> Any:
     return value
 
 
-PosInt = Annotated[int, Field(gt=0)]
-NonNegInt = Annotated[int, Field(ge=0)]
-PosFloat = Annotated[float, Field(gt=0)]
-NonNegFloat = Annotated[float, Field(ge=0)]
+# Sanity limits: larger values are typos or overflows, not workloads (same bound as the
+# engine's and the analytic model's MAX_TOKENS / MAX_BATCH).
+MAX_VALUE = 2**24
+MAX_POINTS = 10_000  # sweep points of one scenario
+MAX_SEED = 2**63 - 1
+MAX_BYTES = 2.0**50  # engine.kv_cache_memory given in bytes
+
+# strict: YAML `true`, `2.5` or `"8"` is an error, never silently a count of 1, 2 or 8.
+PosInt = Annotated[int, Field(gt=0, le=MAX_VALUE, strict=True)]
+NonNegInt = Annotated[int, Field(ge=0, le=MAX_VALUE, strict=True)]
+PosFloat = Annotated[float, Field(gt=0, le=MAX_VALUE, strict=True, allow_inf_nan=False)]
+NonNegFloat = Annotated[float, Field(ge=0, le=MAX_VALUE, strict=True, allow_inf_nan=False)]
+Fraction = Annotated[float, Field(ge=0, le=1, strict=True, allow_inf_nan=False)]
+StrictBool = Annotated[bool, Field(strict=True)]
 _SweepPosInt = Annotated[list[PosInt], Field(min_length=1), BeforeValidator(
     _as_list, json_schema_input_type=Union[PosInt, list[PosInt]])]
 _SweepNonNegInt = Annotated[list[NonNegInt], Field(min_length=1), BeforeValidator(
@@ -111,6 +126,19 @@ class AttentionSection(_Section):
     attn_every: PosInt | None = None
 
 
+def _strict_hint(hint: Any) -> Any:
+    """int -> PosInt, float -> a finite positive float, bool -> strict, also in `X | None`."""
+    if hint is int:
+        return PosInt
+    if hint is float:
+        return Annotated[float, Field(gt=0, strict=True, allow_inf_nan=False)]
+    if hint is bool:
+        return StrictBool
+    if typing.get_origin(hint) in (Union, types.UnionType):
+        return Union[tuple(_strict_hint(a) for a in typing.get_args(hint))]
+    return hint
+
+
 def _overrides_section() -> Any:
     """A pydantic model with every ModelConfig field (optional), typed like the dataclass."""
     hints = typing.get_type_hints(ModelConfig)
@@ -118,7 +146,7 @@ def _overrides_section() -> Any:
     for f in dataclasses.fields(ModelConfig):
         if f.name == "attention":  # model.attention has its own section
             continue
-        hint = dict[str, Any] if f.name in ("moe", "rope_scaling") else hints[f.name]
+        hint = dict[str, Any] if f.name in ("moe", "rope_scaling") else _strict_hint(hints[f.name])
         fields[f.name] = (Union[hint, None], None)
     return create_model("OverridesSection", __base__=_Section, **fields)
 
@@ -169,19 +197,19 @@ class WorkloadSection(_Section):
     shared_prefix_len: _SweepNonNegInt = [0]
     """The first N tokens of every prompt are identical (a shared system prompt)."""
     samples_per_prompt: _SweepPosInt = [1]
-    seed: NonNegInt = 0
+    seed: Annotated[int, Field(ge=0, le=MAX_SEED, strict=True)] = 0
     prompt_source: Literal["random", "text"] = "random"
     """random token ids, or windows of the shipped public-domain text (needs a tokenizer)."""
     prompt_len_dist: Literal["fixed", "uniform", "normal", "lognormal"] = "fixed"
     gen_len_dist: Literal["fixed", "uniform", "normal", "lognormal"] = "fixed"
-    len_spread: NonNegFloat = 0.5
+    len_spread: Annotated[float, Field(ge=0, le=100, strict=True, allow_inf_nan=False)] = 0.5
     """Relative spread of the length distributions (uniform: L*(1-s)..L*(1+s))."""
-    chat: bool = False
+    chat: StrictBool = False
     """Wrap text prompts in the model's chat template."""
     temperature: NonNegFloat = 0.0
     top_k: NonNegInt = 0
-    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
-    ignore_eos: bool = True
+    top_p: Annotated[float, Field(gt=0, le=1, strict=True, allow_inf_nan=False)] = 1.0
+    ignore_eos: StrictBool = True
 
 
 class EngineSection(_Section):
@@ -189,11 +217,12 @@ class EngineSection(_Section):
     max_num_seqs: PosInt = _ENGINE.max_num_seqs
     max_num_batched_tokens: PosInt = _ENGINE.max_num_batched_tokens
     backend: Literal["auto", "torch", "triton"] = "auto"
-    kv_cache_memory: PosFloat = _ENGINE.kv_cache_memory
+    kv_cache_memory: Annotated[float, Field(gt=0, le=MAX_BYTES, strict=True,
+                                            allow_inf_nan=False)] = _ENGINE.kv_cache_memory
     """KV budget: bytes if > 1, else a fraction of the memory left after the weights."""
-    enable_prefix_caching: bool = _ENGINE.enable_prefix_caching
-    enable_chunked_prefill: bool = _ENGINE.enable_chunked_prefill
-    cuda_graphs: bool = _ENGINE.cuda_graphs
+    enable_prefix_caching: StrictBool = _ENGINE.enable_prefix_caching
+    enable_chunked_prefill: StrictBool = _ENGINE.enable_chunked_prefill
+    cuda_graphs: StrictBool = _ENGINE.cuda_graphs
     num_threads: PosInt | None = None
 
 
@@ -201,7 +230,7 @@ class SpeculativeSection(_Section):
     method: Literal["none", "ngram", "draft"] = "none"
     num_tokens: PosInt = 4
     """Draft tokens proposed per step (k)."""
-    acceptance: Annotated[float, Field(ge=0, le=1)] = 0.7
+    acceptance: Fraction = 0.7
     """Per-token acceptance probability a: a step yields (1 - a^(k+1)) / (1 - a) tokens."""
     draft_cost_ratio: NonNegFloat | None = None
     """Cost of one draft step relative to one target step (default: ngram 0, draft 0.1)."""
@@ -217,7 +246,7 @@ class GateSection(_Section):
     metric: str = "output_tokens_per_s"
     baseline: str | None = None
     """Result file (JSON) to compare with."""
-    max_regression: Annotated[float, Field(ge=0, le=1), BeforeValidator(_percent)] = 0.05
+    max_regression: Annotated[Fraction, BeforeValidator(_percent)] = 0.05
     """Largest tolerated regression as a fraction (0.05) or a percentage string ("5%")."""
     normalize: Literal["none", "mbu", "roofline_fraction", "reference"] = "none"
 
@@ -296,6 +325,12 @@ class Scenario(_Section):
         """Expand the sweep block (outer) and the workload lists (inner) into points."""
         base = {k: v for k, v in self._raw.items() if k != "sweep"}
         keys = list(self.sweep)
+        raw_lists = [v for k, v in (self._raw.get("workload") or {}).items()
+                     if k in SWEEPABLE_WORKLOAD and isinstance(v, list)]
+        total = math.prod(len(v) for v in [*self.sweep.values(), *raw_lists])
+        if total > MAX_POINTS:
+            raise UserError(f"{self._source}: the sweeps expand to {total} points; at most "
+                            f"{MAX_POINTS} per scenario (split it into several files)")
         out: list[ScenarioPoint] = []
         for combo in itertools.product(*self.sweep.values()):
             sub: Scenario = self
@@ -538,17 +573,15 @@ def load_scenario(path: str | os.PathLike[str], sets: Sequence[str] = ()) -> Sce
         raise UserError(f"{source}: no such scenario file")
     if not file.is_file():
         raise UserError(f"{source}: not a file")
-    try:
-        data = yaml.load(file.read_text(), Loader=_UniqueKeyLoader)  # noqa: S506 (safe loader)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = f":{mark.line + 1}" if mark is not None else ""
-        raise UserError(f"{source}{line}: invalid YAML: {exc.problem or exc.context}") from None
-    except yaml.YAMLError as exc:
-        raise UserError(f"{source}: invalid YAML: {str(exc).splitlines()[0]}") from None
+    data = _read_yaml(file, source)
     if not isinstance(data, dict):
         got = "an empty file" if data is None else type(data).__name__
-        raise UserError(f"{source}: expected a mapping of keys at the top level (got {got})")
+        raise DamagedFileError(
+            f"{source}: expected a mapping of keys at the top level (got {got})")
+    bad_keys = [k for k in data if not isinstance(k, str)]
+    if bad_keys:
+        raise UserError(f"{source}: top-level key {_short_repr(bad_keys[0])} is not a name; "
+                        f"allowed: {', '.join(sorted(Scenario.model_fields))}")
     for item in sets:
         key, sep, text = item.partition("=")
         if not sep or not key.strip():
@@ -571,6 +604,34 @@ def load_scenario(path: str | os.PathLike[str], sets: Sequence[str] = ()) -> Sce
             point.model_config()
         point.quant_config()
     return scenario
+
+
+def _read_yaml(file: Path, source: str) -> Any:
+    """Parse one YAML file; every way it can fail is one DamagedFileError naming the file."""
+    try:
+        raw = file.read_bytes()
+    except OSError as exc:
+        raise UserError(f"{source}: cannot read ({exc.strerror or exc})") from exc
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        lineno = raw[: exc.start].count(b"\n") + 1
+        raise DamagedFileError(f"{source}:{lineno}: not UTF-8 text (byte 0x{raw[exc.start]:02x} "
+                               f"at offset {exc.start})") from exc
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a safe loader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = f":{mark.line + 1}" if mark is not None else ""
+        problem = exc.problem or exc.context or "syntax error"
+        if "\t" in problem or "'\\t'" in problem:
+            problem += " (YAML indents with spaces; replace the tab)"
+        raise DamagedFileError(f"{source}{line}: invalid YAML: {problem}") from exc
+    except yaml.YAMLError as exc:
+        first = (str(exc).splitlines() or ["syntax error"])[0]
+        raise DamagedFileError(f"{source}: invalid YAML: {first}") from exc
+    except RecursionError as exc:
+        raise DamagedFileError(f"{source}: invalid YAML: nested too deeply") from exc
 
 
 def scenario_json_schema() -> dict[str, Any]:
@@ -613,6 +674,11 @@ def _unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any
     seen: set[Any] = set()
     for key_node, _ in node.value:
         key = loader.construct_object(key_node)
+        try:
+            hash(key)
+        except TypeError:
+            raise yaml.MarkedYAMLError(problem=f"a key must be a name, not {type(key).__name__}",
+                                       problem_mark=key_node.start_mark) from None
         if key in seen:
             raise yaml.MarkedYAMLError(problem=f"duplicate key {key!r}",
                                        problem_mark=key_node.start_mark)
@@ -650,29 +716,37 @@ def _format_error(err: Any, raw: Any, sweep_keys: Sequence[str] = ()) -> str:
     elif kind == "literal_error":
         allowed = [a.strip("'") for a in str(ctx.get("expected", "")).replace(" or ", ", ")
                    .split(", ")]
-        msg = f"unknown value {got!r}; allowed: {', '.join(allowed)}"
+        msg = f"unknown value {_short_repr(got)}; allowed: {', '.join(allowed)}"
     elif kind in _BOUNDS:
         op, bound = _BOUNDS[kind]
         limit = ctx.get(bound)
         if isinstance(limit, float) and limit.is_integer():
             limit = int(limit)
-        msg = f"must be {op} {limit} (got {got!r})"
+        sane = " (2**24, infbench's sanity limit)" if limit == MAX_VALUE else ""
+        msg = f"must be {op} {limit}{sane} (got {_short_repr(got)})"
     elif kind in _TYPES:
-        msg = f"must be {_TYPES[kind]} (got {got!r})"
+        msg = f"must be {_TYPES[kind]} (got {_short_repr(got)})"
     elif kind == "too_short":
         msg = "needs at least one value"
     elif kind in ("value_error", "assertion_error"):
         msg = str(ctx.get("error", err["msg"]))
     else:
-        msg = f"{err['msg'][:1].lower()}{err['msg'][1:]} (got {got!r})"
+        msg = f"{err['msg'][:1].lower()}{err['msg'][1:]} (got {_short_repr(got)})"
     return f"{key}: {msg}" if key else msg
+
+
+def _short_repr(value: Any) -> str:
+    """repr on one line, at most 80 characters (a fuzzed value can be a huge nested list)."""
+    text = " ".join(repr(value).split())
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 _BOUNDS = {"greater_than": (">", "gt"), "greater_than_equal": (">=", "ge"),
            "less_than": ("<", "lt"), "less_than_equal": ("<=", "le")}
 _TYPES = {
     "int_parsing": "an integer", "int_type": "an integer", "int_from_float": "an integer",
-    "float_parsing": "a number", "float_type": "a number", "bool_parsing": "true or false",
+    "float_parsing": "a number", "float_type": "a number", "finite_number": "a finite number",
+    "bool_parsing": "true or false",
     "bool_type": "true or false", "string_type": "a string", "model_type": "a mapping of keys",
     "dict_type": "a mapping", "list_type": "a list", "model_attributes_type": "a mapping of keys",
 }
