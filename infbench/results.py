@@ -142,16 +142,32 @@ def load_result(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read one result file, checking that it is an infbench result of this schema version."""
     file = Path(path)
     try:
-        text = file.read_text()
+        raw = file.read_bytes()
     except FileNotFoundError:
         raise ResultSchemaError(f"{path}: no such result file") from None
+    except IsADirectoryError:
+        raise ResultSchemaError(f"{path}: is a directory, not a result file") from None
     except OSError as exc:
-        raise ResultSchemaError(f"{path}: cannot read ({exc.strerror})") from None
+        raise ResultSchemaError(f"{path}: cannot read ({exc.strerror})") from exc
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ResultSchemaError(f"{path}: not a result file: not UTF-8 text (byte "
+                                f"0x{raw[exc.start]:02x} at offset {exc.start})") from exc
+    if not text.strip():
+        raise ResultSchemaError(f"{path}: empty file, not a result (a run cut short?)")
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ResultSchemaError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
-    if not isinstance(data, dict) or data.get("kind") != RESULT_KIND:
+        cut = " (truncated?)" if exc.pos >= len(text.rstrip()) else ""
+        raise ResultSchemaError(
+            f"{path}: not JSON ({exc.msg} at line {exc.lineno}){cut}") from exc
+    except (ValueError, RecursionError) as exc:  # a 5000-digit number, nesting too deep
+        raise ResultSchemaError(f"{path}: not a usable JSON document ({exc})") from exc
+    if not isinstance(data, dict):
+        raise ResultSchemaError(f"{path}: not an infbench result (a JSON {type(data).__name__}, "
+                                "expected an object)")
+    if data.get("kind") != RESULT_KIND:
         raise ResultSchemaError(f"{path}: not an infbench result (expected kind {RESULT_KIND!r})")
     version = data.get("schema_version")
     if version != SCHEMA_VERSION:
