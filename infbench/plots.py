@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from infbench.roofline.tables import KVRow
 
 POINT_KINDS = ("predicted", "measured")
+FIGURE_FORMATS = ("png", "svg", "pdf")  # what --out may end with
 
 
 @dataclass(frozen=True)
@@ -54,11 +55,32 @@ def _new_figure(size: tuple[float, float]) -> Any:
     return fig
 
 
-def _save(fig: Any, out_path: str | Path) -> Path:
+def check_figure_path(out_path: str | Path, option: str = "") -> Path:
+    """A writable figure file path with a supported extension, checked before any drawing.
+
+    `option` (e.g. "--out") names the command-line flag in the message.
+    """
     path = Path(out_path)
-    if path.parent and not path.parent.exists():
+    what = f"{option} {path}" if option else str(path)
+    suffix = path.suffix.lower().lstrip(".")
+    if suffix not in FIGURE_FORMATS:
+        got = f".{suffix}" if suffix else "no extension"
+        raise UserError(f"{what}: unsupported figure format ({got}); allowed "
+                        f"extensions: {', '.join('.' + f for f in FIGURE_FORMATS)}")
+    if path.is_dir():
+        raise UserError(f"{what}: is a directory; give a file name such as "
+                        f"{path / 'roofline.png'}")
+    if path.parent and not path.parent.is_dir():
         raise UserError(f"cannot write {path}: directory {path.parent} does not exist")
-    fig.savefig(path, bbox_inches="tight")
+    return path
+
+
+def _save(fig: Any, out_path: str | Path) -> Path:
+    path = check_figure_path(out_path)
+    try:
+        fig.savefig(path, bbox_inches="tight")
+    except OSError as exc:
+        raise UserError(f"cannot write {path}: {exc.strerror or exc}") from exc
     return path
 
 

@@ -23,6 +23,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from infbench.errors import ResultSchemaError, UserError
 from infbench.hardware import HardwareSpec
 from infbench.plots import RooflinePoint
 from infbench.report import _get
@@ -30,12 +31,69 @@ from infbench.report import _get
 _STAGES = ("prefill", "decode")
 
 
+def _where(result: dict[str, Any]) -> str:
+    """The file a result came from (gate.load_results records it), for error messages."""
+    return str(result.get("_path") or f"result {result.get('name')!r}")
+
+
+def _section(result: dict[str, Any], key: str) -> dict[str, Any]:
+    """A JSON-object field of a result; missing or null is {} (every reader tolerates gaps)."""
+    value = result.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ResultSchemaError(f"{_where(result)}: field {key!r} must be a JSON object "
+                                f"(got {type(value).__name__})")
+    return value
+
+
+def _dtype(result: dict[str, Any]) -> str:
+    dtype = _section(result, "scenario").get("dtype", "float32")
+    if not isinstance(dtype, str):
+        raise ResultSchemaError(f"{_where(result)}: field 'scenario.dtype' must be a string "
+                                f"(got {dtype!r})")
+    return dtype
+
+
+def _steps(result: dict[str, Any]) -> list[dict[str, Any]]:
+    value = result.get("steps")
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(s, dict) for s in value):
+        raise ResultSchemaError(f"{_where(result)}: field 'steps' must be a list of JSON objects")
+    return value
+
+
+def _result_hardware(result: dict[str, Any]) -> HardwareSpec:
+    """The hardware a result was analysed against: its `hardware` field, else its scenario's
+    hardware name from the table (older or hand-edited files), else a one-line error."""
+    from infbench.hardware import get_hardware
+
+    data = _section(result, "hardware")
+    if not data:
+        name = _section(result, "scenario").get("hardware")
+        if isinstance(name, str) and name:
+            try:
+                return get_hardware(name)
+            except UserError as exc:
+                raise ResultSchemaError(f"{_where(result)}: field 'hardware' is missing and "
+                                        f"scenario.hardware does not resolve ({exc})") from exc
+        raise ResultSchemaError(f"{_where(result)}: field 'hardware' is missing; pass "
+                                "--hardware NAME to plot against a known part")
+    names = {f.name for f in fields(HardwareSpec)}
+    try:
+        return HardwareSpec(**{k: v for k, v in data.items() if k in names})
+    except (TypeError, ValueError) as exc:  # ConfigError is a ValueError; TypeError: a key gone
+        raise ResultSchemaError(f"{_where(result)}: field 'hardware' is not a hardware spec "
+                                f"({exc})") from exc
+
+
 def _hardware(results: list[dict[str, Any]], hardware: HardwareSpec | None) -> HardwareSpec:
     if hardware is not None:
         return hardware
-    data = results[0].get("hardware") or {}
-    names = {f.name for f in fields(HardwareSpec)}
-    return HardwareSpec(**{k: v for k, v in data.items() if k in names})
+    if not results:
+        raise UserError("no result files to plot")
+    return _result_hardware(results[0])
 
 
 def point_labels(results: list[dict[str, Any]]) -> list[str]:
@@ -65,12 +123,12 @@ def measured_roofline_points(results: list[dict[str, Any]], hardware: HardwareSp
     """Measured prefill/decode points of every run and their predicted twins."""
     points: list[RooflinePoint] = []
     for r, run in zip(results, point_labels(results), strict=True):
-        hw = hardware or (_hardware([r], None) if r.get("hardware") else None)
-        bs = _get(r.get("scenario") or {}, "workload.batch_size")
+        hw = hardware or (_result_hardware(r) if r.get("hardware") else None)
+        bs = _get(_section(r, "scenario"), "workload.batch_size")
         batch = None if bs is None else int(bs)
-        dtype = str((r.get("scenario") or {}).get("dtype", "float32"))
-        metrics = r.get("metrics") or {}
-        prediction = r.get("prediction") or {}
+        dtype = _dtype(r)
+        metrics = _section(r, "metrics")
+        prediction = _section(r, "prediction")
         for stage in _STAGES:
             measured = metrics.get(stage) or {}
             intensity = _get(measured, "intensity")
@@ -87,7 +145,7 @@ def measured_roofline_points(results: list[dict[str, Any]], hardware: HardwareSp
                 points.append(RooflinePoint(f"{run} {stage} (predicted)", p_intensity, p_flops,
                                             "predicted", f"{run} {stage}", run, stage, batch))
         if include_steps:
-            for step in r.get("steps") or []:
+            for step in _steps(r):
                 duration = _get(step, "duration_s")
                 flops = _get(step, "flops")
                 intensity = _get(step, "intensity")
@@ -105,7 +163,7 @@ def measured_roofline_figure(results: list[dict[str, Any]], out: str | os.PathLi
     from infbench.plots import roofline_figure
 
     hw = _hardware(results, hardware)
-    dtype = str((results[0].get("scenario") or {}).get("dtype", "float32"))
+    dtype = _dtype(results[0])
     points = measured_roofline_points(results, hw, include_steps)
     return roofline_figure(hw, dtype, points, Path(out),
                            title=title or f"measured vs predicted on {hw.name} ({dtype})")
@@ -127,8 +185,8 @@ def latency_throughput_figure(results: list[dict[str, Any]],
     measured: list[dict[str, Any]] = []
     predicted: list[dict[str, Any]] = []
     for r in results:
-        bs = _get(r.get("scenario") or {}, "workload.batch_size")
-        m, p = r.get("metrics") or {}, r.get("prediction") or {}
+        bs = _get(_section(r, "scenario"), "workload.batch_size")
+        m, p = _section(r, "metrics"), _section(r, "prediction")
         base = {"name": r.get("name"), "label": r.get("label"),
                 "batch_size": None if bs is None else int(bs)}
         x, y = _get(m, "output_tokens_per_s"), _get(m, "tpot_s.p50")
@@ -165,7 +223,7 @@ def latency_throughput_figure(results: list[dict[str, Any]],
 def decode_step_ms(result: dict[str, Any]) -> list[float]:
     """Durations (ms) of the decode-only steps: the inter-token gap each running request saw."""
     out = []
-    for s in result.get("steps") or []:
+    for s in _steps(result):
         stage = s.get("stage")
         if stage is None:  # older results: a step with no prompt tokens is a decode step
             is_decode = not s.get("num_prefill_tokens") and bool(s.get("num_decode_tokens"))
@@ -190,7 +248,7 @@ def distributions_figure(results: list[dict[str, Any]],
         itl[label] = {"x": xs, "y": ys}
         if xs:
             ax_cdf.step(xs, ys, where="post", label=label)
-        m = r.get("metrics") or {}
+        m = _section(r, "metrics")
         pct[label] = {
             f"{name}_ms": {q: (None if (v := _get(m, f"{name}_s.{q}")) is None else v * 1e3)
                            for q in ("p50", "p90", "p99")}

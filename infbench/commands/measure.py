@@ -136,8 +136,13 @@ def plots(
         measured_roofline_figure,
     )
 
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out}: is an existing file; `plots` writes a directory of PNGs")
     loaded = load_results(results)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"--out {out}: cannot create the directory ({exc.strerror})") from exc
     paths = {name: out / f"{name}.png"
              for name in ("latency_throughput", "distributions", "roofline_measured")}
     latency_throughput_figure(loaded, paths["latency_throughput"])

@@ -106,10 +106,11 @@ def roofline_command(
 ) -> None:
     """Plot prefill, decode and every operator on the hardware's roofline."""
     from infbench.hardware import get_hardware
-    from infbench.plots import roofline_figure
+    from infbench.plots import check_figure_path, roofline_figure
     from infbench.roofline.analysis import predict
     from infbench.roofline.tables import roofline_points
 
+    check_figure_path(out, "--out")  # before any work: a typo'd extension fails at once
     if results:
         measured_roofline(results, hardware, steps, out, as_json)
         return
