@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import resource
+import sys
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -82,6 +84,11 @@ def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None
             f"{point.name}: model.quant.weights={point.quant_config().weights!r} is predicted by "
             "`infbench predict` but the engine runs unquantized weights for now; allowed in "
             "`infbench run`: none")
+    if point.speculative.method != "none":
+        raise UserError(
+            f"{point.source}: speculative.method={point.speculative.method!r} is priced by "
+            "`infbench predict`, but the engine has no speculative decoding yet; allowed in "
+            "`infbench run`: none")
     source = point.model_source()
     overrides = model_overrides(point.model)
     seed = point.workload.seed
@@ -97,12 +104,17 @@ def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None
     engine_cfg = point.engine
     if dev == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    engine = Engine(
-        loaded.model, cfg, engine_cfg, torch.device(dev), point.dtype,
-        weight_bytes=loaded.weight_bytes, seed=seed, eos_token_id=eos,
-        max_tokens_needed=max_tokens_needed(requests, engine_cfg.block_size),
-        min_seq_tokens=max(len(r.prompt_ids) + r.sampling.max_tokens for r in requests),
-    )
+    with warnings.catch_warnings():  # reported below, once per point, from engine.disabled
+        warnings.filterwarnings("ignore", message="engine.cuda_graphs ignored")
+        engine = Engine(
+            loaded.model, cfg, engine_cfg, torch.device(dev), point.dtype,
+            weight_bytes=loaded.weight_bytes, seed=seed, eos_token_id=eos,
+            max_tokens_needed=max_tokens_needed(requests, engine_cfg.block_size),
+            min_seq_tokens=max(len(r.prompt_ids) + r.sampling.max_tokens for r in requests),
+        )
+    for item in engine.disabled:
+        print(f"note: {point.name} point {point.index} ({point.label}): engine.{item['feature']} "
+              f"is off for this model: {item['reason']}", file=sys.stderr)
     realtime = point.workload.kind == "poisson"
     telemetry: dict[str, Any] = {}
     sampler = None
@@ -157,6 +169,8 @@ def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None
     return results_mod.build_result(
         point.to_dict(), metrics=summary, prediction=prediction, steps=steps, env=env,
         seed=seed, hardware=hw.to_dict(), repeats=runs, spread=spread,
-        extra={"model_config": dataclasses.asdict(cfg), "telemetry": telemetry},
+        extra={"model_config": dataclasses.asdict(cfg), "telemetry": telemetry,
+               # what the scenario asked for but this model ran without (never silent)
+               "engine_disabled": list(engine.disabled)},
     )
 

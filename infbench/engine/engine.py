@@ -93,6 +93,17 @@ class Engine:
         # Several groups: GroupedBlockManager releases per windowed group itself.
         self.window = self.kv_windows[0] if len(self.kv_windows) == 1 else None
         self.runner = ModelRunner(model, self.kv, self.ops, device, seed, states=self.states)
+        # Features asked for that this model runs without: results record them (no silent
+        # downgrades), as {"feature": engine-config key, "reason": why}.
+        self.disabled: list[dict[str, str]] = []
+        if engine_cfg.enable_prefix_caching:
+            reason = None
+            if self.states is not None:
+                reason = "a prefix-cache hit cannot restore a recurrent (linear/SSM) state"
+            elif len(self.kv.group_num_blocks) > 1:
+                reason = "models with several KV groups (windowed and full layers) share no cache"
+            if reason is not None:
+                self.disabled.append({"feature": "enable_prefix_caching", "reason": reason})
         if engine_cfg.cuda_graphs:
             self._enable_cuda_graphs()
         self.seed = seed
@@ -107,6 +118,7 @@ class Engine:
         elif len(self.kv.group_num_blocks) > 1:
             reason = "models with several KV groups (windowed and full layers) run eagerly"
         if reason is not None:
+            self.disabled.append({"feature": "cuda_graphs", "reason": reason})
             warnings.warn(f"engine.cuda_graphs ignored: {reason}", stacklevel=3)
             return
         self.runner.graphs = DecodeGraphs(
