@@ -192,12 +192,11 @@ def max_batch(cfg: ModelConfig, hw: HardwareSpec, dtype: str, quant: QuantConfig
     return int(free // per_seq)
 
 
-def check_workload(batch: object, prompt_len: object, gen_len: object) -> None:
+def check_workload(batch: int, prompt_len: int, gen_len: int) -> None:
     """Whole numbers within infbench's sanity limits (config.MAX_BATCH, MAX_TOKENS)."""
     check_count("", "batch", batch, MAX_BATCH)
     check_count("", "prompt_len", prompt_len, MAX_TOKENS)
     check_count("", "gen_len", gen_len, MAX_TOKENS)
-    assert isinstance(prompt_len, int) and isinstance(gen_len, int)
     if prompt_len + gen_len > MAX_TOKENS:
         raise ConfigError(f"prompt_len + gen_len must be <= {MAX_TOKENS} (2**24), infbench's "
                           f"sanity limit for one context; got {prompt_len + gen_len}")
