@@ -274,16 +274,14 @@ def compare_many(baselines: list[dict[str, Any]], news: list[dict[str, Any]],
 
 
 def load_results(paths: list[str] | list[Path]) -> list[dict[str, Any]]:
-    """Result files, or directories holding them (every *.json inside, sorted)."""
+    """Result files, or run directories (their manifest's done points; see rundir)."""
     from infbench.results import load_result
+    from infbench.rundir import result_files
 
     files: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
-            found = sorted(p.glob("*.json"))
-            if not found:
-                raise ResultSchemaError(f"{p}: directory holds no result .json files")
-            files.extend(found)
+            files.extend(result_files(p))
         else:
             files.append(p)
     out = []

@@ -26,56 +26,88 @@ def run(
     set_: list[str] = typer.Option([], "--set", help="Override a key: workload.batch_size=8"),
     out: Path | None = typer.Option(None, "--out", help="Directory for result files."),
     device: str | None = typer.Option(None, "--device", help="auto | cpu | cuda"),
+    resume: bool = typer.Option(False, "--resume",
+                                help="Finish the run in --out: run only its points not done."),
+    overwrite: bool = typer.Option(False, "--overwrite",
+                                   help="Replace the run in --out (removes only its files)."),
 ) -> None:
-    """Run every sweep point of a scenario through the engine and save the results."""
+    """Run every sweep point of a scenario through the engine and save the results.
+
+    The run owns its --out directory (manifest.json + a lock): a directory that holds
+    another run is refused unless --resume (only the points not done) or --overwrite.
+    The whole sweep is validated before the first point is measured.
+    """
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from infbench import results as results_mod
     from infbench.bench import ModelCache, resolve_device, run_point
+    from infbench.preflight import preflight
     from infbench.report import run_table
+    from infbench.rundir import RunDir, default_out_dir
     from infbench.scenario import load_scenario
 
+    if resume and overwrite:
+        raise UserError("--resume and --overwrite are mutually exclusive; give one")
     if device is not None:
         device = resolve_device(device, "--device")  # fail before any point runs
     sc = load_scenario(scenario, set_)
     points = sc.points()
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    out_dir = out or Path("results") / "runs" / f"{points[0].name}-{stamp}"
+    out_dir = out or default_out_dir(points[0].name, time.strftime("%Y%m%d-%H%M%S"))
     # Logs (CI, pipes) get 120 columns instead of rich's 80, so the table is not truncated.
     width = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 120
     console = Console(stderr=True, width=width)
+    for note in preflight(points, out_dir, device):
+        console.print(f"note: {note}", highlight=False)
+    rundir = RunDir.claim(out_dir, points, scenario_path=str(scenario), device=device,
+                          resume=resume, overwrite=overwrite)
+    finished = rundir.done_results()
+    todo = [p for p in points if p.index in set(rundir.pending())]
+    if finished:
+        console.print(f"resuming {out_dir}: {len(finished)} point(s) done, {len(todo)} to run")
     cache = ModelCache()
-    finished: list[dict[str, Any]] = []
     failure: UserError | None = None
-    csv_path = out_dir / f"{points[0].name}.csv"
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(),
-                  TextColumn("{task.completed}/{task.total} steps"), TimeElapsedColumn(),
-                  console=console, transient=True) as progress:
-        overall = progress.add_task(f"{sc.name}: {len(points)} point(s)", total=len(points))
-        for point in points:
-            task = progress.add_task(f"{point.label}", total=None)
+    csv_path = rundir.csv_path
+    status = "interrupted"
+    try:
+        with Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                      TextColumn("{task.completed}/{task.total} steps"), TimeElapsedColumn(),
+                      console=console, transient=True) as progress:
+            overall = progress.add_task(f"{sc.name}: {len(points)} point(s)",
+                                        total=len(points), completed=len(finished))
+            for point in todo:
+                task = progress.add_task(f"{point.label}", total=None)
 
-            def on_step(_record: Any, task: Any = task) -> None:
-                progress.advance(task)
+                def on_step(_record: Any, task: Any = task) -> None:
+                    progress.advance(task)
 
-            def on_phase(msg: str, task: Any = task, label: str = point.label) -> None:
-                progress.update(task, description=f"{label}: {msg}", completed=0)
+                def on_phase(msg: str, task: Any = task, label: str = point.label) -> None:
+                    progress.update(task, description=f"{label}: {msg}", completed=0)
 
-            try:
-                result = run_point(point, cache=cache, device=device, on_step=on_step,
-                                   on_phase=on_phase)
-            except UserError as exc:
-                failure = UserError(f"{scenario}: point {point.index} ({point.label}): {exc}")
-                break
-            path = out_dir / f"{point.name}_{point.index:03d}.json"
-            results_mod.write_json_atomic(path, result)
-            result["_path"] = str(path)
-            finished.append(result)
-            rows = [results_mod.flatten_for_csv(r) for r in finished]
-            results_mod.write_csv_atomic(csv_path, rows)
-            progress.remove_task(task)
-            progress.advance(overall)
+                rundir.mark(point.index, "running")
+                try:
+                    result = run_point(point, cache=cache, device=device, on_step=on_step,
+                                       on_phase=on_phase)
+                except UserError as exc:
+                    failure = UserError(f"{scenario}: point {point.index} ({point.label}): {exc}")
+                    rundir.mark(point.index, "failed", str(exc))
+                    break
+                except BaseException:
+                    rundir.mark(point.index, "pending")  # interrupted: --resume reruns it
+                    raise
+                path = rundir.file_for(point.index)
+                results_mod.write_json_atomic(path, result)
+                result["_path"] = str(path)
+                finished.append(result)
+                finished.sort(key=lambda r: r.get("point_index", 0))
+                results_mod.write_csv_atomic(
+                    csv_path, [results_mod.flatten_for_csv(r) for r in finished])
+                rundir.mark(point.index, "done")
+                progress.remove_task(task)
+                progress.advance(overall)
+        status = "failed" if failure is not None else "done"
+    finally:
+        rundir.close(status)
     if finished:
         Console(width=width).print(run_table(finished))
         console.print(f"wrote {len(finished)} result file(s) and {csv_path} to {out_dir}")

@@ -1,0 +1,160 @@
+"""Validate a whole sweep before its first point is measured.
+
+`infbench run` calls `preflight(points, out_dir, device)` once: it refuses, with one
+line naming the point, the key and the limit, what would otherwise fail only when
+that point is reached, after earlier points spent minutes:
+
+- an `--out` that is a file, lies under a file or is not writable;
+- a point whose longest request (prompt + gen, with the workload's length
+  distribution drawn exactly as the run will draw it) exceeds the model's context;
+- a point whose weights plus the KV cache and state of one longest sequence (the
+  least the engine needs, sized by `infbench.roofline.shapes`) exceed the free memory
+  of the device or the byte budget `engine.kv_cache_memory`;
+- a `gate:` block whose baseline is missing, unreadable, lacks the gated metric, or
+  ran a different scenario or other points.
+
+A whole batch that does not fit at once is not an error (the engine queues and
+preempts); it comes back as a note.  The analytic memory model counts weights, KV
+cache and recurrent state; activations are not in it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from infbench.errors import UserError
+
+
+def preflight(points: list[Any], out_dir: Path, device: str | None = None) -> list[str]:
+    """Raise a UserError for the first problem found; return notes worth printing."""
+    from infbench.rundir import check_writable
+
+    check_writable(out_dir)
+    notes: list[str] = []
+    free: dict[str, int] = {}
+    for point in points:
+        cfg = point.model_config()
+        longest = longest_request(point, cfg.vocab_size)
+        check_context(point, cfg, longest)
+        notes.extend(check_memory(point, cfg, longest, device, free))
+    if points and points[0].gate is not None:
+        check_gate(points[0].gate, points)
+    return notes
+
+
+def _where(point: Any) -> str:
+    return f"{point.source}: point {point.index} ({point.label})"
+
+
+def longest_request(point: Any, vocab_size: int) -> tuple[int, int]:
+    """(prompt, gen) of the request with the most tokens, drawn exactly as the run draws them.
+
+    Text prompts take the lengths of random ones (the same seeded length streams); a
+    chat template can still add a few tokens, which the engine checks when it runs.
+    """
+    from infbench.workload import generate_requests
+
+    workload = dataclasses.replace(point.workload, prompt_source="random", chat=False)
+    requests = generate_requests(workload, vocab_size)
+    r = max(requests, key=lambda r: len(r.prompt_ids) + r.sampling.max_tokens)
+    return len(r.prompt_ids), r.sampling.max_tokens
+
+
+def check_context(point: Any, cfg: Any, longest: tuple[int, int]) -> None:
+    prompt, gen = longest
+    if prompt + gen > cfg.max_seq_len:
+        w = point.workload
+        drawn = "" if w.prompt_len_dist == w.gen_len_dist == "fixed" else " (longest drawn)"
+        raise UserError(
+            f"{_where(point)}: workload.prompt_len + workload.gen_len = {prompt} + {gen} = "
+            f"{prompt + gen} tokens{drawn} exceeds the model context "
+            f"(model max_seq_len {cfg.max_seq_len} tokens); nothing was measured")
+
+
+def free_memory_bytes(device: str) -> int:
+    """Free device memory (CUDA) or MemAvailable (CPU), as the engine sizes its KV budget."""
+    import torch
+
+    from infbench.engine.kv_cache import available_memory_bytes
+
+    return available_memory_bytes(torch.device(device))
+
+
+def check_memory(point: Any, cfg: Any, longest: tuple[int, int], device: str | None,
+                 free: dict[str, int]) -> list[str]:
+    from infbench.bench import resolve_device
+    from infbench.roofline.shapes import kv_cache_bytes, state_bytes_per_seq, weight_bytes
+
+    dev = resolve_device(device or point.device)
+    if dev not in free:
+        free[dev] = free_memory_bytes(dev)
+    avail = free[dev]
+    quant = point.quant_config()
+    weights = weight_bytes(cfg, point.dtype, quant)
+    prompt, gen = longest
+    one_seq = (kv_cache_bytes(cfg, point.dtype, quant, prompt + gen, 1)
+               + state_bytes_per_seq(cfg, point.dtype))
+    gb = 1e9
+    if weights + one_seq > avail:
+        raise UserError(
+            f"{_where(point)}: predicted memory {(weights + one_seq) / gb:.2f} GB (weights "
+            f"{weights / gb:.2f} GB + KV and state of one {prompt + gen}-token sequence "
+            f"{one_seq / gb:.3f} GB) exceeds the free memory of {dev} ({avail / gb:.2f} GB); "
+            "nothing was measured")
+    budget = point.engine.kv_cache_memory
+    if budget > 1 and one_seq > budget:
+        raise UserError(
+            f"{_where(point)}: the KV cache and state of one {prompt + gen}-token sequence "
+            f"({one_seq / gb:.3f} GB) exceed engine.kv_cache_memory={budget:g} bytes; "
+            "raise it or lower the lengths; nothing was measured")
+    w = point.workload
+    batch = min(w.num_sequences, point.engine.max_num_seqs)
+    total = weights + (kv_cache_bytes(cfg, point.dtype, quant, prompt + gen, batch)
+                       + state_bytes_per_seq(cfg, point.dtype) * batch)
+    if batch > 1 and total > avail:
+        return [f"{_where(point)}: {batch} sequences at once need {total / gb:.2f} GB, more "
+                f"than the free {avail / gb:.2f} GB of {dev}; the engine will queue or preempt"]
+    return []
+
+
+def check_gate(gate: Any, points: list[Any]) -> None:
+    """The gate's baseline exists, is readable, carries the metric and ran these points."""
+    from infbench.gate import gated_values, load_results, parse_threshold
+    from infbench.rundir import normalized_points
+
+    if not gate.baseline:
+        raise UserError("gate.baseline: no baseline result file given; set gate.baseline to a "
+                        "result JSON or run directory (create one with `infbench run SCENARIO "
+                        "--out DIR` without the gate); nothing was measured")
+    path = Path(gate.baseline)
+    if not path.exists():
+        raise UserError(f"gate.baseline: {path} does not exist; create it with `infbench run "
+                        "SCENARIO --out DIR` (without the gate) and point gate.baseline at DIR "
+                        "or one of its result files; nothing was measured")
+    parse_threshold(gate.max_regression)
+    baselines = load_results([path])
+    for base in baselines:
+        gated_values(base, gate.metric, gate.normalize)  # the metric is there to gate on
+    news = normalized_points(points)
+    if len(baselines) == 1 and len(points) == 1:
+        pairs = [(baselines[0], news[0])]
+    else:
+        index = {(b.get("name"), b.get("point_index")): b for b in baselines}
+        pairs = []
+        for point, new in zip(points, news, strict=True):
+            found = index.get((point.name, point.index))
+            if found is None:
+                have = ", ".join(f"{n}[{i}]" for n, i in index)
+                raise UserError(f"gate.baseline: {path} has no point {point.name}[{point.index}] "
+                                f"({point.label}); it has {have}; nothing was measured")
+            pairs.append((found, new))
+    from infbench.gate import scenario_difference
+
+    for base, new in pairs:
+        diff = scenario_difference(base.get("scenario") or {}, {**new, "source": None})
+        if diff:
+            raise UserError(f"gate.baseline: {base.get('_path')} ran a different scenario "
+                            f"than point {new.get('index')} ({new.get('label')}): {diff} "
+                            "differs; nothing was measured")
