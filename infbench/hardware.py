@@ -11,23 +11,25 @@ JSON (see `profile_path`); any other name may also be a path to such a file.
 One rule for every spec, built-in or loaded: `HardwareSpec.__post_init__` refuses a
 peak, bandwidth or capacity that is not a finite number > 0, a dtype outside
 `PEAK_DTYPES`, and a malformed calibration curve; `load_profile` first checks the
-file against `ProfileSchema` (pydantic: extra keys forbidden, types strict) so a
+file against `profile_schema()` (pydantic: extra keys forbidden, types strict) so a
 damaged profile is one line naming the file and the key, never a traceback.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import numbers
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from infbench.errors import ConfigError, UserError
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 # Dtypes a peak (or a calibrated matmul curve) may be given for.
 PEAK_DTYPES = ("float32", "float16", "bfloat16", "float8", "int8")
@@ -219,65 +221,75 @@ def profile_path(name: str = "local") -> Path:
     return profile_dir() / f"{name}.json"
 
 
-PositiveFinite = Annotated[float, Field(gt=0, allow_inf_nan=False, strict=True)]
-NonNegativeFinite = Annotated[float, Field(ge=0, allow_inf_nan=False, strict=True)]
-Count = Annotated[int, Field(ge=0, strict=True)]
-Dtype = Literal["float32", "float16", "bfloat16", "float8", "int8"]
+# The profile schema lives in a function: pydantic costs ~150 ms to import, and the
+# datasheet path of every analytic command (predict, kv, roofline) never needs it.
+_TOP_KEYS = ("name", "description", "peak_flops", "bandwidth", "memory_bytes", "source",
+             "kind", "extra")
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+@functools.cache
+def profile_schema() -> tuple[type[BaseModel], type[BaseModel]]:
+    """(ProfileSchema, ProfileExtra): the JSON of a hardware profile, as pydantic models.
 
+    ProfileSchema: name, description, peak_flops {dtype: FLOP/s > 0}, bandwidth (bytes/s
+    > 0), memory_bytes (> 0), source, kind (gpu | cpu), extra; no other keys.
+    ProfileExtra: what `infbench calibrate` writes into `extra`, nothing else.
+    """
+    from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-class ProfileExtra(_Strict):
-    """`extra` of a calibrated profile: what `infbench calibrate` writes, nothing else."""
+    positive = Annotated[float, Field(gt=0, allow_inf_nan=False, strict=True)]
+    non_negative = Annotated[float, Field(ge=0, allow_inf_nan=False, strict=True)]
+    count = Annotated[int, Field(ge=0, strict=True)]
+    dtype = Literal["float32", "float16", "bfloat16", "float8", "int8"]
+    curve = list[tuple[positive, positive]]  # type: ignore[valid-type]
 
-    matmul_flops_by_tokens: dict[Dtype, list[tuple[PositiveFinite, PositiveFinite]]] | None = None
-    step_overhead_s: NonNegativeFinite | None = None
-    layer_overhead_s: NonNegativeFinite | None = None
-    seq_layer_overhead_s: NonNegativeFinite | None = None
-    device: Literal["cpu", "cuda"] | None = None
-    quick: bool | None = None
-    read_bytes_per_s: PositiveFinite | None = None
-    copy_bytes_per_s: PositiveFinite | None = None
-    gemv_bytes_per_s: PositiveFinite | None = None
-    engine_gemv_bytes_per_s: PositiveFinite | None = None
-    gemv_shape: tuple[Count, Count] | None = None
-    gemv_dtype: Dtype | None = None
-    gemm_flops_per_s: dict[Dtype, dict[str, PositiveFinite]] | None = None
-    buffer_bytes: Count | None = None
-    repeats: Count | None = None
-    warmup: Count | None = None
-    torch_threads: Count | None = None
-    torch_version: str | None = None
-    allow_tf32: bool | None = None
-    timestamp: str | None = None
+    class Strict(BaseModel):
+        model_config = ConfigDict(extra="forbid")
 
-    @field_validator("matmul_flops_by_tokens")
-    @classmethod
-    def _curves(cls, value: dict[str, list[tuple[float, float]]] | None
-                ) -> dict[str, list[tuple[float, float]]] | None:
-        for dtype, curve in (value or {}).items():
-            problem = check_curve(dtype, [list(p) for p in curve])
-            if problem:
-                raise ValueError(f"{dtype}: {problem}")
-        return value
+    class ProfileExtra(Strict):
+        matmul_flops_by_tokens: dict[dtype, curve] | None = None  # type: ignore[valid-type]
+        step_overhead_s: non_negative | None = None  # type: ignore[valid-type]
+        layer_overhead_s: non_negative | None = None  # type: ignore[valid-type]
+        seq_layer_overhead_s: non_negative | None = None  # type: ignore[valid-type]
+        device: Literal["cpu", "cuda"] | None = None
+        quick: bool | None = None
+        read_bytes_per_s: positive | None = None  # type: ignore[valid-type]
+        copy_bytes_per_s: positive | None = None  # type: ignore[valid-type]
+        gemv_bytes_per_s: positive | None = None  # type: ignore[valid-type]
+        engine_gemv_bytes_per_s: positive | None = None  # type: ignore[valid-type]
+        gemv_shape: tuple[count, count] | None = None  # type: ignore[valid-type]
+        gemv_dtype: dtype | None = None  # type: ignore[valid-type]
+        gemm_flops_per_s: dict[dtype, dict[str, positive]] | None = None  # type: ignore[valid-type]
+        buffer_bytes: count | None = None  # type: ignore[valid-type]
+        repeats: count | None = None  # type: ignore[valid-type]
+        warmup: count | None = None  # type: ignore[valid-type]
+        torch_threads: count | None = None  # type: ignore[valid-type]
+        torch_version: str | None = None
+        allow_tf32: bool | None = None
+        timestamp: str | None = None
 
+        @field_validator("matmul_flops_by_tokens")
+        @classmethod
+        def _curves(cls, value: dict[str, list[tuple[float, float]]] | None
+                    ) -> dict[str, list[tuple[float, float]]] | None:
+            for name, points in (value or {}).items():
+                problem = check_curve(name, [list(p) for p in points])
+                if problem:
+                    raise ValueError(f"{name}: {problem}")
+            return value
 
-class ProfileSchema(_Strict):
-    """A hardware profile JSON (`infbench calibrate` writes it; users may write their own)."""
+    class ProfileSchema(Strict):
+        name: str = Field(min_length=1)
+        description: str = "calibrated profile"
+        peak_flops: dict[dtype, positive] = Field(min_length=1)  # type: ignore[valid-type]
+        bandwidth: positive  # type: ignore[valid-type]
+        memory_bytes: positive  # type: ignore[valid-type]
+        source: str = ""
+        kind: Literal["gpu", "cpu"] = "cpu"
+        extra: ProfileExtra = Field(default_factory=ProfileExtra)
 
-    name: str = Field(min_length=1)
-    description: str = "calibrated profile"
-    peak_flops: dict[Dtype, PositiveFinite] = Field(min_length=1)
-    bandwidth: PositiveFinite  # bytes/s
-    memory_bytes: PositiveFinite  # bytes
-    source: str = ""
-    kind: Literal["gpu", "cpu"] = "cpu"
-    extra: ProfileExtra = Field(default_factory=ProfileExtra)
-
-
-_ALLOWED: dict[str, type[BaseModel]] = {"": ProfileSchema, "extra": ProfileExtra}
+    assert tuple(ProfileSchema.model_fields) == _TOP_KEYS
+    return ProfileSchema, ProfileExtra
 
 
 def _allowed(ctx: dict[str, Any]) -> str:
@@ -298,7 +310,8 @@ def _schema_message(err: Any) -> str:
     if err["loc"] and err["loc"][-1] == "[key]":
         return f"{key}: unknown dtype {got!r}; allowed: {_allowed(ctx)}"
     if kind == "extra_forbidden":
-        model = _ALLOWED.get(".".join(parts[:-1]))
+        top, extra = profile_schema()
+        model = {"": top, "extra": extra}.get(".".join(parts[:-1]))
         allowed = f"; allowed: {', '.join(model.model_fields)}" if model else ""
         return f"{key}: unknown key{allowed}"
     if kind == "missing":
@@ -321,7 +334,8 @@ def _schema_message(err: Any) -> str:
 
 
 def read_profile(path: Path) -> dict[str, Any]:
-    """The profile's JSON object, checked against `ProfileSchema` (UserError naming the file)."""
+    """The profile's JSON object, checked against `profile_schema()` (UserError naming the
+    file)."""
     try:
         raw = path.read_bytes()
     except OSError as exc:
@@ -343,9 +357,11 @@ def read_profile(path: Path) -> dict[str, Any]:
                         "fix the file") from None
     if not isinstance(data, dict):
         raise UserError(f"{path}: not a hardware profile: expected a JSON object with keys "
-                        f"{', '.join(ProfileSchema.model_fields)}, got {type(data).__name__}")
+                        f"{', '.join(_TOP_KEYS)}, got {type(data).__name__}")
+    from pydantic import ValidationError
+
     try:
-        ProfileSchema.model_validate(data)
+        profile_schema()[0].model_validate(data)
     except ValidationError as exc:
         errors = exc.errors()
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
