@@ -72,12 +72,16 @@ def inside(directory: Path, file_name: str) -> Path:
     return path
 
 
+def is_writable(directory: Path) -> bool:
+    return os.access(directory, os.W_OK | os.X_OK)
+
+
 def check_writable(out_dir: Path) -> None:
     """One-line error unless `out_dir` is (or can be created as) a writable directory."""
     if out_dir.exists():
         if not out_dir.is_dir():
             raise UserError(f"{out_dir}: --out is a file, not a directory; give a directory")
-        if not os.access(out_dir, os.W_OK | os.X_OK):
+        if not is_writable(out_dir):
             raise UserError(f"{out_dir}: --out directory is not writable (permission denied)")
         return
     parent = out_dir.absolute().parent
@@ -85,7 +89,7 @@ def check_writable(out_dir: Path) -> None:
         parent = parent.parent
     if not parent.is_dir():
         raise UserError(f"{out_dir}: --out lies under {parent}, which is a file, not a directory")
-    if not os.access(parent, os.W_OK | os.X_OK):
+    if not is_writable(parent):
         raise UserError(f"{out_dir}: cannot create --out: {parent} is not writable "
                         "(permission denied)")
 
@@ -286,6 +290,7 @@ class RunDir:
             manifest = cls._plan(out_dir, points, scenario_path, device, resume, overwrite)
             run = cls(out_dir, manifest, fd)
             run.save()
+            run.remove_temp_files()
         except BaseException:
             os.close(fd)
             raise
@@ -357,6 +362,13 @@ class RunDir:
     @property
     def csv_path(self) -> Path:
         return inside(self.path, self.manifest.csv)
+
+    def remove_temp_files(self) -> None:
+        """Temp files of atomic writes a killed run left (we hold the lock: none is live)."""
+        names = [MANIFEST_NAME, self.manifest.csv, *(p.file for p in self.manifest.points)]
+        for tmp in self.path.glob(".*.tmp"):
+            if any(tmp.name.startswith(f".{n}.") for n in names):
+                tmp.unlink(missing_ok=True)
 
     def pending(self) -> list[int]:
         return [p.index for p in self.manifest.points if p.status != "done"]
