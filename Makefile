@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test lint bench bench-gpu lock clean
+.PHONY: setup run test lint docs bench bench-gpu lock clean
 
 # The CPU install path installs exactly the versions in requirements-cpu.lock (every
 # dependency, transitive ones included), then infbench itself without resolving again.
@@ -28,6 +28,10 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check infbench kernels tests
 	$(BIN)/mypy
+
+# The manual in docs/ as a static site in site/ (offline, built-in theme; broken links fail).
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict -d site
 
 bench: $(STAMP)
 	$(BIN)/python -m infbench.benchmarks.cpu_vs_transformers
