@@ -154,7 +154,7 @@ def _workdir(tmp: Path) -> Path:
     return work
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _help(path: tuple[str, ...]) -> tuple[int, str]:
     proc = subprocess.run([*_infbench(), *path, "--help"], capture_output=True, text=True,
                           timeout=TIMEOUT_S, env=_env(Path(os.devnull)), cwd=REPO)
@@ -194,6 +194,16 @@ def test_examples_follow_the_convention() -> None:
     # the fast analytic commands must really run somewhere in the docs
     ran = {e.argv[0] for e in runnable if e.argv}
     assert {"predict", "kv", "roofline", "models", "hardware", "schema"} <= ran
+
+
+def test_readme_links_resolve() -> None:
+    """The README's relative links (the docs pages, the figure) point at files that exist."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    targets = re.findall(r"\]\(([^)\s]+)\)", text)
+    local = [t.split("#", 1)[0] for t in targets if "://" not in t and not t.startswith("#")]
+    assert local
+    missing = sorted({t for t in local if not (REPO / t).exists()})
+    assert not missing, f"README.md links to missing files: {missing}"
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[e.id for e in EXAMPLES])
