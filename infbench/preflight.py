@@ -21,6 +21,7 @@ cache and recurrent state; activations are not in it.
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +35,12 @@ def preflight(points: list[Any], out_dir: Path, device: str | None = None) -> li
     check_writable(out_dir)
     notes: list[str] = []
     free: dict[str, int] = {}
+    configs: dict[str, Any] = {}  # a GGUF's config takes seconds to read: once per model
     for point in points:
-        cfg = point.model_config()
+        key = json.dumps(point.model, sort_keys=True, default=str)
+        if key not in configs:
+            configs[key] = point.model_config()
+        cfg = configs[key]
         longest = longest_request(point, cfg.vocab_size)
         check_context(point, cfg, longest)
         notes.extend(check_memory(point, cfg, longest, device, free))
@@ -87,7 +92,8 @@ def check_memory(point: Any, cfg: Any, longest: tuple[int, int], device: str | N
     from infbench.bench import resolve_device
     from infbench.roofline.shapes import kv_cache_bytes, state_bytes_per_seq, weight_bytes
 
-    dev = resolve_device(device or point.device)
+    key = "--device" if device else f"{point.source}: device"
+    dev = resolve_device(device or point.device, key)
     if dev not in free:
         free[dev] = free_memory_bytes(dev)
     avail = free[dev]

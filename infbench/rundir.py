@@ -328,8 +328,11 @@ class RunDir:
             raise UserError(f"{out_dir}: --resume: the directory holds result files but no "
                             f"{MANIFEST_NAME} (a run of an older infbench); use --overwrite")
         if (old is not None or old_results) and not overwrite:
+            # We hold the lock, so a manifest still "running" belongs to a process that died.
+            ended = "stopped before the end" if old and old.status == "running" else (
+                old.status if old else "")
             what = (f"a run of {old.name!r} ({len(old.done())}/{len(old.points)} points done, "
-                    f"{old.status})" if old is not None
+                    f"{ended})" if old is not None
                     else f"{len(old_results)} result file(s)")
             raise UserError(f"{out_dir}: holds {what}; use --resume to finish it, --overwrite "
                             "to replace it, or another --out")

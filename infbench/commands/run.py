@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -69,6 +70,7 @@ def run(
     failure: UserError | None = None
     csv_path = rundir.csv_path
     status = "interrupted"
+    previous = _exit_on_sigterm()
     try:
         with Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                       TextColumn("{task.completed}/{task.total} steps"), TimeElapsedColumn(),
@@ -108,6 +110,11 @@ def run(
         status = "failed" if failure is not None else "done"
     finally:
         rundir.close(status)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+        if status == "interrupted":
+            console.print(f"stopped: {len(finished)}/{len(points)} point(s) done in {out_dir}; "
+                          "finish with --resume", highlight=False)
     if finished:
         Console(width=width).print(run_table(finished))
         console.print(f"wrote {len(finished)} result file(s) and {csv_path} to {out_dir}")
@@ -122,11 +129,24 @@ def run(
             raise typer.Exit(code)
 
 
+def _exit_on_sigterm() -> Any:
+    """SIGTERM (a cancelled CI job) unwinds like Ctrl-C, so the manifest records the stop."""
+    def handler(signum: int, _frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    try:
+        return signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread: keep the default (the manifest still says running)
+        return None
+
+
 def generate(
     model: str = typer.Option(
-        ..., "--model", help="PRESET, HF directory, FILE.gguf or smollm2-135m"),
+        ..., "--model", callback=opt.non_empty,
+        help="PRESET, HF directory, FILE.gguf or smollm2-135m"),
     prompt: str | None = typer.Option(None, "--prompt", help="Prompt text."),
-    prompt_ids: str | None = typer.Option(None, "--prompt-ids", help="Token ids: 1,2,3"),
+    prompt_ids: str | None = typer.Option(
+        None, "--prompt-ids", callback=opt.token_id_list, help="Token ids: 1,2,3"),
     max_tokens: int = typer.Option(64, "--max-tokens", callback=opt.positive_int,
                                    help="Tokens to generate (>= 1)."),
     temperature: float = typer.Option(0.0, "--temperature", callback=opt.non_negative_float,
@@ -135,7 +155,7 @@ def generate(
                               help="Keep the k likeliest tokens; 0: off."),
     top_p: float = typer.Option(1.0, "--top-p", callback=opt.probability_mass,
                                 help="Nucleus mass in (0, 1]; 1: off."),
-    seed: int = typer.Option(0, "--seed", callback=opt.non_negative_int),
+    seed: int = typer.Option(0, "--seed", callback=opt.seed, help="0 .. 2**63 - 1."),
     chat: bool = typer.Option(False, "--chat", help="Apply the model's chat template."),
     output_ids: bool = typer.Option(False, "--output-ids", help="Print token ids, not text."),
     device: str = typer.Option("auto", "--device"),

@@ -391,6 +391,34 @@ def test_an_incompatible_gate_baseline_is_refused_before_any_point_runs(
     assert calls == [0, 1]
 
 
+def test_sigterm_mid_sweep_records_the_stop_and_resume_finishes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        calls: list[int]) -> None:
+    import infbench.bench
+
+    fake = infbench.bench.run_point
+
+    def terminated_at_point_1(point: Any, **kw: Any) -> dict[str, Any]:
+        if point.index == 1:
+            os.kill(os.getpid(), signal.SIGTERM)  # a cancelled CI job, mid-point
+        return fake(point, **kw)
+
+    monkeypatch.setattr(infbench.bench, "run_point", terminated_at_point_1)
+    out = tmp_path / "out"
+    code, _, err = run_cli(monkeypatch, capsys, "run", str(scenario(tmp_path)), "--out", str(out))
+    assert code == 143 and "1/2 point(s) done" in err and "--resume" in err
+    manifest = read_manifest(out)
+    assert manifest is not None and manifest.status == "interrupted"
+    assert [p.status for p in manifest.points] == ["done", "pending"]
+    assert sorted(p.name for p in out.glob("tiny_run*")) == ["tiny_run.csv", "tiny_run_000.json"]
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # restored
+    monkeypatch.setattr(infbench.bench, "run_point", fake)
+    code, _, err = run_cli(monkeypatch, capsys, "run", str(scenario(tmp_path)), "--out", str(out),
+                           "--resume")
+    assert code == 0, err
+    assert calls == [0, 1]  # point 1 stopped before it ran; resumed: only point 1
+
+
 # ------------------------------------------------------------------ a real kill
 def test_sigkill_mid_sweep_leaves_complete_files_and_resume_finishes(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
