@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from pathlib import Path
 
 import typer
 
@@ -22,6 +23,18 @@ def _int_at_least(minimum: int) -> Callable[[int | None], int | None]:
         return value
 
     return check
+
+
+# The largest seed torch's generators take; infbench.scenario.MAX_SEED is the same bound
+# (not imported: that module pulls in pydantic, and the CLI imports this one on startup).
+MAX_SEED = 2**63 - 1
+
+
+def seed(value: int | None) -> int | None:
+    """A random seed in [0, 2**63 - 1]."""
+    if value is not None and not 0 <= value <= MAX_SEED:
+        raise typer.BadParameter(f"must be in [0, 2**63 - 1] (got {value})")
+    return value
 
 
 positive_int = _int_at_least(1)
@@ -97,6 +110,26 @@ def positive_int_list(value: str | None) -> str | None:
     return value
 
 
+def token_id_list(value: str | None) -> str | None:
+    """Comma-separated token ids >= 0 (`--prompt-ids 1,2,3`): no empty entries."""
+    if value is None:
+        return value
+    parts = [part.strip() for part in value.split(",")]
+    if any(not part for part in parts):
+        raise typer.BadParameter(
+            f"expected comma-separated token ids such as 1,2,3 (got {value!r})")
+    for part in parts:
+        try:
+            token = int(part)
+        except ValueError:
+            raise typer.BadParameter(
+                f"expected comma-separated token ids such as 1,2,3; {part!r} is not an integer "
+                f"(got {value!r})") from None
+        if token < 0:
+            raise typer.BadParameter(f"token ids must be >= 0 (got {token})")
+    return value
+
+
 def name_list(value: str | None) -> str | None:
     """A comma-separated list of names (`--models a,b`): no empty entries."""
     if value is not None:
@@ -110,4 +143,11 @@ def non_empty(value: str | None) -> str | None:
     """A string option that must not be empty or blank (`--model ''`)."""
     if value is not None and not value.strip():
         raise typer.BadParameter("must not be empty")
+    return value
+
+
+def output_file(value: Path | None) -> Path | None:
+    """A file the command will write: not an existing directory (`--csv .`)."""
+    if value is not None and value.is_dir():
+        raise typer.BadParameter(f"{value} is a directory; expected a file name")
     return value

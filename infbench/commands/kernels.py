@@ -10,6 +10,7 @@ from pathlib import Path
 
 import typer
 
+from infbench.commands import _options as opt
 from infbench.errors import UserError
 
 
@@ -28,7 +29,8 @@ def bench(
         "auto", help="float32 | float16 | bfloat16 | auto (bfloat16 on cuda, float32 on cpu)."
     ),
     quick: bool = typer.Option(False, "--quick", help="A short sweep (about 20 s on a CPU)."),
-    out: Path | None = typer.Option(None, "--out", help="Write the rows to this JSON file."),
+    out: Path | None = typer.Option(None, "--out", callback=opt.output_file,
+                                    help="Write the rows to this JSON file."),
     hardware: str | None = typer.Option(
         None, help="Hardware spec for the peaks (default: cpu on CPU, h100-sxm on CUDA)."
     ),

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import typer
 
+from infbench.commands import _options as opt
 from infbench.errors import UserError
 
 
@@ -74,8 +75,10 @@ def calibrate(
 
 def report(
     results: list[Path] = typer.Argument(..., help="Result JSON files or directories."),
-    markdown: Path | None = typer.Option(None, "--markdown", help="Also write a Markdown table."),
-    csv: Path | None = typer.Option(None, "--csv", help="Also write the table as CSV."),
+    markdown: Path | None = typer.Option(None, "--markdown", callback=opt.output_file,
+                                         help="Also write a Markdown table."),
+    csv: Path | None = typer.Option(None, "--csv", callback=opt.output_file,
+                                    help="Also write the table as CSV."),
 ) -> None:
     """Measured vs predicted TTFT, TPOT and throughput, with the model's error %."""
     from rich.console import Console

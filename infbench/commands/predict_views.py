@@ -36,7 +36,8 @@ def kv_command(
     hardware: str = typer.Option(DEFAULT_HARDWARE, help="Hardware for the max batch."),
     dtype: str = typer.Option("bfloat16", help="Model dtype."),
     kv_dtype: str = typer.Option("none", help="KV cache: none | int8 | fp8."),
-    plot: Path | None = typer.Option(None, help="Write a bar chart PNG here."),
+    plot: Path | None = typer.Option(
+        None, callback=opt.output_file, help="Write a bar chart PNG here."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON on stdout."),
     results: list[Path] | None = typer.Option(
         None, "--results", help="Result files/directories of `infbench run`: measured "
@@ -100,7 +101,7 @@ def roofline_command(
     quant: str = typer.Option("none", help="Weights: none | int8 | int4."),
     kv_dtype: str = typer.Option("none", help="KV cache: none | int8 | fp8."),
     set_: list[str] | None = typer.Option(None, "--set", help="field=value model override."),
-    out: Path = typer.Option(Path("roofline.png"), help="PNG to write."),
+    out: Path = typer.Option(Path("roofline.png"), callback=opt.output_file, help="PNG to write."),
     with_ops: bool = typer.Option(True, "--ops/--no-ops", help="Plot every operator too."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON on stdout."),
 ) -> None:
