@@ -119,8 +119,7 @@ def main(args: list[str] | None = None) -> None:
             if _show_no_args_help(exc):
                 sys.exit(2)
             print(f"error: {usage_message(exc)}", file=sys.stderr)
-            code = exc.exit_code  # type: ignore[attr-defined]
-            sys.exit(code if code else 2)
+            sys.exit(2)  # click's FileError says 1; every bad input is 2 here
         raise
     sys.exit(rc if isinstance(rc, int) else 0)
 

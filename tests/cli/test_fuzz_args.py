@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -124,11 +125,15 @@ def no_real_work() -> Iterator[None]:
         yield
 
 
-def run_sandboxed(args: list[str]) -> tuple[int, str, set[str]]:
-    """Run main(args) with cwd in a fresh directory; (exit code, output, stray entries)."""
+def run_sandboxed(args: list[str], inputs: dict[str, Path] | None = None,
+                  ) -> tuple[int, str, set[str]]:
+    """Run main(args) with cwd in a fresh directory holding `inputs` (name -> source file);
+    return (exit code, output, entries written next to that directory)."""
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp) / "work"
         work.mkdir()
+        for name, source in (inputs or {}).items():
+            shutil.copyfile(source, work / name)
         out, err = io.StringIO(), io.StringIO()
         old_cwd = os.getcwd()
         os.chdir(work)
@@ -162,6 +167,33 @@ def test_fuzzed_arguments_exit_0_or_2_without_traceback(command: str, data: st.D
         # A usage error is one line; `infbench kernels` without a sub-command prints help.
         assert any(line.startswith("error: ") for line in lines) or "Usage" in output, (
             args, output)
+
+
+REPO = Path(__file__).resolve().parents[2]
+# A real result file and a predict-only scenario (a preset, no checkpoint), so that the
+# commands reading them get past "no such file" and parse their other options for real.
+INPUTS = {"a.json": REPO / "results" / "baselines" / "ci" / "ci_gate_000.json",
+          "x.yaml": REPO / "scenarios" / "lecture_llama2_13b.yaml"}
+WITH_INPUTS = {"report": ["a.json"], "compare": ["a.json", "a.json"], "plots": ["a.json"],
+               "roofline": ["a.json"], "kv": ["--results", "a.json"], "predict": ["x.yaml"],
+               "run": ["x.yaml"]}
+
+
+@pytest.mark.parametrize("command", sorted(WITH_INPUTS))
+@settings(max_examples=max(MAX_EXAMPLES // 4, 5), deadline=None, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(data=st.data())
+def test_fuzzed_options_on_real_inputs(command: str, data: st.DataObject,
+                                       no_real_work: None) -> None:
+    """Options fuzzed after a real input (these examples plot: fewer of them)."""
+    if not all(path.is_file() for path in INPUTS.values()):
+        pytest.skip("the example result file or scenario moved")
+    args = data.draw(arguments(command), label="args")
+    args[len(command.split()):len(command.split())] = WITH_INPUTS[command]
+    code, output, stray = run_sandboxed(args, INPUTS)
+    assert "Traceback" not in output, (args, output)
+    assert code in (0, 2), (args, code, output)
+    assert not stray, (args, stray)
 
 
 def test_every_command_is_fuzzed() -> None:
