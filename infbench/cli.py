@@ -64,7 +64,8 @@ def _option_name(param: Any) -> str:
 
 
 def _one_line(text: str) -> str:
-    return " ".join(text.split())
+    """Line breaks become spaces (a path with two spaces in it stays as it is)."""
+    return " ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
 def usage_message(exc: Any) -> str:
