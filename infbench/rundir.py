@@ -138,7 +138,14 @@ class Manifest:
         fields = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in data.items() if k in fields}
         kwargs["points"] = [PointEntry(**p) for p in data.get("points") or []]
-        return cls(**kwargs)
+        manifest = cls(**kwargs)
+        for p in manifest.points:
+            if not (isinstance(p.file, str) and isinstance(p.index, int)
+                    and p.status in STATUSES):
+                raise ValueError(f"point entry {dataclasses.asdict(p)} is malformed")
+        if not isinstance(manifest.scenario_points, list):
+            raise ValueError("scenario_points is not a list")
+        return manifest
 
     def done(self) -> list[PointEntry]:
         return [p for p in self.points if p.status == "done"]
@@ -150,12 +157,12 @@ def read_manifest(directory: Path) -> Manifest | None:
     if not path.exists():
         return None
     try:
-        text = path.read_text()
+        text = path.read_bytes()  # json.loads decodes it, and names bad UTF-8 as a ValueError
     except OSError as exc:
         raise ResultSchemaError(f"{path}: cannot read ({exc.strerror})") from None
     try:
         data = json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # not JSON, a huge number, nesting too deep
         raise DamagedFileError(f"{path}: damaged run manifest, not JSON ({exc}); remove it or "
                                "use --overwrite") from None
     try:
@@ -238,7 +245,7 @@ def _is_result_json(path: Path) -> bool:
 
     try:
         data = json.loads(path.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return False
     return isinstance(data, dict) and data.get("kind") == RESULT_KIND
 
@@ -422,7 +429,7 @@ def clear_run_files(out_dir: Path, manifest: Manifest | None, results: list[Path
         names.add(path.name)
         try:
             stored = json.loads(path.read_text()).get("name")
-        except (OSError, ValueError, AttributeError):
+        except (OSError, ValueError, RecursionError, AttributeError):
             stored = None
         if isinstance(stored, str):
             names.add(csv_file_name(stored))

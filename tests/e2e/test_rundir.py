@@ -234,6 +234,26 @@ def test_report_reads_only_the_points_the_manifest_lists_as_done(
     assert len(load_results([out])) == 3
 
 
+@pytest.mark.parametrize("damage", [b"{", b"\xff\xfe", b"[" * 5000, b'{"kind": "x"}',
+                                    b'{"kind": "infbench.run_manifest", "schema_version": 1, '
+                                    b'"points": [{"index": 0, "file": 7}]}'])
+def test_a_damaged_manifest_is_one_line_and_overwrite_replaces_it(
+        damage: bytes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str], measured: Path, calls: list[int]) -> None:
+    out = copy_run(measured, tmp_path / "out")
+    (out / MANIFEST_NAME).write_bytes(damage)
+    for args in (["report", str(out)],
+                 ["run", str(scenario(tmp_path)), "--out", str(out)],
+                 ["run", str(scenario(tmp_path)), "--out", str(out), "--resume"]):
+        code, _, err = run_cli(monkeypatch, capsys, *args)
+        assert code == 2 and err.startswith(f"error: {out / MANIFEST_NAME}: "), err
+        assert err.count("\n") == 1 and "Traceback" not in err
+    code, _, err = run_cli(monkeypatch, capsys, "run", str(scenario(tmp_path)), "--out", str(out),
+                           "--overwrite")
+    assert code == 0, err
+    assert calls == [0, 1] and read_manifest(out) is not None
+
+
 # ------------------------------------------------------------------ names and --out
 @pytest.mark.parametrize("name", ["../../evil", "/etc/evil", ".hidden/../evil", "a b:c*d"])
 def test_a_scenario_name_never_writes_outside_out(
