@@ -24,15 +24,18 @@ def register(app: typer.Typer) -> None:
 
 
 def bench(
-    device: str = typer.Option("auto", help="cpu | cuda | auto (cuda when available)."),
+    device: str = typer.Option(
+        "auto", callback=opt.non_empty, help="cpu | cuda | auto (cuda when available)."),
     dtype: str = typer.Option(
-        "auto", help="float32 | float16 | bfloat16 | auto (bfloat16 on cuda, float32 on cpu)."
+        "auto", callback=opt.non_empty,
+        help="float32 | float16 | bfloat16 | auto (bfloat16 on cuda, float32 on cpu)."
     ),
     quick: bool = typer.Option(False, "--quick", help="A short sweep (about 20 s on a CPU)."),
     out: Path | None = typer.Option(None, "--out", callback=opt.output_file,
                                     help="Write the rows to this JSON file."),
     hardware: str | None = typer.Option(
-        None, help="Hardware spec for the peaks (default: cpu on CPU, h100-sxm on CUDA)."
+        None, callback=opt.non_empty,
+        help="Hardware spec for the peaks (default: cpu on CPU, h100-sxm on CUDA)."
     ),
 ) -> None:
     """Time each kernel over a size sweep; report achieved GB/s, TFLOP/s and % of peak.

@@ -24,7 +24,8 @@ def register(app: typer.Typer) -> None:
 
 
 def calibrate(
-    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda"),
+    device: str = typer.Option("auto", "--device", callback=opt.non_empty,
+                               help="auto | cpu | cuda"),
     quick: bool = typer.Option(False, "--quick", help="Small buffers and few repeats (seconds)."),
     name: str = typer.Option("local", "--name", help="Profile name: `hardware: NAME`."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),

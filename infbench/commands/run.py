@@ -158,9 +158,9 @@ def generate(
     seed: int = typer.Option(0, "--seed", callback=opt.seed, help="0 .. 2**63 - 1."),
     chat: bool = typer.Option(False, "--chat", help="Apply the model's chat template."),
     output_ids: bool = typer.Option(False, "--output-ids", help="Print token ids, not text."),
-    device: str = typer.Option("auto", "--device"),
-    dtype: str = typer.Option("float32", "--dtype"),
-    backend: str = typer.Option("auto", "--backend"),
+    device: str = typer.Option("auto", "--device", callback=opt.non_empty),
+    dtype: str = typer.Option("float32", "--dtype", callback=opt.non_empty),
+    backend: str = typer.Option("auto", "--backend", callback=opt.non_empty),
 ) -> None:
     """Complete one prompt: the completion on stdout, speed on stderr."""
     import torch
