@@ -322,9 +322,8 @@ class RunDir:
                     f"{out_dir}: --resume: the scenario differs from the run in this directory: "
                     f"{describe_difference(old, normalized, device)}; resume with the same "
                     "scenario and --set values, or use --overwrite")
-            for entry in old.points:
-                file_ok = (out_dir / entry.file).is_file()
-                if entry.status != "done" or not file_ok:
+            for entry in old.points:  # a done point whose file is gone or damaged runs again
+                if entry.status != "done" or not _is_result_json(inside(out_dir, entry.file)):
                     entry.status, entry.started, entry.finished, entry.error = (
                         "pending", None, None, None)
             old.status, old.finished, old.pid = "running", None, os.getpid()

@@ -178,6 +178,17 @@ def test_resume_after_a_kill_runs_only_the_points_not_done(
     assert code == 0 and calls == [1]
 
 
+def test_resume_reruns_a_done_point_whose_file_is_damaged(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        measured: Path, calls: list[int]) -> None:
+    out = copy_run(measured, tmp_path / "out")
+    (out / "tiny_run_000.json").write_text('{"kind": "infbench.run", "metr')  # hand-damaged
+    code, _, err = run_cli(monkeypatch, capsys, "run", str(scenario(tmp_path)), "--out", str(out),
+                           "--resume")
+    assert code == 0, err
+    assert calls == [0] and len(load_results([out])) == 2
+
+
 def test_resume_with_a_different_scenario_is_refused_naming_the_difference(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
         measured: Path, calls: list[int]) -> None:
