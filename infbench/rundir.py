@@ -193,13 +193,15 @@ def result_files(directory: Path) -> list[Path]:
 
 
 def normalized_points(points: list[Any]) -> list[dict[str, Any]]:
-    """The points as JSON data (as a result file stores them), without the scenario path."""
+    """The points as JSON data (as a result file stores them), without what does not change
+    a measurement: the scenario file's path and the gate block (judged after the run)."""
     from infbench.results import to_jsonable
 
     out = []
     for p in points:
         d = json.loads(json.dumps(to_jsonable(p.to_dict()), sort_keys=True))
         d.pop("source", None)
+        d.pop("gate", None)
         out.append(d)
     return out
 
