@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -330,11 +331,91 @@ def resolve_gguf(name_or_path: str | Path) -> Path:
     return path
 
 
+# GGUF metadata value types -> item size in bytes (8: string, 9: array are sized in the file)
+_GGUF_SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_GGUF_MAX_DIMS = 4
+
+
+def _precheck_gguf(path: Path) -> None:
+    """Walk the GGUF header, metadata and tensor infos, checking every count against the
+    bytes left, before gguf-py parses it.
+
+    gguf-py allocates in proportion to the counts it reads: one flipped byte (a string
+    turned into an array of 2**40 items) makes it eat all memory until the kernel kills the
+    process.  This walk reads only the metadata region (~2 MB for SmolLM2) and raises
+    ValueError at the first count that cannot fit in the file.
+    """
+    import mmap
+    import struct
+
+    with path.open("rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size < 24:
+            raise ValueError(f"{size} bytes, shorter than a GGUF header (24)")
+        with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            if buf[:4] != b"GGUF":
+                raise ValueError(f"bad magic {bytes(buf[:4])!r}, expected b'GGUF'")
+            order = "<" if struct.unpack_from("<I", buf, 4)[0] & 0xFFFF else ">"
+            pos = 8
+
+            def take(fmt: str) -> int:
+                nonlocal pos
+                width = struct.calcsize(fmt)
+                if pos + width > size:
+                    raise ValueError(f"ends inside the metadata (offset {pos})")
+                (value,) = struct.unpack_from(order + fmt, buf, pos)
+                pos += width
+                return int(value)
+
+            def fits(count: int, width: int, what: str) -> None:
+                if count < 0 or count * width > size - pos:
+                    raise ValueError(f"{what} of {count} x {width} bytes at offset {pos} runs "
+                                     f"past the end of the file ({size} bytes)")
+
+            def skip(count: int, width: int, what: str) -> None:
+                nonlocal pos
+                fits(count, width, what)
+                pos += count * width
+
+            def value(kind: int, depth: int = 0) -> None:
+                if kind in _GGUF_SCALAR_SIZES:
+                    skip(1, _GGUF_SCALAR_SIZES[kind], "a value")
+                elif kind == 8:
+                    skip(take("Q"), 1, "a string")
+                elif kind == 9 and depth == 0:
+                    item, count = take("I"), take("Q")
+                    if item in _GGUF_SCALAR_SIZES:
+                        skip(count, _GGUF_SCALAR_SIZES[item], "an array")
+                    elif item == 8:
+                        fits(count, 8, "an array of strings")  # at least a length each
+                        for _ in range(count):
+                            value(8)
+                    else:
+                        raise ValueError(f"array item type {item} at offset {pos} unknown")
+                else:
+                    raise ValueError(f"metadata value type {kind} at offset {pos} unknown")
+
+            num_tensors, num_kv = take("Q"), take("Q")
+            fits(num_kv, 13, "the metadata count")  # key length + type + a 1-byte value
+            fits(num_tensors, 28, "the tensor count")  # name length + 1 dim + type + offset
+            for _ in range(num_kv):
+                skip(take("Q"), 1, "a metadata key")
+                value(take("I"))
+            for _ in range(num_tensors):
+                skip(take("Q"), 1, "a tensor name")
+                num_dims = take("I")
+                if not 1 <= num_dims <= _GGUF_MAX_DIMS:
+                    raise ValueError(f"a tensor with {num_dims} dimensions at offset {pos}")
+                skip(num_dims, 8, "tensor dimensions")
+                skip(1, 12, "a tensor type and offset")
+
+
 def open_gguf(path: str | Path) -> GGUFReader:
     """A memory-mapped GGUFReader; a truncated or corrupted file is a DamagedFileError."""
     from gguf import GGUFReader
 
     try:
+        _precheck_gguf(Path(path))
         return GGUFReader(str(path))
     except OSError as exc:
         raise UserError(f"{path}: cannot read ({exc.strerror or exc})") from exc
