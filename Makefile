@@ -28,6 +28,7 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check infbench kernels tests
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 # The manual in docs/ as a static site in site/ (offline, built-in theme; broken links fail).
 docs: $(STAMP)

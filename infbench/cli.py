@@ -14,7 +14,7 @@ from typing import Any
 
 import typer
 
-from infbench.errors import UserError
+from infbench.core.errors import UserError
 
 app = typer.Typer(
     name="infbench",
@@ -25,7 +25,7 @@ app = typer.Typer(
 )
 
 # Sub-command modules, in the order their commands appear in --help.
-COMMAND_MODULES = ("predict", "run", "kernels", "measure")
+COMMAND_MODULES = ("predict", "predict_views", "run", "kernels", "measure")
 
 for _name in COMMAND_MODULES:
     try:

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from infbench.config import EngineConfig, ModelConfig
+from infbench.core.config import EngineConfig, ModelConfig
 from infbench.engine.engine import Engine, max_tokens_needed
 from infbench.engine.request import Request, SamplingParams
 from infbench.model.context import DenseContext

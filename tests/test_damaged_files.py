@@ -19,12 +19,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from infbench.errors import UserError
-from infbench.model.configs import SMOLLM2_FILE, config_from_gguf
+from infbench.core.checkpoint_config import SMOLLM2_FILE, config_from_gguf
+from infbench.core.errors import UserError
+from infbench.core.scenario import load_scenario
 from infbench.model.loader import load_model
 from infbench.model.tokenizer import Tokenizer
-from infbench.results import load_result
-from infbench.scenario import load_scenario
+from infbench.results.store import load_result
 
 
 def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -352,8 +352,8 @@ def test_non_utf8_scenario_through_run(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------ result JSON
 def _result(tmp: Path) -> dict[str, object]:
-    from infbench.hardware import get_hardware
-    from infbench.results import build_result
+    from infbench.core.hardware import get_hardware
+    from infbench.results.store import build_result
 
     point = {"name": "r", "label": "default", "index": 0, "dtype": "float32",
              "hardware": "cpu", "workload": {"batch_size": 1}}
@@ -399,8 +399,8 @@ def test_damaged_result_through_report(tmp_path: Path) -> None:
 
 
 def test_roofline_and_plots_on_results_with_missing_fields(tmp_path: Path) -> None:
-    from infbench.gate import load_results
-    from infbench.plots_measured import measured_roofline_figure
+    from infbench.plots.measured import measured_roofline_figure
+    from infbench.results.gate import load_results
 
     doc = _result(tmp_path)
     # no `hardware` but scenario.hardware names a known part: plotted against that one

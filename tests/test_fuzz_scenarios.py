@@ -22,8 +22,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from infbench.errors import UserError
-from infbench.scenario import (
+from infbench.core.errors import UserError
+from infbench.core.scenario import (
     EngineSection,
     GateSection,
     MeasureSection,
@@ -124,9 +124,9 @@ def _dump(doc: dict[str, Any]) -> str:
 
 def _load_and_expand(path: Path) -> int:
     """Everything `infbench run` / `predict` do with a scenario before any tensor exists."""
-    from infbench.hardware import get_hardware
-    from infbench.prediction import predict_point
-    from infbench.results import to_jsonable
+    from infbench.core.hardware import get_hardware
+    from infbench.measure.prediction import predict_point
+    from infbench.results.store import to_jsonable
 
     scenario = load_scenario(path)
     points = scenario.points()

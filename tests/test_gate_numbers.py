@@ -20,8 +20,8 @@ from measure.conftest import make_result  # tests/ is on pythonpath (pyproject)
 from rich.console import Console
 
 from infbench import cli
-from infbench.errors import ResultSchemaError, UserError
-from infbench.gate import compare, gate_from_scenario
+from infbench.core.errors import ResultSchemaError, UserError
+from infbench.results.gate import compare, gate_from_scenario
 
 BAD = [float("nan"), float("inf"), float("-inf"), 0.0, -5.0]
 BAD_IDS = ["nan", "inf", "-inf", "zero", "negative"]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from infbench.config import ModelConfig
-from infbench.hardware import HARDWARE, HardwareSpec
+from infbench.core.config import ModelConfig
+from infbench.core.hardware import HARDWARE, HardwareSpec
 from infbench.roofline.analysis import predict
 
 

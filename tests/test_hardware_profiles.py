@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from infbench import cli
-from infbench.errors import ConfigError, UserError
-from infbench.hardware import HARDWARE, HardwareSpec, get_hardware, load_profile
+from infbench.core.errors import ConfigError, UserError
+from infbench.core.hardware import HARDWARE, HardwareSpec, get_hardware, load_profile
 
 GOOD: dict[str, Any] = {
     "name": "box", "description": "a test box", "kind": "cpu", "source": "hand-written",

@@ -9,14 +9,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from infbench.metrics import (
+from infbench.engine.records import RequestRecord, StepRecord
+from infbench.measure.metrics import (
     GATE_METRICS,
     aggregate_repeats,
     inter_token_latencies,
     latency_stats,
     summarize,
 )
-from infbench.records import RequestRecord, StepRecord
 
 
 def step(i: int, *, start: float, dur: float, prefill: int = 0, decode: int = 0,

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infbench.errors import UserError
-from infbench.scenario import load_scenario
+from infbench.core.errors import UserError
+from infbench.core.scenario import load_scenario
 
 _BASE = {
     "name": "downgrade", "device": "cpu", "dtype": "float32", "hardware": "cpu",
@@ -33,9 +33,9 @@ def _points(tmp: Path, **changes: object) -> list[object]:
 
 
 def test_run_refuses_speculative_decoding_but_predict_prices_it(tmp_path: Path) -> None:
-    from infbench.bench import run_point
-    from infbench.hardware import get_hardware
-    from infbench.prediction import predict_point
+    from infbench.core.hardware import get_hardware
+    from infbench.measure.bench import run_point
+    from infbench.measure.prediction import predict_point
 
     point = _points(tmp_path, speculative={"method": "ngram", "num_tokens": 3})[0]
     with pytest.raises(UserError, match="speculative.method='ngram'.*allowed in `infbench "
@@ -48,7 +48,7 @@ def test_run_refuses_speculative_decoding_but_predict_prices_it(tmp_path: Path) 
 
 def test_switched_off_features_are_recorded_and_noted_per_point(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from infbench.bench import ModelCache, run_point
+    from infbench.measure.bench import ModelCache, run_point
 
     points = _points(tmp_path, model={**_BASE["model"],  # type: ignore[dict-item]
                                       "attention": {"kind": "linear", "attn_every": 2}},
@@ -66,7 +66,7 @@ def test_switched_off_features_are_recorded_and_noted_per_point(
 
 
 def test_nothing_recorded_when_nothing_is_switched_off(tmp_path: Path) -> None:
-    from infbench.bench import run_point
+    from infbench.measure.bench import run_point
 
     result = run_point(_points(tmp_path)[0])
     assert result["engine_disabled"] == []

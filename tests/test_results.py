@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from infbench.errors import ResultSchemaError
-from infbench.results import (
+from infbench.core.errors import ResultSchemaError
+from infbench.results.store import (
     SCHEMA_VERSION,
     build_result,
     env_info,

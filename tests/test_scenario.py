@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from infbench.config import EngineConfig, ModelConfig
-from infbench.errors import UserError
-from infbench.scenario import (
+from infbench.core.config import EngineConfig, ModelConfig
+from infbench.core.errors import UserError
+from infbench.core.scenario import (
     Scenario,
     ScenarioPoint,
     WorkloadPoint,
@@ -301,8 +301,8 @@ def test_json_schema() -> None:
 
 
 def test_modules_do_not_import_torch() -> None:
-    code = ("import sys, infbench.scenario, infbench.workload, infbench.metrics, "
-            "infbench.results; print('torch' in sys.modules)")
+    code = ("import sys, infbench.core.scenario, infbench.measure.workload, "
+            "infbench.measure.metrics, infbench.results.store; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=REPO, check=True)
     assert out.stdout.strip() == "False"

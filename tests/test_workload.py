@@ -7,9 +7,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from infbench.errors import ConfigError, UserError
-from infbench.scenario import WorkloadPoint
-from infbench.workload import draw_lengths, generate_requests, prose
+from infbench.core.errors import ConfigError, UserError
+from infbench.core.scenario import WorkloadPoint
+from infbench.measure.workload import draw_lengths, generate_requests, prose
 
 
 class WordTokenizer:

@@ -56,13 +56,13 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from infbench.calibrate import gemm_flops, measure_reference_bandwidth
-    from infbench.config import EngineConfig, QuantConfig
+    from infbench.core.checkpoint_config import resolve_gguf
+    from infbench.core.config import EngineConfig, QuantConfig
     from infbench.engine.engine import Engine, max_tokens_needed
     from infbench.engine.request import Request, SamplingParams
-    from infbench.model.configs import resolve_gguf
+    from infbench.measure.calibrate import gemm_flops, measure_reference_bandwidth
     from infbench.model.loader import load_model
-    from infbench.results import env_info, write_json_atomic
+    from infbench.results.store import env_info, write_json_atomic
     from infbench.roofline.costs import SeqWork, step_costs, total
 
     console = Console(stderr=True)

@@ -43,13 +43,13 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from infbench.config import EngineConfig, QuantConfig
+    from infbench.core.config import EngineConfig, QuantConfig
+    from infbench.core.errors import UserError
+    from infbench.core.hardware import get_hardware
     from infbench.engine.engine import Engine, max_tokens_needed
     from infbench.engine.request import Request, SamplingParams
-    from infbench.errors import UserError
-    from infbench.hardware import get_hardware
     from infbench.model.loader import load_model
-    from infbench.results import env_info, write_json_atomic
+    from infbench.results.store import env_info, write_json_atomic
     from infbench.roofline.costs import SeqWork, step_costs, total
 
     if not torch.cuda.is_available():
@@ -97,7 +97,7 @@ if __name__ == "__main__":
     try:
         sys.exit(main())
     except Exception as exc:  # one line for user errors, like the CLI
-        from infbench.errors import UserError
+        from infbench.core.errors import UserError
 
         if isinstance(exc, UserError):
             print(f"error: {exc}", file=sys.stderr)

@@ -25,7 +25,7 @@ def _int_at_least(minimum: int) -> Callable[[int | None], int | None]:
     return check
 
 
-# The largest seed torch's generators take; infbench.scenario.MAX_SEED is the same bound
+# The largest seed torch's generators take; infbench.core.scenario.MAX_SEED is the same bound
 # (not imported: that module pulls in pydantic, and the CLI imports this one on startup).
 MAX_SEED = 2**63 - 1
 

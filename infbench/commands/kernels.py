@@ -1,6 +1,6 @@
 """`infbench kernels bench`: kernel micro-benchmarks on the roofline (parse, call, print).
 
-The sweep and the timing live in `infbench.kernel_bench`; torch is imported only when
+The sweep and the timing live in `infbench.measure.kernel_bench`; torch is imported only when
 the command runs, so `infbench --help` stays fast.
 """
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import typer
 
 from infbench.commands import _options as opt
-from infbench.errors import UserError
+from infbench.core.errors import UserError
 
 
 def register(app: typer.Typer) -> None:
@@ -45,8 +45,8 @@ def bench(
     """
     from rich.console import Console
 
-    from infbench import kernel_bench
-    from infbench.hardware import get_hardware
+    from infbench.core.hardware import get_hardware
+    from infbench.measure import kernel_bench
 
     if out is not None and out.suffix != ".json":
         raise UserError(f"--out {out}: expected a .json file name")

@@ -13,7 +13,7 @@ from pathlib import Path
 import typer
 
 from infbench.commands import _options as opt
-from infbench.errors import UserError
+from infbench.core.errors import UserError
 
 
 def register(app: typer.Typer) -> None:
@@ -31,8 +31,8 @@ def calibrate(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """Measure this machine's bandwidth and FLOP/s and save them as a hardware profile."""
-    from infbench.calibrate import calibrate as run_calibration
-    from infbench.calibrate import save_profile
+    from infbench.measure.calibrate import calibrate as run_calibration
+    from infbench.measure.calibrate import save_profile
 
     if not name or "/" in name or name.startswith("."):
         raise UserError(f"--name: {name!r} is not a usable profile name; use e.g. local")
@@ -84,8 +84,8 @@ def report(
     """Measured vs predicted TTFT, TPOT and throughput, with the model's error %."""
     from rich.console import Console
 
-    from infbench.gate import load_results
-    from infbench.report import report_frame, report_table, write_csv, write_markdown
+    from infbench.results.gate import load_results
+    from infbench.results.report import report_frame, report_table, write_csv, write_markdown
 
     df = report_frame(load_results(results))
     Console().print(report_table(df))
@@ -108,7 +108,7 @@ def compare(
     """Compare two runs; exit 1 if the metric regressed beyond the threshold, 2 on bad input."""
     from rich.console import Console
 
-    from infbench.gate import (
+    from infbench.results.gate import (
         NORMALIZE_MODES,
         compare_many,
         load_results,
@@ -133,12 +133,12 @@ def plots(
     steps: bool = typer.Option(False, "--steps", help="Also put every step on the roofline."),
 ) -> None:
     """Latency-throughput, distributions and measured-roofline PNGs."""
-    from infbench.gate import load_results
-    from infbench.plots_measured import (
+    from infbench.plots.measured import (
         distributions_figure,
         latency_throughput_figure,
         measured_roofline_figure,
     )
+    from infbench.results.gate import load_results
 
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out}: is an existing file; `plots` writes a directory of PNGs")

@@ -15,7 +15,7 @@ from typing import Any
 import typer
 
 from infbench.commands import _options as opt
-from infbench.errors import UserError
+from infbench.core.errors import UserError
 
 DEFAULT_MODEL = "llama2-13b"
 DEFAULT_HARDWARE = "h100-sxm"
@@ -76,7 +76,7 @@ def parse_sets(items: list[str] | None) -> dict[str, Any]:
 def build_model(model: str, attention: str | None = None, sets: list[str] | None = None,
                 **flags: Any) -> Any:
     """A preset with --set overrides and the attention flags applied (validated)."""
-    from infbench.config import ModelConfig
+    from infbench.core.config import ModelConfig
 
     for name in ("kv_heads", "window", "global_every", "cla_group", "kv_lora_rank",
                  "q_lora_rank", "feature_dim", "d_state", "attn_every"):
@@ -109,7 +109,7 @@ def build_model(model: str, attention: str | None = None, sets: list[str] | None
 
 
 def build_quant(quant: str | None, group_size: int | None, kv_dtype: str | None) -> Any:
-    from infbench.config import make_quant
+    from infbench.core.config import make_quant
 
     check_positive("--group-size", group_size)
     return make_quant({"weights": quant or "none", "group_size": group_size or 128,
@@ -151,9 +151,9 @@ def _spec_from_scenario(spec: Any) -> Any:
 
 
 def _scenario_predictions(path: Path) -> tuple[list[Any], list[str]]:
-    from infbench.hardware import get_hardware
+    from infbench.core.hardware import get_hardware
+    from infbench.core.scenario import load_scenario
     from infbench.roofline.analysis import predict
-    from infbench.scenario import load_scenario
 
     predictions, labels = [], []
     for point in load_scenario(path).points():
@@ -247,10 +247,7 @@ def print_predictions(predictions: list[Any], show_ops: bool,
 
 
 def register(app: typer.Typer) -> None:
-    from infbench.commands import predict_views
-
     app.command("predict")(predict_command)
-    predict_views.register(app)
 
 
 def predict_command(
@@ -307,7 +304,7 @@ def predict_command(
     ops: bool = typer.Option(False, "--ops", help="Also print the per-operator table."),
 ) -> None:
     """Predict TTFT, time per token, throughput, memory and max batch from the roofline."""
-    from infbench.hardware import get_hardware
+    from infbench.core.hardware import get_hardware
     from infbench.roofline.analysis import predict
 
     model_flags = dict(kv_heads=kv_heads, window=window, global_every=global_every,

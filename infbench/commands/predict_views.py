@@ -24,7 +24,7 @@ from infbench.commands.predict import (
     make_console,
     parse_sizes,
 )
-from infbench.errors import UserError
+from infbench.core.errors import UserError
 
 
 def kv_command(
@@ -44,8 +44,8 @@ def kv_command(
                                 "KV next to the predicted."),
 ) -> None:
     """KV cache per token and in total, against MHA of the same shape, and the max batch."""
-    from infbench.config import ModelConfig
-    from infbench.hardware import get_hardware
+    from infbench.core.config import ModelConfig
+    from infbench.core.hardware import get_hardware
     from infbench.roofline.tables import kv_rows
 
     if results:
@@ -61,7 +61,7 @@ def kv_command(
                    hw=get_hardware(hardware), dtype=dtype,
                    quant=build_quant(None, None, kv_dtype))
     if plot is not None:
-        from infbench.plots import kv_figure
+        from infbench.plots.analytic import kv_figure
 
         kv_figure(rows, plot)
         print(f"wrote {plot}", file=sys.stderr)
@@ -106,8 +106,8 @@ def roofline_command(
     as_json: bool = typer.Option(False, "--json", help="Print JSON on stdout."),
 ) -> None:
     """Plot prefill, decode and every operator on the hardware's roofline."""
-    from infbench.hardware import get_hardware
-    from infbench.plots import check_figure_path, roofline_figure
+    from infbench.core.hardware import get_hardware
+    from infbench.plots.analytic import check_figure_path, roofline_figure
     from infbench.roofline.analysis import predict
     from infbench.roofline.tables import roofline_points
 
@@ -216,9 +216,9 @@ def measured_roofline(paths: list[Path], hardware: str | None, steps: bool, out:
     """`infbench roofline RESULTS...`: measured points and their predicted twins."""
     from rich.table import Table
 
-    from infbench.gate import load_results
-    from infbench.hardware import get_hardware
-    from infbench.plots_measured import measured_roofline_figure
+    from infbench.core.hardware import get_hardware
+    from infbench.plots.measured import measured_roofline_figure
+    from infbench.results.gate import load_results
 
     runs = load_results([str(p) for p in paths])
     hw = get_hardware(hardware) if hardware else None
@@ -247,12 +247,12 @@ def kv_measured(paths: list[Path], hw: Any, as_json: bool, plot: Path | None = N
     """`infbench kv --results`: allocated KV and state next to the analytic values."""
     from rich.table import Table
 
-    from infbench.gate import load_results
+    from infbench.results.gate import load_results
     from infbench.roofline.tables import kv_measured_rows
 
     rows = kv_measured_rows(load_results([str(p) for p in paths]), hw)
     if plot is not None:
-        from infbench.plots import kv_measured_figure
+        from infbench.plots.analytic import kv_measured_figure
 
         kv_measured_figure(rows, plot)
         print(f"wrote {plot}", file=sys.stderr)

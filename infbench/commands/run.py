@@ -13,7 +13,7 @@ from typing import Any
 import typer
 
 from infbench.commands import _options as opt
-from infbench.errors import UserError
+from infbench.core.errors import UserError
 
 
 def register(app: typer.Typer) -> None:
@@ -41,12 +41,13 @@ def run(
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from infbench import results as results_mod
-    from infbench.bench import ModelCache, resolve_device, run_point
-    from infbench.preflight import preflight
-    from infbench.report import run_table
-    from infbench.rundir import RunDir, default_out_dir
-    from infbench.scenario import load_scenario
+    from infbench.core.device import resolve_device
+    from infbench.core.scenario import load_scenario
+    from infbench.measure.bench import ModelCache, run_point
+    from infbench.measure.preflight import preflight
+    from infbench.results import store as results_mod
+    from infbench.results.report import run_table
+    from infbench.results.rundir import RunDir, default_out_dir
 
     if resume and overwrite:
         raise UserError("--resume and --overwrite are mutually exclusive; give one")
@@ -122,7 +123,7 @@ def run(
         raise failure
     gate = points[0].gate
     if gate is not None and finished:
-        from infbench.gate import gate_from_scenario
+        from infbench.results.gate import gate_from_scenario
 
         code = gate_from_scenario(gate, finished, console)
         if code:
@@ -165,8 +166,8 @@ def generate(
     """Complete one prompt: the completion on stdout, speed on stderr."""
     import torch
 
-    from infbench.bench import resolve_device
-    from infbench.config import EngineConfig
+    from infbench.core.config import EngineConfig
+    from infbench.core.device import resolve_device
     from infbench.engine.engine import Engine, max_tokens_needed
     from infbench.engine.request import Request, SamplingParams
     from infbench.model.loader import load_model
@@ -221,7 +222,7 @@ def generate(
 
 def model_source(model: str) -> dict[str, str]:
     """Map --model to a loader source: a preset name, an HF directory or a GGUF file."""
-    from infbench.config import PRESETS
+    from infbench.core.config import PRESETS
 
     # smollm2-135m is also a preset (its shapes, random weights); here the real model wins.
     if model.lower() == "smollm2-135m" or model.endswith(".gguf"):
@@ -237,6 +238,6 @@ def model_source(model: str) -> dict[str, str]:
 
 def schema() -> None:
     """Print the scenario file's JSON Schema (for editor autocompletion)."""
-    from infbench.scenario import scenario_json_schema
+    from infbench.core.scenario import scenario_json_schema
 
     print(json.dumps(scenario_json_schema(), indent=2))

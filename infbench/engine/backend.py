@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from infbench.errors import ConfigError
+from infbench.core.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 `Engine.step()` is schedule -> execute -> update, timed, and emits a StepRecord;
 `Engine.run(requests)` replays a workload (arrival times honoured in real time
 for Poisson traffic) and returns per-request and per-step records for
-`infbench.metrics`.  Each `run` starts from a cold prefix cache, so warm-up runs
+`infbench.measure.metrics`.  Each `run` starts from a cold prefix cache, so warm-up runs
 and repeats do not leak cache hits into each other.
 """
 
@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from infbench.config import EngineConfig, ModelConfig
+from infbench.core.config import EngineConfig, ModelConfig
+from infbench.core.errors import UserError
 from infbench.engine.backend import get_ops
 from infbench.engine.block_manager import BlockManager, StateSlots
 from infbench.engine.cuda_graphs import DecodeGraphs
@@ -30,13 +31,12 @@ from infbench.engine.kv_cache import (
     plan_num_blocks,
 )
 from infbench.engine.kv_groups import GroupedBlockManager, kv_group_windows, plan_group_blocks
+from infbench.engine.records import RequestRecord, StepRecord
 from infbench.engine.request import Request
 from infbench.engine.runner import ModelRunner
 from infbench.engine.scheduler import Scheduler
 from infbench.engine.sequence import Sequence as Seq
-from infbench.errors import UserError
 from infbench.model.context import LanguageModel
-from infbench.records import RequestRecord, StepRecord
 
 
 @dataclass

@@ -15,30 +15,15 @@ The bytes per token this pool allocates are computed from the tensors themselves
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 
-from infbench.config import EngineConfig, LayerSpec, ModelConfig
+from infbench.core.config import EngineConfig, LayerSpec, ModelConfig
+from infbench.core.device import available_memory_bytes
+from infbench.core.errors import DoesNotFitError
 from infbench.engine.kv_groups import layer_groups
-from infbench.errors import DoesNotFitError
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-def available_memory_bytes(device: torch.device) -> int:
-    """Memory the process could still take: free device memory, or MemAvailable on CPU."""
-    if device.type == "cuda":
-        free, _total = torch.cuda.mem_get_info(device)
-        return int(free)
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
 
 
 def cache_entries(cfg: ModelConfig, spec: LayerSpec) -> list[tuple[str, tuple[int, ...]]]:

@@ -22,10 +22,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from infbench.config import EngineConfig, ModelConfig
+from infbench.core.config import EngineConfig, ModelConfig
+from infbench.core.errors import DoesNotFitError
 from infbench.engine.block_manager import RELEASED, BlockManager
 from infbench.engine.sequence import Sequence
-from infbench.errors import DoesNotFitError
 
 
 def kv_group_windows(cfg: ModelConfig) -> list[int | None]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from infbench.errors import ConfigError
+from infbench.core.errors import ConfigError
 
 
 @dataclass(frozen=True)

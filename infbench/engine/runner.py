@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from infbench.config import LayerSpec
+from infbench.core.config import LayerSpec
 from infbench.engine.backend import Ops
 from infbench.engine.cuda_graphs import DecodeGraphs
 from infbench.engine.kv_cache import KVCache, StatePool

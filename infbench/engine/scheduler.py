@@ -18,11 +18,11 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from infbench.config import EngineConfig
+from infbench.core.config import EngineConfig
+from infbench.core.errors import UserError
 from infbench.engine.block_manager import BlockManager, StateSlots
 from infbench.engine.kv_groups import GroupedBlockManager
 from infbench.engine.sequence import SeqStatus, Sequence
-from infbench.errors import UserError
 
 
 @dataclass

@@ -17,7 +17,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from infbench.config import LayerSpec, ModelConfig
+from infbench.core.config import LayerSpec, ModelConfig
 
 
 @dataclass

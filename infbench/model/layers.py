@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from infbench.config import QuantConfig
-from infbench.errors import ConfigError
+from infbench.core.config import QuantConfig
+from infbench.core.errors import ConfigError
 from infbench.model.linear import make_linear
 
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")

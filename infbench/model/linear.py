@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from infbench.config import QuantConfig
-from infbench.errors import ConfigError
+from infbench.core.config import QuantConfig
+from infbench.core.errors import ConfigError
 
 
 def make_linear(

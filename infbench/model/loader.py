@@ -20,9 +20,7 @@ from typing import Any
 
 import torch
 
-from infbench.config import ModelConfig
-from infbench.errors import ConfigError, DamagedFileError, DoesNotFitError, UserError
-from infbench.model.configs import (
+from infbench.core.checkpoint_config import (
     check_gguf_tensor_types,
     config_from_gguf,
     config_from_hf_dir,
@@ -31,9 +29,13 @@ from infbench.model.configs import (
     reading,
     resolve_gguf,
 )
+from infbench.core.config import ModelConfig
+from infbench.core.device import available_memory_bytes
+from infbench.core.errors import ConfigError, DamagedFileError, DoesNotFitError, UserError
 from infbench.model.layers import SwiGLUMLP
 from infbench.model.tokenizer import Tokenizer
 from infbench.model.transformer import Attention, Transformer
+from infbench.roofline.shapes import weight_bytes
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 SOURCE_KINDS = ("preset", "path", "gguf")
@@ -116,9 +118,6 @@ def _check_fits(config: ModelConfig, dtype: torch.dtype, device: torch.device) -
     while the weights are written; the analytic size (same formula as `infbench predict`)
     turns that into a one-line error.
     """
-    from infbench.engine.kv_cache import available_memory_bytes
-    from infbench.roofline.shapes import weight_bytes
-
     name = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}[dtype]
     need = weight_bytes(config, name)
     free = available_memory_bytes(device)

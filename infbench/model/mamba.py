@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from infbench.config import LayerSpec, ModelConfig, QuantConfig
+from infbench.core.config import LayerSpec, ModelConfig, QuantConfig
 from infbench.model.context import AttentionContext, LayerState
 from infbench.model.linear import make_linear
 from infbench.model.linear_attention import padded_layout

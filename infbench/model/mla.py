@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from infbench.config import LayerSpec, ModelConfig, QuantConfig
+from infbench.core.config import LayerSpec, ModelConfig, QuantConfig
 from infbench.model.context import AttentionContext
 from infbench.model.layers import RMSNorm, rope_inv_freq
 from infbench.model.linear import make_linear

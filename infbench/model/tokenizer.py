@@ -18,7 +18,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, decoders, models, pre_tokenizers, processors
 from tokenizers import Tokenizer as _Backend
 
-from infbench.errors import UserError
+from infbench.core.errors import UserError
 
 if TYPE_CHECKING:
     from gguf import GGUFReader
@@ -71,7 +71,7 @@ class Tokenizer:
         tok_file = root / "tokenizer.json"
         if not tok_file.is_file():
             raise UserError(f"{root}: no tokenizer.json (only fast tokenizers are supported)")
-        from infbench.model.configs import reading
+        from infbench.core.checkpoint_config import reading
 
         with reading(tok_file, "tokenizer.json of the `tokenizers` library"):
             backend = _Backend.from_file(str(tok_file))
@@ -103,7 +103,7 @@ class Tokenizer:
 
     @classmethod
     def from_gguf(cls, reader_or_path: GGUFReader | str | Path) -> Tokenizer:
-        from infbench.model.configs import open_gguf, reading
+        from infbench.core.checkpoint_config import open_gguf, reading
 
         if isinstance(reader_or_path, str | Path):
             reader = open_gguf(reader_or_path)
@@ -117,7 +117,7 @@ class Tokenizer:
 
     @classmethod
     def _from_gguf_reader(cls, reader: GGUFReader, name: str) -> Tokenizer:
-        from infbench.model.configs import gguf_value
+        from infbench.core.checkpoint_config import gguf_value
 
         model = gguf_value(reader, "tokenizer.ggml.model")
         if model != "gpt2":

@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from infbench.config import LayerSpec, ModelConfig, QuantConfig
-from infbench.errors import ConfigError
+from infbench.core.config import LayerSpec, ModelConfig, QuantConfig
+from infbench.core.errors import ConfigError
 from infbench.model.context import AttentionContext
 from infbench.model.layers import RMSNorm, SwiGLUMLP, apply_rope, build_rope_cache
 from infbench.model.linear import make_linear, split_linear

@@ -26,10 +26,10 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from infbench.config import (
+from infbench.core.config import (
     MAX_BATCH,
     MAX_TOKENS,
     ModelConfig,
@@ -37,8 +37,8 @@ from infbench.config import (
     check_count,
     check_real,
 )
-from infbench.errors import ConfigError
-from infbench.hardware import HardwareSpec
+from infbench.core.errors import ConfigError
+from infbench.core.hardware import HardwareSpec
 from infbench.roofline.costs import (
     OpCost,
     ParamCount,
@@ -175,8 +175,6 @@ class Prediction:
     speculative: SpecPrediction | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        from infbench.roofline.tables import prediction_dict
-
         return prediction_dict(self)
 
 
@@ -380,3 +378,64 @@ def predict(
         time_per_token_s=per_token, tokens_per_s=batch / per_token,
         e2e_s=prefill.time_s + (gen_len - 1) * per_token, speculative=spec,
     )
+
+
+def _stage_dict(stage: StagePrediction) -> dict[str, Any]:
+    c = stage.cost
+    return {
+        "flops": c.flops,
+        "bytes": c.bytes,
+        "intensity": c.intensity,
+        "time_s": stage.time_s,
+        "bound": stage.bound,
+        "weight_bytes": c.weight_bytes,
+        "kv_read_bytes": c.kv_read_bytes,
+        "kv_write_bytes": c.kv_write_bytes,
+        "state_bytes": c.state_bytes,
+        "act_bytes": c.act_bytes,
+    }
+
+
+def prediction_dict(p: Prediction) -> dict[str, Any]:
+    """The JSON object of one prediction (bytes in bytes, times in seconds)."""
+    decode = _stage_dict(p.decode)
+    decode["step_time_s"] = decode.pop("time_s")
+    decode["time_per_token_s"] = p.time_per_token_s
+    decode["tokens_per_s"] = p.tokens_per_s
+    spec = None
+    if p.speculative is not None:
+        s = p.speculative
+        spec = {
+            **asdict(s.config),
+            "expected_tokens_per_step": s.expected_tokens_per_step,
+            "draft_time_s": s.draft_time_s,
+            "verify_time_s": s.verify_time_s,
+            "step_time_s": s.step_time_s,
+            "time_per_token_s": s.time_per_token_s,
+            "speedup": s.speedup,
+        }
+    return {
+        "model": p.model,
+        "hardware": p.hardware,
+        "dtype": p.dtype,
+        "quant": asdict(p.quant),
+        "batch": p.batch,
+        "prompt_len": p.prompt_len,
+        "gen_len": p.gen_len,
+        "params": p.params.total,
+        "active_params": p.params.active,
+        "weight_bytes": p.weight_bytes,
+        "kv_bytes_per_token": p.kv_bytes_per_token,
+        "kv_cache_bytes": p.kv_cache_bytes,
+        "state_bytes": p.state_bytes,
+        "memory_bytes": p.memory_bytes,
+        "memory_capacity_bytes": p.memory_capacity_bytes,
+        "fits": p.fits,
+        "max_batch": p.max_batch,
+        "ttft_s": p.ttft_s,
+        "e2e_s": p.e2e_s,
+        "prefill": _stage_dict(p.prefill),
+        "decode": decode,
+        "speculative": spec,
+        "ops": [op.to_dict() for stage in (p.prefill, p.decode) for op in stage.ops],
+    }

@@ -22,8 +22,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from infbench.config import MAX_BATCH, ModelConfig, QuantConfig, check_count
-from infbench.errors import ConfigError
+from infbench.core.config import MAX_BATCH, ModelConfig, QuantConfig, check_count
+from infbench.core.errors import ConfigError
 from infbench.roofline.layer_costs import FIELDS, Totals, add, layer_costs
 from infbench.roofline.ops import OpCost, SeqWork, merge_by_name, total
 from infbench.roofline.shapes import (

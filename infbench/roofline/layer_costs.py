@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from infbench.config import LayerSpec, ModelConfig, QuantConfig
+from infbench.core.config import LayerSpec, ModelConfig, QuantConfig
 from infbench.roofline.ops import SeqWork
 from infbench.roofline.shapes import (
     feature_dim,

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from infbench.errors import ConfigError
+from infbench.core.errors import ConfigError
 
 # Operator kinds, used for colouring plots and for choosing what a test asserts on.
 OP_KINDS = ("matmul", "attention", "scan", "elementwise", "gather")

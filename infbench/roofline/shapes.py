@@ -16,8 +16,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from infbench.config import DTYPE_BYTES, LayerSpec, ModelConfig, QuantConfig
-from infbench.errors import ConfigError
+from infbench.core.config import DTYPE_BYTES, LayerSpec, ModelConfig, QuantConfig
+from infbench.core.errors import ConfigError
 
 
 @dataclass(frozen=True)

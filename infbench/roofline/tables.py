@@ -8,11 +8,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from infbench.config import MAX_BATCH, MAX_TOKENS, PRESETS, ModelConfig, QuantConfig, check_count
-from infbench.hardware import HARDWARE, HardwareSpec
-from infbench.plots import RooflinePoint
+from infbench.core.config import (
+    MAX_BATCH,
+    MAX_TOKENS,
+    PRESETS,
+    ModelConfig,
+    QuantConfig,
+    check_count,
+)
+from infbench.core.hardware import HARDWARE, HardwareSpec
+from infbench.roofline.analysis import Prediction, max_batch
 from infbench.roofline.costs import (
     kv_bytes_per_token,
     kv_cache_bytes,
@@ -21,69 +28,30 @@ from infbench.roofline.costs import (
 )
 from infbench.roofline.shapes import dtype_bytes, mla_dims
 
-if TYPE_CHECKING:
-    from infbench.roofline.analysis import Prediction, StagePrediction
+POINT_KINDS = ("predicted", "measured")
 
 
-def _stage_dict(stage: StagePrediction) -> dict[str, Any]:
-    c = stage.cost
-    return {
-        "flops": c.flops,
-        "bytes": c.bytes,
-        "intensity": c.intensity,
-        "time_s": stage.time_s,
-        "bound": stage.bound,
-        "weight_bytes": c.weight_bytes,
-        "kv_read_bytes": c.kv_read_bytes,
-        "kv_write_bytes": c.kv_write_bytes,
-        "state_bytes": c.state_bytes,
-        "act_bytes": c.act_bytes,
-    }
+@dataclass(frozen=True)
+class RooflinePoint:
+    """One point on a roofline (plotted by infbench.plots; defined here so the analytic
+    package never imports plotting).
 
+    group: a predicted and a measured point with the same group are joined by a line.
+    series: legend entry and colour (default: the group).
+    """
 
-def prediction_dict(p: Prediction) -> dict[str, Any]:
-    """The JSON object of one prediction (bytes in bytes, times in seconds)."""
-    decode = _stage_dict(p.decode)
-    decode["step_time_s"] = decode.pop("time_s")
-    decode["time_per_token_s"] = p.time_per_token_s
-    decode["tokens_per_s"] = p.tokens_per_s
-    spec = None
-    if p.speculative is not None:
-        s = p.speculative
-        spec = {
-            **asdict(s.config),
-            "expected_tokens_per_step": s.expected_tokens_per_step,
-            "draft_time_s": s.draft_time_s,
-            "verify_time_s": s.verify_time_s,
-            "step_time_s": s.step_time_s,
-            "time_per_token_s": s.time_per_token_s,
-            "speedup": s.speedup,
-        }
-    return {
-        "model": p.model,
-        "hardware": p.hardware,
-        "dtype": p.dtype,
-        "quant": asdict(p.quant),
-        "batch": p.batch,
-        "prompt_len": p.prompt_len,
-        "gen_len": p.gen_len,
-        "params": p.params.total,
-        "active_params": p.params.active,
-        "weight_bytes": p.weight_bytes,
-        "kv_bytes_per_token": p.kv_bytes_per_token,
-        "kv_cache_bytes": p.kv_cache_bytes,
-        "state_bytes": p.state_bytes,
-        "memory_bytes": p.memory_bytes,
-        "memory_capacity_bytes": p.memory_capacity_bytes,
-        "fits": p.fits,
-        "max_batch": p.max_batch,
-        "ttft_s": p.ttft_s,
-        "e2e_s": p.e2e_s,
-        "prefill": _stage_dict(p.prefill),
-        "decode": decode,
-        "speculative": spec,
-        "ops": [op.to_dict() for stage in (p.prefill, p.decode) for op in stage.ops],
-    }
+    label: str
+    intensity: float  # FLOP per byte
+    flops_per_s: float
+    kind: str = "predicted"  # predicted | measured
+    group: str = ""
+    series: str = ""
+    stage: str = ""  # prefill | decode | a measured step kind (metadata only)
+    batch: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in POINT_KINDS:
+            raise ValueError(f"RooflinePoint.kind must be one of {POINT_KINDS}, got {self.kind!r}")
 
 
 @dataclass(frozen=True)
@@ -122,8 +90,6 @@ def mha_kv_bytes_per_token(cfg: ModelConfig, kv_bytes: int) -> int:
 
 def kv_rows(models: Sequence[ModelConfig], *, context_len: int, batch: int, hw: HardwareSpec,
             dtype: str = "bfloat16", quant: QuantConfig | None = None) -> list[KVRow]:
-    from infbench.roofline.analysis import max_batch
-
     check_count("", "context_len", context_len, MAX_TOKENS)
     check_count("", "batch", batch, MAX_BATCH)
     quant = quant or QuantConfig()
@@ -167,8 +133,6 @@ def kv_measured_rows(results: Sequence[dict[str, Any]], hw: HardwareSpec) -> lis
     allocated by the paged cache (whole blocks, so it rounds up), exact bytes per
     token and per-sequence state, and measured decode speed and TTFT.
     """
-    from infbench.roofline.analysis import max_batch
-
     rows = []
     for r in results:
         cfg = ModelConfig.from_dict(r["model_config"])

@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from infbench.cli import app, main
-from infbench.errors import UserError
+from infbench.core.errors import UserError
 
 
 def _leaf_commands() -> dict[str, list[object]]:
@@ -118,10 +118,10 @@ def _stop(*_args: object, **_kwargs: object) -> None:
 def no_real_work() -> Iterator[None]:
     """Replace what run/generate/calibrate/kernels bench would do after parsing."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("infbench.bench.run_point", _stop)
+        mp.setattr("infbench.measure.bench.run_point", _stop)
         mp.setattr("infbench.model.loader.load_model", _stop)
-        mp.setattr("infbench.calibrate.calibrate", _stop)
-        mp.setattr("infbench.kernel_bench.run_kernel_bench", _stop)
+        mp.setattr("infbench.measure.calibrate.calibrate", _stop)
+        mp.setattr("infbench.measure.kernel_bench.run_kernel_bench", _stop)
         yield
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from infbench.cli import main
-from infbench.config import ModelConfig
-from infbench.hardware import get_hardware
-from infbench.plots import RooflinePoint, kv_figure, roofline_figure
+from infbench.core.config import ModelConfig
+from infbench.core.hardware import get_hardware
+from infbench.plots.analytic import RooflinePoint, kv_figure, roofline_figure
 from infbench.roofline.tables import kv_rows
 
 REPO = Path(__file__).resolve().parents[2]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from infbench.plots import kv_measured_figure
+from infbench.plots.analytic import kv_measured_figure
 
 SCENARIO = """
 name: kv_all

@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 
 from infbench import cli
-from infbench.gate import load_results
-from infbench.rundir import LOCK_NAME, MANIFEST_NAME, read_manifest, safe_name
+from infbench.results.gate import load_results
+from infbench.results.rundir import LOCK_NAME, MANIFEST_NAME, read_manifest, safe_name
 
 TINY = """
 name: tiny_run
@@ -69,7 +69,7 @@ def measured(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def calls(monkeypatch: pytest.MonkeyPatch, measured: Path) -> list[int]:
     """Replace run_point by a recorder returning the measured result of that point index."""
-    import infbench.bench
+    import infbench.measure.bench
 
     ran: list[int] = []
     real = {json.loads(f.read_text())["point_index"]: json.loads(f.read_text())
@@ -82,7 +82,7 @@ def calls(monkeypatch: pytest.MonkeyPatch, measured: Path) -> list[int]:
                       scenario=point.to_dict())
         return result
 
-    monkeypatch.setattr(infbench.bench, "run_point", fake)
+    monkeypatch.setattr(infbench.measure.bench, "run_point", fake)
     return ran
 
 
@@ -324,9 +324,9 @@ def test_read_only_out_is_one_line_before_any_point(
     ro = tmp_path / "ro"
     ro.mkdir()
     if os.geteuid() == 0:  # root ignores permission bits: simulate what a user would see
-        import infbench.rundir
+        import infbench.results.rundir
 
-        monkeypatch.setattr(infbench.rundir, "is_writable", lambda _path: False)
+        monkeypatch.setattr(infbench.results.rundir, "is_writable", lambda _path: False)
     else:
         ro.chmod(0o555)
     try:
@@ -368,9 +368,9 @@ def test_drawn_lengths_beyond_the_context_are_refused_too(
 def test_a_point_that_cannot_fit_memory_is_refused_before_any_point_runs(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
         calls: list[int]) -> None:
-    import infbench.preflight
+    import infbench.measure.preflight
 
-    monkeypatch.setattr(infbench.preflight, "free_memory_bytes", lambda _dev: 1000)
+    monkeypatch.setattr(infbench.measure.preflight, "free_memory_bytes", lambda _dev: 1000)
     code, _, err = run_cli(monkeypatch, capsys, "run", str(scenario(tmp_path)),
                            "--out", str(tmp_path / "out"))
     assert code == 2 and calls == [] and not (tmp_path / "out").exists()
@@ -425,16 +425,16 @@ def test_an_incompatible_gate_baseline_is_refused_before_any_point_runs(
 def test_sigterm_mid_sweep_records_the_stop_and_resume_finishes(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
         calls: list[int]) -> None:
-    import infbench.bench
+    import infbench.measure.bench
 
-    fake = infbench.bench.run_point
+    fake = infbench.measure.bench.run_point
 
     def terminated_at_point_1(point: Any, **kw: Any) -> dict[str, Any]:
         if point.index == 1:
             os.kill(os.getpid(), signal.SIGTERM)  # a cancelled CI job, mid-point
         return fake(point, **kw)
 
-    monkeypatch.setattr(infbench.bench, "run_point", terminated_at_point_1)
+    monkeypatch.setattr(infbench.measure.bench, "run_point", terminated_at_point_1)
     out = tmp_path / "out"
     code, _, err = run_cli(monkeypatch, capsys, "run", str(scenario(tmp_path)), "--out", str(out))
     assert code == 143 and "1/2 point(s) done" in err and "--resume" in err
@@ -443,7 +443,7 @@ def test_sigterm_mid_sweep_records_the_stop_and_resume_finishes(
     assert [p.status for p in manifest.points] == ["done", "pending"]
     assert sorted(p.name for p in out.glob("tiny_run*")) == ["tiny_run.csv", "tiny_run_000.json"]
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # restored
-    monkeypatch.setattr(infbench.bench, "run_point", fake)
+    monkeypatch.setattr(infbench.measure.bench, "run_point", fake)
     code, _, err = run_cli(monkeypatch, capsys, "run", str(scenario(tmp_path)), "--out", str(out),
                            "--resume")
     assert code == 0, err

@@ -7,11 +7,11 @@ import os
 import pytest
 import torch
 
-from infbench.config import EngineConfig
+from infbench.core.config import EngineConfig
+from infbench.core.errors import ConfigError
 from infbench.engine.backend import get_ops, resolve_backend
 from infbench.engine.engine import Engine, max_tokens_needed
 from infbench.engine.request import Request, SamplingParams
-from infbench.errors import ConfigError
 from infbench.model.loader import load_model
 
 

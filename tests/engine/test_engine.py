@@ -13,7 +13,7 @@ from engine_helpers import greedy_recompute as _greedy_recompute
 from engine_helpers import make_engine as _engine
 from engine_helpers import random_requests as _requests
 
-from infbench.config import ModelConfig
+from infbench.core.config import ModelConfig
 from infbench.engine.request import Request, SamplingParams
 from infbench.model.loader import load_model
 
@@ -95,7 +95,7 @@ def test_kv_bytes_per_token_match_the_analytic_model():
         reqs = _requests([4], gen=2, vocab=loaded.config.vocab_size)
         engine = _engine(loaded, reqs)
         cfg: ModelConfig = loaded.config
-        from infbench.config import QuantConfig
+        from infbench.core.config import QuantConfig
 
         assert engine.kv.bytes_per_token == kv_bytes_per_token(cfg, "float32", QuantConfig())
 
@@ -111,7 +111,7 @@ def test_sliding_window_cache_stays_bounded():
 
 
 def test_request_longer_than_context_is_a_user_error():
-    from infbench.errors import UserError
+    from infbench.core.errors import UserError
 
     loaded = _loaded()
     r = Request("long", tuple(range(3, 20)), SamplingParams(max_tokens=2000))

@@ -11,10 +11,10 @@ from engine_helpers import greedy_recompute as _greedy_recompute
 from engine_helpers import make_engine as _engine
 from engine_helpers import random_requests as _requests
 
-from infbench.config import QuantConfig
+from infbench.core.config import QuantConfig
 from infbench.engine.kv_groups import GroupedBlockManager, kv_group_windows
 from infbench.engine.request import Request, SamplingParams
-from infbench.metrics import summarize
+from infbench.measure.metrics import summarize
 from infbench.model.loader import load_model
 from infbench.roofline.costs import kv_bytes_per_token
 from infbench.roofline.shapes import kv_cache_bytes

@@ -19,12 +19,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from infbench.config import EngineConfig
+from infbench.core.config import EngineConfig
+from infbench.core.errors import UserError
 from infbench.engine.block_manager import RELEASED, BlockManager, StateSlots
 from infbench.engine.request import Request, SamplingParams
 from infbench.engine.scheduler import Scheduler, SchedulerOutput
 from infbench.engine.sequence import SeqStatus, Sequence
-from infbench.errors import UserError
 
 VOCAB = 50
 

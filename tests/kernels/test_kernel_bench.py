@@ -10,10 +10,10 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from infbench import kernel_bench
 from infbench.commands import kernels as kernels_command
-from infbench.errors import UserError
-from infbench.hardware import get_hardware
+from infbench.core.errors import UserError
+from infbench.core.hardware import get_hardware
+from infbench.measure import kernel_bench
 from kernels.paged_decode_attention import paged_decode_attention_cost
 from kernels.quant_matmul import int4_matmul_cost
 
@@ -76,7 +76,7 @@ def test_cli_rejects_bad_input(args, monkeypatch):
 
 
 def test_importing_the_command_does_not_import_torch():
-    code = ("import sys, infbench.commands.kernels, infbench.kernel_bench; "
+    code = ("import sys, infbench.commands.kernels, infbench.measure.kernel_bench; "
             "sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
 

@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
-from infbench import calibrate as cal
-from infbench.errors import UserError
-from infbench.hardware import get_hardware, profile_path
+from infbench.core.errors import UserError
+from infbench.core.hardware import get_hardware, profile_path
+from infbench.measure import calibrate as cal
 
 
 def test_formulas_on_synthetic_timing(monkeypatch):

@@ -8,8 +8,8 @@ import io
 import pytest
 from rich.console import Console
 
-from infbench.errors import ResultSchemaError, UserError
-from infbench.gate import (
+from infbench.core.errors import ResultSchemaError, UserError
+from infbench.results.gate import (
     compare,
     compare_many,
     gate_from_scenario,

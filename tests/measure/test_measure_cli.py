@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from infbench import cli
-from infbench.hardware import get_hardware
+from infbench.core.hardware import get_hardware
 
 
 def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
@@ -114,6 +114,6 @@ def test_calibrate_quick_json_writes_profile(monkeypatch, capsys, tmp_path):
 
 
 def test_json_commands_do_not_import_torch():
-    code = ("import sys, infbench.gate, infbench.report, infbench.commands.measure; "
-            "sys.exit(1 if 'torch' in sys.modules else 0)")
+    code = ("import sys, infbench.results.gate, infbench.results.report, "
+            "infbench.commands.measure; sys.exit(1 if 'torch' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from infbench.hardware import HARDWARE
-from infbench.plots_measured import (
+from infbench.core.hardware import HARDWARE
+from infbench.plots.measured import (
     decode_step_ms,
     distributions_figure,
     latency_throughput_figure,

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
-from infbench.report import error_pct, report_frame, run_table, to_markdown, write_csv
+from infbench.results.report import error_pct, report_frame, run_table, to_markdown, write_csv
 
 
 @pytest.mark.parametrize("pred,meas,err", [(12.0, 10.0, 20.0), (8.0, 10.0, -20.0),
@@ -85,7 +85,7 @@ def test_run_table_cells(fake_result):
 
 
 def test_report_table_cells(fake_result):
-    from infbench.report import report_table
+    from infbench.results.report import report_table
 
     r = fake_result(batch_size=4)
     out = io.StringIO()

@@ -15,7 +15,7 @@ from engine_helpers import make_engine as _engine
 from engine_helpers import random_requests as _requests
 from mla_checkpoints import write_hf_deepseek_v2
 
-from infbench.config import ModelConfig, QuantConfig
+from infbench.core.config import ModelConfig, QuantConfig
 from infbench.engine.kv_cache import KVCache, kv_bytes_per_token_for
 from infbench.model.loader import LoadedModel, load_model
 from infbench.roofline.costs import kv_bytes_per_token

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from infbench.config import QuantConfig
-from infbench.errors import ConfigError, UserError
-from infbench.model import configs
-from infbench.model.configs import config_from_hf_dir, resolve_gguf
+from infbench.core import checkpoint_config as configs
+from infbench.core.checkpoint_config import config_from_hf_dir, resolve_gguf
+from infbench.core.config import QuantConfig
+from infbench.core.errors import ConfigError, UserError
 from infbench.model.linear import make_linear
 from infbench.model.loader import load_model
 from infbench.model.tokenizer import Tokenizer
@@ -124,7 +124,7 @@ def test_no_chat_template(tmp_path: Path) -> None:
 
 def test_package_import_does_not_load_torch() -> None:
     code = (
-        "import sys, infbench.model, infbench.model.configs as c; "
+        "import sys, infbench.model, infbench.core.checkpoint_config as c; "
         "assert callable(c.config_from_gguf); "
         "assert 'torch' not in sys.modules and 'gguf' not in sys.modules, 'heavy import'"
     )
@@ -139,8 +139,8 @@ def test_gguf_config_reads_metadata_only() -> None:
 
 
 def test_weights_that_do_not_fit_are_refused_before_allocation(monkeypatch) -> None:
-    from infbench.errors import DoesNotFitError
+    from infbench.core.errors import DoesNotFitError
 
-    monkeypatch.setattr("infbench.engine.kv_cache.available_memory_bytes", lambda _dev: 10_000)
+    monkeypatch.setattr("infbench.model.loader.available_memory_bytes", lambda _dev: 10_000)
     with pytest.raises(DoesNotFitError, match="weights need"):
         load_model({"preset": "tiny"})

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from infbench.model.configs import SMOLLM2_FILE, resolve_gguf
+from infbench.core.checkpoint_config import SMOLLM2_FILE, resolve_gguf
 from infbench.model.context import DenseContext
 from infbench.model.loader import LoadedModel, load_model
 

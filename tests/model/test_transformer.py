@@ -7,7 +7,7 @@ from itertools import pairwise
 import pytest
 import torch
 
-from infbench.config import LayerSpec
+from infbench.core.config import LayerSpec
 from infbench.model.context import DenseContext, causal_window_mask
 from infbench.model.layers import apply_rope, build_rope_cache
 from infbench.model.loader import load_model

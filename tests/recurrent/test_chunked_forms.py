@@ -121,8 +121,8 @@ def test_selective_scan_matches_transformers_slow_path():
 
 
 def test_feature_dim_is_the_true_feature_size_and_rejects_meaningless_values():
-    from infbench.config import ModelConfig
-    from infbench.errors import ConfigError
+    from infbench.core.config import ModelConfig
+    from infbench.core.errors import ConfigError
     from infbench.roofline.shapes import feature_dim, layer_state_entries
 
     tiny = ModelConfig.from_name("tiny")  # head_dim 16

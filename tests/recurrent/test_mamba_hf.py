@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 import torch
 
-from infbench.config import EngineConfig
+from infbench.core.checkpoint_config import config_from_hf_dir
+from infbench.core.config import EngineConfig
+from infbench.core.errors import UserError
 from infbench.engine.engine import Engine, max_tokens_needed
 from infbench.engine.request import Request, SamplingParams
-from infbench.errors import UserError
-from infbench.model.configs import config_from_hf_dir
 from infbench.model.context import DenseContext
 from infbench.model.loader import load_model
 

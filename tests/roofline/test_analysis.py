@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from infbench.config import ModelConfig
-from infbench.errors import UserError
-from infbench.hardware import HardwareSpec, get_hardware
+from infbench.core.config import ModelConfig
+from infbench.core.errors import UserError
+from infbench.core.hardware import HardwareSpec, get_hardware
 from infbench.roofline.analysis import (
     SpecConfig,
     max_batch,

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from infbench.config import ModelConfig, QuantConfig
-from infbench.errors import ConfigError
+from infbench.core.config import ModelConfig, QuantConfig
+from infbench.core.errors import ConfigError
 from infbench.roofline.costs import (
     SeqWork,
     kv_bytes_per_token,

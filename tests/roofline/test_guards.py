@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from infbench.config import (
+from infbench.core.config import (
     MAX_BATCH,
     MAX_LAYERS,
     MAX_TOKENS,
@@ -25,8 +25,8 @@ from infbench.config import (
     MoEConfig,
     QuantConfig,
 )
-from infbench.errors import ConfigError, UserError
-from infbench.hardware import HARDWARE
+from infbench.core.errors import ConfigError, UserError
+from infbench.core.hardware import HARDWARE
 from infbench.roofline.analysis import SpecConfig, mean_stage, predict
 from infbench.roofline.costs import SeqWork, group_costs, step_costs
 from infbench.roofline.tables import kv_rows

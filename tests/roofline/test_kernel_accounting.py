@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from infbench.config import ModelConfig, QuantConfig
+from infbench.core.config import ModelConfig, QuantConfig
 from infbench.roofline.costs import SeqWork, step_costs
 from kernels.paged_decode_attention import paged_decode_attention_cost
 from kernels.prefill_attention import prefill_attention_cost

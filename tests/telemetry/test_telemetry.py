@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from infbench.telemetry import NvmlSampler, ncu_profile, parse_ncu_csv, summarize_samples
+from infbench.measure.telemetry import NvmlSampler, ncu_profile, parse_ncu_csv, summarize_samples
 
 NCU_CSV = '''==PROF== Connected to process 1234
 "ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"

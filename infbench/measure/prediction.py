@@ -12,10 +12,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from infbench.config import ModelConfig
-from infbench.hardware import HardwareSpec
-from infbench.roofline.analysis import predict
-from infbench.roofline.tables import prediction_dict
+from infbench.core.config import ModelConfig
+from infbench.core.hardware import HardwareSpec
+from infbench.roofline.analysis import predict, prediction_dict
 
 
 def predict_point(point: Any, cfg: ModelConfig, hw: HardwareSpec) -> dict[str, Any]:

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from infbench.config import ModelConfig, QuantConfig
-from infbench.hardware import HardwareSpec
-from infbench.records import StepRecord
+from infbench.core.config import ModelConfig, QuantConfig
+from infbench.core.hardware import HardwareSpec
+from infbench.engine.records import StepRecord
 from infbench.roofline.costs import SeqWork, step_costs, total
 
 

@@ -24,15 +24,15 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from infbench.errors import UserError
-from infbench.hardware import HardwareSpec, profile_path
+from infbench.core.errors import UserError
+from infbench.core.hardware import HardwareSpec, profile_path
+from infbench.measure.timing import time_op
 
 
 @dataclass(frozen=True)
@@ -58,35 +58,9 @@ _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch
 
 
 def resolve_calibration_device(device: str) -> str:
-    from infbench.bench import resolve_device
+    from infbench.core.device import resolve_device
 
     return resolve_device(device, "--device")
-
-
-def time_op(fn: Callable[[], object], device: str, repeats: int, warmup: int,
-            inner: int = 1) -> list[float]:
-    """Seconds per call of `fn`, one entry per repeat (each repeat runs it `inner` times)."""
-    for _ in range(warmup):
-        fn()
-    times: list[float] = []
-    if device == "cuda":
-        torch.cuda.synchronize()
-        for _ in range(repeats):
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(inner):
-                fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3 / inner)  # elapsed_time is in ms
-        return times
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(inner):
-            fn()
-        times.append((time.perf_counter() - t0) / inner)
-    return times
 
 
 def _inner(device: str) -> int:
@@ -150,7 +124,7 @@ def memory_capacity(device: str) -> float:
 
 def device_description(device: str) -> str:
     """The GPU's name, or the CPU model (the same lookup result files record)."""
-    from infbench.results import device_name
+    from infbench.results.store import device_name
 
     return device_name(device)
 
@@ -196,7 +170,7 @@ def calibrate(device: str = "cpu", quick: bool = False,
     }
     bandwidth = read
     if engine_terms:
-        from infbench.calibrate_engine import engine_extra
+        from infbench.measure.calibrate_engine import engine_extra
 
         extra.update(engine_extra(device, dtypes, quick))
         # The engine's own batch-1 GEMV over 128 MB of weights streams them faster than

@@ -1,6 +1,6 @@
-"""The program `infbench.telemetry.ncu_profile` runs under Nsight Compute.
+"""The program `infbench.measure.telemetry.ncu_profile` runs under Nsight Compute.
 
-    python -m infbench.ncu_probe POINT.json ACCOUNTED.json NUM_STEPS
+    python -m infbench.measure.ncu_probe POINT.json ACCOUNTED.json NUM_STEPS
 
 Serves the point's static batch until every sequence decodes, then brackets
 NUM_STEPS decode steps with cudaProfilerStart/Stop (ncu runs with
@@ -19,13 +19,13 @@ from pathlib import Path
 def main(argv: list[str]) -> int:
     import torch
 
-    from infbench.bench import model_overrides
-    from infbench.config import EngineConfig, QuantConfig
+    from infbench.core.config import EngineConfig, QuantConfig
+    from infbench.core.hardware import get_hardware
     from infbench.engine.engine import Engine, max_tokens_needed
     from infbench.engine.request import Request, SamplingParams
-    from infbench.hardware import get_hardware
+    from infbench.measure.bench import model_overrides
+    from infbench.measure.traffic import annotate_steps
     from infbench.model.loader import load_model
-    from infbench.traffic import annotate_steps
 
     point = json.loads(Path(argv[0]).read_text())
     out, num_steps = Path(argv[1]), int(argv[2])

@@ -15,8 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from infbench.errors import UserError
-from infbench.records import StepRecord
+from infbench.core.device import resolve_device
+from infbench.core.errors import UserError
+from infbench.engine.records import StepRecord
 
 
 @dataclass
@@ -30,20 +31,6 @@ class ModelCache:
             self.entries.clear()  # keep one model resident: sweeps are ordered by point
             self.entries[key] = load()
         return self.entries[key]
-
-
-def resolve_device(device: str, key: str = "device") -> str:
-    """auto -> cuda when available, else cpu; `key` names the setting in errors."""
-    import torch
-
-    if device not in ("auto", "cpu", "cuda"):
-        raise UserError(f"{key}: unknown value {device!r}; allowed: auto, cpu, cuda")
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"{key}: 'cuda' requested but CUDA is not available here; "
-                        "allowed: auto, cpu")
-    return device
 
 
 def model_overrides(model: dict[str, Any]) -> dict[str, Any]:
@@ -67,15 +54,15 @@ def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None
     """Measure one ScenarioPoint and return its self-describing result dict."""
     import torch
 
-    from infbench import metrics as metrics_mod
-    from infbench import results as results_mod
-    from infbench.calibrate import measure_reference_bandwidth
+    from infbench.core.hardware import get_hardware
     from infbench.engine.engine import Engine, max_tokens_needed
-    from infbench.hardware import get_hardware
+    from infbench.measure import metrics as metrics_mod
+    from infbench.measure.calibrate import measure_reference_bandwidth
+    from infbench.measure.prediction import predict_point
+    from infbench.measure.traffic import annotate_steps, stage_traffic
+    from infbench.measure.workload import generate_requests
     from infbench.model.loader import load_model
-    from infbench.prediction import predict_point
-    from infbench.traffic import annotate_steps, stage_traffic
-    from infbench.workload import generate_requests
+    from infbench.results import store as results_mod
 
     cache = cache or ModelCache()
     dev = resolve_device(device or point.device)
@@ -119,7 +106,7 @@ def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None
     telemetry: dict[str, Any] = {}
     sampler = None
     if dev == "cuda":
-        from infbench.telemetry import NvmlSampler
+        from infbench.measure.telemetry import NvmlSampler
 
         sampler = NvmlSampler(torch.cuda.current_device()).start()
     for i in range(point.measure.warmup):
@@ -155,7 +142,7 @@ def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None
         if dev != "cuda":
             telemetry["ncu"] = {"status": "skipped: ncu profiles CUDA kernels; device is cpu"}
         else:
-            from infbench.telemetry import ncu_profile
+            from infbench.measure.telemetry import ncu_profile
 
             telemetry["ncu"] = ncu_profile(point.to_dict())
     summary, spread = metrics_mod.aggregate_repeats(runs)

@@ -10,40 +10,17 @@ matplotlib artists, so tests check the drawing rather than the existence of a fi
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from infbench.errors import UserError
+from infbench.core.errors import UserError
+from infbench.roofline.tables import POINT_KINDS, RooflinePoint
 
 if TYPE_CHECKING:
-    from infbench.hardware import HardwareSpec
+    from infbench.core.hardware import HardwareSpec
     from infbench.roofline.tables import KVRow
 
-POINT_KINDS = ("predicted", "measured")
 FIGURE_FORMATS = ("png", "svg", "pdf")  # what --out may end with
-
-
-@dataclass(frozen=True)
-class RooflinePoint:
-    """One point on a roofline.
-
-    group: a predicted and a measured point with the same group are joined by a line.
-    series: legend entry and colour (default: the group).
-    """
-
-    label: str
-    intensity: float  # FLOP per byte
-    flops_per_s: float
-    kind: str = "predicted"  # predicted | measured
-    group: str = ""
-    series: str = ""
-    stage: str = ""  # prefill | decode | a measured step kind (metadata only)
-    batch: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.kind not in POINT_KINDS:
-            raise ValueError(f"RooflinePoint.kind must be one of {POINT_KINDS}, got {self.kind!r}")
 
 
 def _new_figure(size: tuple[float, float]) -> Any:

@@ -113,7 +113,7 @@ def parse_ncu_csv(text: str) -> dict[str, float]:
 def ncu_profile(point_dict: dict[str, Any], num_steps: int = 3) -> dict[str, Any]:
     """Replay a few decode steps under Nsight Compute; DRAM bytes next to accounted bytes.
 
-    Runs `python -m infbench.ncu_probe` under `ncu`, which serves the point's first
+    Runs `python -m infbench.measure.ncu_probe` under `ncu`, which serves the point's first
     requests to steady decode, then profiles `num_steps` decode steps between
     cudaProfilerStart/Stop and writes the bytes the cost model accounts for them.
     """
@@ -125,7 +125,7 @@ def ncu_profile(point_dict: dict[str, Any], num_steps: int = 3) -> dict[str, Any
         accounted = Path(tmp) / "accounted.json"
         spec.write_text(json.dumps(point_dict))
         cmd = [ncu, "--csv", "--profile-from-start", "off", "--metrics", ",".join(NCU_METRICS),
-               sys.executable, "-m", "infbench.ncu_probe", str(spec), str(accounted),
+               sys.executable, "-m", "infbench.measure.ncu_probe", str(spec), str(accounted),
                str(num_steps)]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ),
                               timeout=1800, check=False)

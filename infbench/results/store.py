@@ -28,14 +28,14 @@ from pathlib import Path
 from typing import Any
 
 import infbench
-from infbench.errors import ResultSchemaError
+from infbench.core.errors import ResultSchemaError
 
 SCHEMA_VERSION = 1
 RESULT_KIND = "infbench.run"
 _CORE_KEYS = ("schema_version", "kind", "name", "label", "point_index", "scenario", "env",
               "seed", "hardware", "metrics", "prediction", "repeats", "spread", "steps")
 _PACKAGES = ("torch", "triton", "transformers", "numpy")
-_REPO = Path(__file__).resolve().parents[1]
+_REPO = Path(__file__).resolve().parents[2]  # infbench/results/store.py -> the checkout
 # Predicted values copied into a CSV row (prediction key -> column).
 _PREDICTED = ("ttft_s", "tpot_s", "output_tokens_per_s")
 

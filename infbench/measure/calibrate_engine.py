@@ -30,7 +30,7 @@ TOKEN_COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 2048)
 
 def matmul_curve(device: str, dtype: torch.dtype, quick: bool = False) -> list[list[float]]:
     """[[M, achieved FLOP/s], ...] of the engine's linear path at each row count M."""
-    from infbench.calibrate import time_op
+    from infbench.measure.timing import time_op
     from infbench.model.linear import split_linear
 
     dim = 1024 if quick else 2048
@@ -54,7 +54,7 @@ def step_overhead(device: str, quick: bool = False) -> tuple[float, float, float
     """(per-step, per-layer, per-sequence-per-layer) seconds of the engine's decode loop,
     fitted on a hidden-64 model (bytes and FLOPs negligible) with 2 and 8 layers at batch
     1 and 8 layers at batch 16."""
-    from infbench.config import EngineConfig
+    from infbench.core.config import EngineConfig
     from infbench.engine.engine import Engine, max_tokens_needed
     from infbench.engine.request import Request, SamplingParams
     from infbench.model.loader import load_model

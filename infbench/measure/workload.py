@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from infbench.core.errors import ConfigError, UserError
+from infbench.core.scenario import WorkloadPoint
 from infbench.engine.request import Request, SamplingParams
-from infbench.errors import ConfigError, UserError
-from infbench.scenario import WorkloadPoint
 
 _NUM_STREAMS = 5  # prompt lengths, output lengths, arrivals, prompt tokens, sampling seeds
 

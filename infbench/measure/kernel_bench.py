@@ -28,8 +28,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from infbench.errors import UserError
-from infbench.hardware import HardwareSpec
+from infbench.core.errors import UserError
+from infbench.core.hardware import HardwareSpec
 
 SCHEMA_VERSION = 1
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -100,7 +100,7 @@ class _Case:
 
 
 def resolve_device(device: str) -> str:
-    from infbench.bench import resolve_device as resolve
+    from infbench.core.device import resolve_device as resolve
 
     return resolve(device, "--device")
 

@@ -25,13 +25,16 @@ import json
 from pathlib import Path
 from typing import Any
 
-from infbench.errors import UserError
+from infbench.core.device import available_memory_bytes, resolve_device
+from infbench.core.errors import UserError
+from infbench.measure.workload import generate_requests
+from infbench.results.gate import gated_values, load_results, parse_threshold, scenario_difference
+from infbench.results.rundir import check_writable, normalized_points
+from infbench.roofline.shapes import kv_cache_bytes, state_bytes_per_seq, weight_bytes
 
 
 def preflight(points: list[Any], out_dir: Path, device: str | None = None) -> list[str]:
     """Raise a UserError for the first problem found; return notes worth printing."""
-    from infbench.rundir import check_writable
-
     check_writable(out_dir)
     notes: list[str] = []
     free: dict[str, int] = {}
@@ -59,8 +62,6 @@ def longest_request(point: Any, vocab_size: int) -> tuple[int, int]:
     Text prompts take the lengths of random ones (the same seeded length streams); a
     chat template can still add a few tokens, which the engine checks when it runs.
     """
-    from infbench.workload import generate_requests
-
     workload = dataclasses.replace(point.workload, prompt_source="random", chat=False)
     requests = generate_requests(workload, vocab_size)
     r = max(requests, key=lambda r: len(r.prompt_ids) + r.sampling.max_tokens)
@@ -82,16 +83,11 @@ def free_memory_bytes(device: str) -> int:
     """Free device memory (CUDA) or MemAvailable (CPU), as the engine sizes its KV budget."""
     import torch
 
-    from infbench.engine.kv_cache import available_memory_bytes
-
     return available_memory_bytes(torch.device(device))
 
 
 def check_memory(point: Any, cfg: Any, longest: tuple[int, int], device: str | None,
                  free: dict[str, int]) -> list[str]:
-    from infbench.bench import resolve_device
-    from infbench.roofline.shapes import kv_cache_bytes, state_bytes_per_seq, weight_bytes
-
     key = "--device" if device else f"{point.source}: device"
     dev = resolve_device(device or point.device, key)
     if dev not in free:
@@ -127,9 +123,6 @@ def check_memory(point: Any, cfg: Any, longest: tuple[int, int], device: str | N
 
 def check_gate(gate: Any, points: list[Any]) -> None:
     """The gate's baseline exists, is readable, carries the metric and ran these points."""
-    from infbench.gate import gated_values, load_results, parse_threshold
-    from infbench.rundir import normalized_points
-
     if not gate.baseline:
         raise UserError("gate.baseline: no baseline result file given; set gate.baseline to a "
                         "result JSON or run directory (create one with `infbench run SCENARIO "
@@ -156,7 +149,6 @@ def check_gate(gate: Any, points: list[Any]) -> None:
                 raise UserError(f"gate.baseline: {path} has no point {point.name}[{point.index}] "
                                 f"({point.label}); it has {have}; nothing was measured")
             pairs.append((found, new))
-    from infbench.gate import scenario_difference
 
     for base, new in pairs:
         diff = scenario_difference(base.get("scenario") or {}, {**new, "source": None})

@@ -19,7 +19,7 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
-from infbench.errors import ConfigError
+from infbench.core.errors import ConfigError
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 ATTENTION_KINDS = ("mha", "gqa", "mqa", "mla", "cla", "sliding", "linear", "ssm")

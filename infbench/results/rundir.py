@@ -32,7 +32,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from infbench.errors import DamagedFileError, ResultSchemaError, UserError
+from infbench.core.errors import DamagedFileError, ResultSchemaError, UserError
+from infbench.results import store as results_mod
+from infbench.results.store import RESULT_KIND, load_result, to_jsonable, write_json_atomic
 
 MANIFEST_NAME = "manifest.json"
 LOCK_NAME = ".lock"
@@ -195,8 +197,6 @@ def result_files(directory: Path) -> list[Path]:
 def normalized_points(points: list[Any]) -> list[dict[str, Any]]:
     """The points as JSON data (as a result file stores them), without what does not change
     a measurement: the scenario file's path and the gate block (judged after the run)."""
-    from infbench.results import to_jsonable
-
     out = []
     for p in points:
         d = json.loads(json.dumps(to_jsonable(p.to_dict()), sort_keys=True))
@@ -243,8 +243,6 @@ def _now() -> str:
 
 
 def _is_result_json(path: Path) -> bool:
-    from infbench.results import RESULT_KIND
-
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError, RecursionError):
@@ -346,8 +344,6 @@ class RunDir:
                             "to replace it, or another --out")
         if overwrite:
             clear_run_files(out_dir, old, old_results)
-        from infbench import results as results_mod
-
         name = points[0].name
         env = results_mod.env_info(device or "cpu")
         return Manifest(
@@ -360,8 +356,6 @@ class RunDir:
 
     # -------------------------------------------------------------- state changes
     def save(self) -> None:
-        from infbench.results import write_json_atomic
-
         write_json_atomic(self.path / MANIFEST_NAME, self.manifest.to_dict())
 
     def entry(self, index: int) -> PointEntry:
@@ -386,8 +380,6 @@ class RunDir:
 
     def done_results(self) -> list[dict[str, Any]]:
         """Results of points already done (a resumed run), in point order."""
-        from infbench.results import load_result
-
         out = []
         for p in self.manifest.done():
             path = self.file_for(p.index)

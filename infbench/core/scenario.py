@@ -23,7 +23,6 @@ import difflib
 import itertools
 import math
 import os
-import sys
 import types
 import typing
 from collections.abc import Sequence
@@ -43,8 +42,10 @@ from pydantic import (
     model_validator,
 )
 
-from infbench.config import PRESETS, EngineConfig, ModelConfig, QuantConfig, make_quant
-from infbench.errors import ConfigError, DamagedFileError, UserError
+from infbench.core.config import PRESETS, EngineConfig, ModelConfig, QuantConfig, make_quant
+from infbench.core.device import guess_device
+from infbench.core.errors import ConfigError, DamagedFileError, UserError
+from infbench.core.metric_names import GATE_METRICS, LATENCY_METRICS, SCALAR_METRICS
 
 _ENGINE = EngineConfig()
 # Workload keys whose list values sweep, in the order they nest in the product.
@@ -159,7 +160,7 @@ else:
 
 class ModelSection(_Section):
     preset: str | None = None
-    """A preset name from infbench.config.PRESETS."""
+    """A preset name from infbench.core.config.PRESETS."""
     path: str | None = None
     """A Hugging Face model directory (config.json + safetensors)."""
     gguf: str | None = None
@@ -253,8 +254,6 @@ class GateSection(_Section):
     @field_validator("metric")
     @classmethod
     def _known_metric(cls, value: str) -> str:
-        from infbench.metrics import GATE_METRICS, LATENCY_METRICS, SCALAR_METRICS
-
         head, dot, _ = value.partition(".")
         # Nested paths under other heads ("decode.mbu") come from the traffic accounting.
         is_nested = bool(dot) and head not in SCALAR_METRICS + LATENCY_METRICS
@@ -297,7 +296,7 @@ class Scenario(_Section):
     @field_validator("hardware")
     @classmethod
     def _known_hardware(cls, value: str | None) -> str | None:
-        from infbench.hardware import HARDWARE, profile_path
+        from infbench.core.hardware import HARDWARE, profile_path
 
         if value is None or value == "auto":
             return None
@@ -358,7 +357,7 @@ class Scenario(_Section):
         for key in SWEEPABLE_WORKLOAD:
             values = wl[key]
             wl[key] = swept.get(key, values[0] if values else None)
-        device = resolve_device(self.device)
+        device = guess_device(self.device)
         spec = self.speculative
         ratio = spec.draft_cost_ratio
         if ratio is None:
@@ -502,7 +501,7 @@ class ScenarioPoint:
             if "preset" in self.model:
                 cfg = ModelConfig.from_name(self.model["preset"])
             else:
-                from infbench.model import configs
+                from infbench.core import checkpoint_config as configs
 
                 if "path" in self.model:
                     cfg = configs.config_from_hf_dir(self.model["path"])
@@ -553,16 +552,6 @@ def _label_value(value: Any) -> str:
             return "{" + rest + "}"
         return f"{kind}({rest})" if rest else str(kind)
     return str(value)
-
-
-def resolve_device(device: str) -> str:
-    """auto -> cuda or cpu without importing torch (only asks torch if it is already loaded)."""
-    if device != "auto":
-        return device
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return "cuda" if os.path.exists("/proc/driver/nvidia/version") else "cpu"
 
 
 def load_scenario(path: str | os.PathLike[str], sets: Sequence[str] = ()) -> Scenario:

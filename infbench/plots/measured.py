@@ -23,10 +23,10 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from infbench.errors import ResultSchemaError, UserError
-from infbench.hardware import HardwareSpec
-from infbench.plots import RooflinePoint
-from infbench.report import _get
+from infbench.core.errors import ResultSchemaError, UserError
+from infbench.core.hardware import HardwareSpec
+from infbench.results.report import _get
+from infbench.roofline.tables import RooflinePoint
 
 _STAGES = ("prefill", "decode")
 
@@ -67,7 +67,7 @@ def _steps(result: dict[str, Any]) -> list[dict[str, Any]]:
 def _result_hardware(result: dict[str, Any]) -> HardwareSpec:
     """The hardware a result was analysed against: its `hardware` field, else its scenario's
     hardware name from the table (older or hand-edited files), else a one-line error."""
-    from infbench.hardware import get_hardware
+    from infbench.core.hardware import get_hardware
 
     data = _section(result, "hardware")
     if not data:
@@ -160,7 +160,7 @@ def measured_roofline_figure(results: list[dict[str, Any]], out: str | os.PathLi
                              hardware: HardwareSpec | None = None, include_steps: bool = False,
                              title: str | None = None) -> dict[str, Any]:
     """The measured roofline PNG; returns roofline_figure's dict (plotted points, links)."""
-    from infbench.plots import roofline_figure
+    from infbench.plots.analytic import roofline_figure
 
     hw = _hardware(results, hardware)
     dtype = _dtype(results[0])

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from infbench.errors import ConfigError, UserError
+from infbench.core.errors import ConfigError, UserError
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -126,7 +126,7 @@ class HardwareSpec:
         """Attainable matmul FLOP/s for a step of `num_tokens` rows.
 
         A calibrated profile carries the engine's measured curve
-        (`extra.matmul_flops_by_tokens`, see infbench.calibrate_engine); it is
+        (`extra.matmul_flops_by_tokens`, see infbench.measure.calibrate_engine); it is
         interpolated in log(tokens) and capped at the dtype's peak.  Datasheet entries
         have no curve: their peak applies at every size (the plain roofline).
         """

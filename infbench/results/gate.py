@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infbench.errors import ResultSchemaError, UserError
+from infbench.core.errors import ResultSchemaError, UserError
 
 NORMALIZE_MODES = ("none", "mbu", "roofline_fraction", "reference")
 # Scenario keys that may differ between runs of the same benchmark.
@@ -121,7 +121,7 @@ def _result_id(result: dict[str, Any]) -> str:
 
 
 def _check_schema(result: dict[str, Any]) -> None:
-    from infbench.results import RESULT_KIND, SCHEMA_VERSION
+    from infbench.results.store import RESULT_KIND, SCHEMA_VERSION
 
     if result.get("kind") != RESULT_KIND:
         raise ResultSchemaError(f"{_result_id(result)}: not an infbench result "
@@ -275,8 +275,8 @@ def compare_many(baselines: list[dict[str, Any]], news: list[dict[str, Any]],
 
 def load_results(paths: list[str] | list[Path]) -> list[dict[str, Any]]:
     """Result files, or run directories (their manifest's done points; see rundir)."""
-    from infbench.results import load_result
-    from infbench.rundir import result_files
+    from infbench.results.rundir import result_files
+    from infbench.results.store import load_result
 
     files: list[Path] = []
     for p in map(Path, paths):
@@ -296,7 +296,7 @@ def gate_table(result: GateResult) -> Any:
     """A rich Table of the verdicts (rich imported here: the gate itself needs only stdlib)."""
     from rich.table import Table
 
-    from infbench.report import short_label
+    from infbench.results.report import short_label
 
     mode = "" if result.normalize == "none" else f", normalized: {result.normalize}"
     table = Table(title=f"gate: max regression {result.max_regression * 100:g}%{mode}")

@@ -16,8 +16,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from infbench.config import AttentionConfig, ModelConfig
-from infbench.errors import ConfigError, DamagedFileError, UserError
+from infbench.core.config import AttentionConfig, ModelConfig
+from infbench.core.errors import ConfigError, DamagedFileError, UserError
 
 if TYPE_CHECKING:
     from gguf import GGUFReader

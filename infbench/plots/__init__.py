@@ -1,0 +1,2 @@
+"""matplotlib (Agg) figures from the analytic model (`analytic`) and from results
+(`measured`)."""

@@ -1,0 +1,2 @@
+"""Result files: load/validate/write, run directories, report tables and the compare/gate
+logic (no torch)."""
