@@ -151,8 +151,8 @@ def attention_ref(
     return out.reshape(batch, 1, num_heads, v.shape[-1]).to(q.dtype)  # (B, Q, Hq, Dv)
 
 
-def attended_keys(context_len: int, num_query_tokens: int, window: int | None) -> int:
-    """Keys attended in total by the last `num_query_tokens` positions of a sequence.
+def attended_pairs(context_len: int, num_query_tokens: int, window: int | None) -> int:
+    """(query, key) pairs attended by the last `num_query_tokens` positions of a sequence.
 
     The query at position t sees min(t + 1, window) keys; closed form, no per-token loop.
     """

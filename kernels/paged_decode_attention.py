@@ -23,7 +23,7 @@ from kernels._common import cdiv, dot_precision, is_compiled, num_compute_units
 from kernels._paged_attention import (
     LOG2E,
     attend_kv_range,
-    attended_keys,
+    attended_pairs,
     attention_ref,
     check_cache,
     kv_tokens_read,
@@ -270,6 +270,6 @@ def paged_decode_attention_cost(
     kv_bytes_per_token = num_kv_heads * (head_dim + v_head_dim) * dtype_bytes
     kv_tokens = sum(kv_tokens_read(n, num_query_tokens, window) for n in lens)
     io_bytes = batch * num_query_tokens * num_q_heads * (head_dim + v_head_dim) * dtype_bytes
-    keys = sum(attended_keys(n, num_query_tokens, window) for n in lens)
-    flops = 2.0 * keys * num_q_heads * (head_dim + v_head_dim)
+    pairs_total = sum(attended_pairs(n, num_query_tokens, window) for n in lens)
+    flops = 2.0 * pairs_total * num_q_heads * (head_dim + v_head_dim)
     return KernelCost(flops=flops, bytes=float(kv_tokens * kv_bytes_per_token + io_bytes))

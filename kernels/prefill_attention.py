@@ -24,7 +24,7 @@ from kernels._common import dot_precision, is_compiled
 from kernels._paged_attention import (
     LOG2E,
     attend_kv_range,
-    attended_keys,
+    attended_pairs,
     attention_ref,
     check_cache,
     gather_kv_ref,
@@ -200,6 +200,6 @@ def prefill_attention_cost(
     pairs = list(zip(query_lens, context_lens, strict=True))
     kv_tokens = sum(kv_tokens_read(c, n, window) for n, c in pairs)
     io_bytes = sum(query_lens) * num_q_heads * (head_dim + v_head_dim) * dtype_bytes
-    keys = sum(attended_keys(c, n, window) for n, c in pairs)
-    flops = 2.0 * keys * num_q_heads * (head_dim + v_head_dim)
+    pairs_total = sum(attended_pairs(c, n, window) for n, c in pairs)
+    flops = 2.0 * pairs_total * num_q_heads * (head_dim + v_head_dim)
     return KernelCost(flops=flops, bytes=float(kv_tokens * kv_bytes_per_token + io_bytes))

@@ -5,8 +5,8 @@ Counting rules (the engine's measured traffic uses the same ones):
 - A matmul over T tokens costs 2*T*in*out FLOPs and reads its input and writes its
   output once in the model dtype; its weights are read once per step whatever T is.
 - Attention over a sequence with q new tokens and context c attends
-  `attended_pairs(q, c, window)` (query, key) pairs (causal, windowed) and reads
-  the KV of `attended_keys(q, c, window)` tokens; score and value each cost
+  `attended_pairs(c, q, window)` (query, key) pairs (causal, windowed) and reads
+  the KV of `kv_tokens_read(c, q, window)` tokens; score and value each cost
   2*pairs*heads*dim. K goes with the score, V with the value; the new tokens' K/V
   are written to the cache by the QKV projection.  Softmax, RoPE, residual adds and
   biases are assumed fused into neighbouring kernels: their bytes are not counted.
@@ -60,13 +60,18 @@ def _prefix_pairs(n: int, window: int | None) -> int:
     return window * (window + 1) // 2 + (n - window) * window
 
 
-def attended_pairs(q: int, c: int, window: int | None) -> int:
+# The two counts below have the kernels' names and argument order
+# (kernels/_paged_attention.py); the kernels package may not be imported here (no torch in
+# the analytic model), so tests/roofline/test_costs.py checks that both agree.
+def attended_pairs(context_len: int, num_query_tokens: int, window: int | None) -> int:
     """(query, key) pairs when the last q of c tokens attend causally (within a window)."""
+    c, q = context_len, num_query_tokens
     return _prefix_pairs(c, window) - _prefix_pairs(c - q, window)
 
 
-def attended_keys(q: int, c: int, window: int | None) -> int:
+def kv_tokens_read(context_len: int, num_query_tokens: int, window: int | None) -> int:
     """Distinct keys the last q of c tokens attend to: the KV tokens that must be read."""
+    c, q = context_len, num_query_tokens
     return c if window is None else min(c, q - 1 + window)
 
 
@@ -86,8 +91,8 @@ def _attention(acc: Totals, cfg: ModelConfig, spec: LayerSpec, groups: Groups, t
     add(acc, "qkv_proj", "matmul", flops=2.0 * t * d * (h * hd + kv_width),
         act=t * (d + h * hd) * a, kv_write=t * kv_width * kvb)
     for sw, n in groups:
-        pairs = attended_pairs(sw.query_len, sw.context_len, spec.window)
-        keys = attended_keys(sw.query_len, sw.context_len, spec.window)
+        pairs = attended_pairs(sw.context_len, sw.query_len, spec.window)
+        keys = kv_tokens_read(sw.context_len, sw.query_len, spec.window)
         # CLA layers without their own cache read the owner's: the read is still paid.
         kv = n * keys * kvh * hd * kvb
         act = n * sw.query_len * h * hd * a
@@ -100,8 +105,8 @@ def mla_absorbed_is_cheaper(cfg: ModelConfig, sw: SeqWork, window: int | None) -
     """Whether the absorbed MLA form needs no more FLOPs than the expanded one."""
     r, rope, nope, v = mla_dims(cfg)
     q = sw.query_len
-    pairs = attended_pairs(q, sw.context_len, window)
-    keys = attended_keys(q, sw.context_len, window)
+    pairs = attended_pairs(sw.context_len, q, window)
+    keys = kv_tokens_read(sw.context_len, q, window)
     absorbed = q * r * (nope + v) + pairs * (2 * r + rope)
     expanded = keys * r * (nope + v) + pairs * (nope + rope + v)
     return absorbed <= expanded
@@ -124,8 +129,8 @@ def _mla(acc: Totals, cfg: ModelConfig, spec: LayerSpec, groups: Groups, t: int,
     _norm(acc, t, r, a)
     for sw, n in groups:
         q = sw.query_len
-        pairs = attended_pairs(q, sw.context_len, spec.window)
-        keys = attended_keys(q, sw.context_len, spec.window)
+        pairs = attended_pairs(sw.context_len, q, spec.window)
+        keys = kv_tokens_read(sw.context_len, q, spec.window)
         latent = n * keys * (r + rope) * kvb
         if mla_absorbed_is_cheaper(cfg, sw, spec.window):
             # W_UK folds into the query and W_UV into the output: kv_b runs on q tokens.

@@ -45,12 +45,12 @@ def test_refs_match_naive_dense_attention(heads, window):
             prefill[rows], naive_causal_attention(flat[rows], k, v, scale, window), **TOL)
 
 
-def test_attended_keys_closed_form_matches_a_loop():
-    from kernels._paged_attention import attended_keys
+def test_attended_pairs_closed_form_matches_a_loop():
+    from kernels._paged_attention import attended_pairs
 
     for context_len in range(0, 25):
         for num_q in range(0, context_len + 1):
             for window in (None, 1, 3, 8, 30):
                 expected = sum(min(t + 1, window or t + 1)
                                for t in range(context_len - num_q, context_len))
-                assert attended_keys(context_len, num_q, window) == expected
+                assert attended_pairs(context_len, num_q, window) == expected

@@ -19,7 +19,11 @@ from infbench.roofline.costs import (
     total,
     weight_bytes,
 )
-from infbench.roofline.layer_costs import attended_keys, attended_pairs, mla_absorbed_is_cheaper
+from infbench.roofline.layer_costs import (
+    attended_pairs,
+    kv_tokens_read,
+    mla_absorbed_is_cheaper,
+)
 
 BF16 = "bfloat16"
 
@@ -159,11 +163,22 @@ def test_prefill_attention_intensity_grows_with_sequence_length() -> None:
 
 def test_attended_pairs_and_keys() -> None:
     assert attended_pairs(4, 4, None) == 10  # causal triangle
-    assert attended_pairs(1, 100, None) == 100
-    assert attended_pairs(1, 100, 8) == 8
-    assert attended_pairs(3, 10, 4) == 12
-    assert attended_keys(1, 100, 8) == 8 and attended_keys(3, 10, 4) == 6
-    assert attended_keys(5, 5, 100) == 5
+    assert attended_pairs(100, 1, None) == 100
+    assert attended_pairs(100, 1, 8) == 8
+    assert attended_pairs(10, 3, 4) == 12
+    assert kv_tokens_read(100, 1, 8) == 8 and kv_tokens_read(10, 3, 4) == 6
+    assert kv_tokens_read(5, 5, 100) == 5
+
+
+def test_counts_agree_with_the_kernels_declared_costs() -> None:
+    """One meaning per name: the cost model and the kernels count pairs and keys alike."""
+    from kernels import _paged_attention as kernel_counts
+
+    for c in range(1, 40):
+        for q in range(1, c + 1):
+            for w in (None, 1, 3, 8, 64):
+                assert attended_pairs(c, q, w) == kernel_counts.attended_pairs(c, q, w)
+                assert kv_tokens_read(c, q, w) == kernel_counts.kv_tokens_read(c, q, w)
 
 
 def test_sliding_window_caps_the_context_read() -> None:
