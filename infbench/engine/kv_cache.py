@@ -22,8 +22,7 @@ from infbench.core.config import EngineConfig, LayerSpec, ModelConfig
 from infbench.core.device import available_memory_bytes
 from infbench.core.errors import DoesNotFitError
 from infbench.engine.kv_groups import layer_groups
-
-TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+from infbench.model.dtypes import TORCH_DTYPES  # noqa: F401  (the engine reads it here)
 
 
 def cache_entries(cfg: ModelConfig, spec: LayerSpec) -> list[tuple[str, tuple[int, ...]]]:

@@ -33,6 +33,7 @@ import torch
 from infbench.core.errors import UserError
 from infbench.core.hardware import HardwareSpec, profile_path
 from infbench.measure.timing import time_op
+from infbench.model.dtypes import TORCH_DTYPES
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,6 @@ PLANS: dict[tuple[str, bool], CalibrationPlan] = {
     ("cuda", False): CalibrationPlan(2048 * _MB, (16384, 16384), (2048, 4096, 8192), 20, 3, 2.0),
     ("cuda", True): CalibrationPlan(256 * _MB, (8192, 8192), (1024, 2048, 4096), 5, 2, 0.5),
 }
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 def resolve_calibration_device(device: str) -> str:
@@ -138,15 +138,16 @@ def calibrate(device: str = "cpu", quick: bool = False,
     if dtypes is None:
         dtypes = ("float32", "bfloat16") if device == "cpu" else ("float32", "bfloat16",
                                                                   "float16")
-    unknown = [d for d in dtypes if d not in _DTYPES]
+    unknown = [d for d in dtypes if d not in TORCH_DTYPES]
     if unknown:
-        raise UserError(f"calibrate: unknown dtype {unknown[0]!r}; allowed: {', '.join(_DTYPES)}")
+        raise UserError(f"calibrate: unknown dtype {unknown[0]!r}; "
+                        f"allowed: {', '.join(TORCH_DTYPES)}")
     read = read_bandwidth(device, plan.buffer_bytes, plan.repeats, plan.warmup)
     copy = copy_bandwidth(device, plan.buffer_bytes, plan.repeats, plan.warmup)
     gemv_dtype = "float32" if device == "cpu" else "bfloat16"  # bf16 GEMV is emulated on CPU
-    gemv = gemv_bandwidth(device, plan.gemv_shape, _DTYPES[gemv_dtype], plan.repeats,
+    gemv = gemv_bandwidth(device, plan.gemv_shape, TORCH_DTYPES[gemv_dtype], plan.repeats,
                           plan.warmup)
-    per_size = {d: gemm_flops(device, _DTYPES[d], plan.gemm_sizes, plan.repeats, plan.warmup,
+    per_size = {d: gemm_flops(device, TORCH_DTYPES[d], plan.gemm_sizes, plan.repeats, plan.warmup,
                               plan.max_single_s) for d in dtypes}
     peaks = {d: max(v.values()) for d, v in per_size.items()}
     threads = torch.get_num_threads()

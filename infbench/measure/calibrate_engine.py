@@ -79,7 +79,7 @@ def step_overhead(device: str, quick: bool = False) -> tuple[float, float, float
 
 
 def engine_extra(device: str, dtypes: tuple[str, ...], quick: bool) -> dict[str, Any]:
-    from infbench.engine.kv_cache import TORCH_DTYPES
+    from infbench.model.dtypes import TORCH_DTYPES
 
     curves = {d: matmul_curve(device, TORCH_DTYPES[d], quick) for d in dtypes
               if not (device == "cpu" and d != "float32")}  # CPU runs the engine in fp32

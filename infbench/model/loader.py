@@ -32,12 +32,12 @@ from infbench.core.checkpoint_config import (
 from infbench.core.config import ModelConfig
 from infbench.core.device import available_memory_bytes
 from infbench.core.errors import ConfigError, DamagedFileError, DoesNotFitError, UserError
+from infbench.model import dtypes
 from infbench.model.layers import SwiGLUMLP
 from infbench.model.tokenizer import Tokenizer
 from infbench.model.transformer import Attention, Transformer
 from infbench.roofline.shapes import weight_bytes
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 SOURCE_KINDS = ("preset", "path", "gguf")
 INIT_STD = 0.02
 
@@ -65,9 +65,7 @@ def load_model(
         raise ConfigError(
             f"model source must be one of {{{', '.join(SOURCE_KINDS)}: ...}}, got {source!r}"
         )
-    if dtype not in DTYPES:
-        raise ConfigError(f"model dtype {dtype!r} unknown; allowed: {', '.join(DTYPES)}")
-    torch_dtype, dev = DTYPES[dtype], _device(device)
+    torch_dtype, dev = dtypes.torch_dtype(dtype, "model dtype"), _device(device)
     kind, value = next(iter(source.items()))
     if kind == "preset":
         config = _with_overrides(ModelConfig.from_name(value), overrides)
