@@ -23,7 +23,8 @@ from infbench.engine.sequence import Sequence
 RELEASED = -1  # block-table entry of a block freed by a sliding window
 
 
-def _cdiv(a: int, b: int) -> int:
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division: blocks needed for `a` tokens at `b` tokens per block."""
     return -(-a // b)
 
 
@@ -120,7 +121,7 @@ class BlockManager:
 
     def _num_blocks_for(self, seq: Sequence, num_hit_blocks: int, num_new_tokens: int) -> int:
         end = min(num_hit_blocks * self.block_size + num_new_tokens, seq.num_tokens)
-        return _cdiv(end, self.block_size)
+        return cdiv(end, self.block_size)
 
     # ------------------------------------------------------------------ growth
     def can_append(self, seq: Sequence, num_new_tokens: int) -> bool:
@@ -151,11 +152,11 @@ class BlockManager:
     def _write_range(self, seq: Sequence, end: int) -> range:
         """Indices of blocks already in the table that positions [num_computed, end) write."""
         first = seq.num_computed_tokens // self.block_size
-        return range(first, min(len(seq.block_table), _cdiv(end, self.block_size)))
+        return range(first, min(len(seq.block_table), cdiv(end, self.block_size)))
 
     def _num_blocks_to_append(self, seq: Sequence, num_new_tokens: int) -> int:
         end = seq.num_computed_tokens + num_new_tokens
-        num_new = max(0, _cdiv(end, self.block_size) - len(seq.block_table))
+        num_new = max(0, cdiv(end, self.block_size) - len(seq.block_table))
         num_cow = sum(
             1 for i in self._write_range(seq, end) if self._ref_counts[seq.block_table[i]] > 1
         )

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from infbench.core.config import EngineConfig
 from infbench.core.errors import UserError
-from infbench.engine.block_manager import BlockManager, StateSlots
+from infbench.engine.block_manager import BlockManager, StateSlots, cdiv
 from infbench.engine.kv_groups import GroupedBlockManager
 from infbench.engine.sequence import SeqStatus, Sequence
 
@@ -56,10 +56,6 @@ class SchedulerOutput:
     @property
     def num_decode_tokens(self) -> int:
         return sum(s.num_new_tokens for s in self.scheduled if not s.is_prefill)
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 class Scheduler:
@@ -128,7 +124,7 @@ class Scheduler:
                 "engine.enable_chunked_prefill off; raise the limit or enable chunked prefill"
             )
         max_tokens = seq.sampling.max_tokens
-        num_needed = _cdiv(num_prompt + max_tokens, bm.block_size)
+        num_needed = cdiv(num_prompt + max_tokens, bm.block_size)
         if num_needed > bm.max_seq_blocks:
             raise UserError(
                 f"request {rid}: prompt ({num_prompt}) + max_tokens ({max_tokens}) needs "
