@@ -17,16 +17,32 @@ import dataclasses
 import math
 import numbers
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 from infbench.core.errors import ConfigError
 
+# Allowed values, defined once: each Literal types the scenario schema (core/scenario.py), and
+# its tuple feeds the dataclass checks, the CLI validators (commands/_options.py) and help texts.
+Dtype = Literal["float32", "float16", "bfloat16"]
+AttentionKind = Literal["mha", "gqa", "mqa", "mla", "cla", "sliding", "linear", "ssm"]
+FeatureMap = Literal["elu", "relu", "favor", "taylor"]
+WeightQuant = Literal["none", "int8", "int4"]
+KvQuant = Literal["none", "int8", "fp8"]
+Backend = Literal["auto", "torch", "triton"]
+Device = Literal["auto", "cpu", "cuda"]
+ModelWeights = Literal["auto", "random"]
+DTYPES: tuple[str, ...] = get_args(Dtype)
+ATTENTION_KINDS: tuple[str, ...] = get_args(AttentionKind)
+FEATURE_MAPS: tuple[str, ...] = get_args(FeatureMap)
+WEIGHT_QUANT: tuple[str, ...] = get_args(WeightQuant)
+KV_QUANT: tuple[str, ...] = get_args(KvQuant)
+BACKENDS: tuple[str, ...] = get_args(Backend)
+DEVICES: tuple[str, ...] = get_args(Device)
+MODEL_WEIGHTS: tuple[str, ...] = get_args(ModelWeights)
+"""auto: a preset that names a released model (REAL_WEIGHTS) loads its real weights when they
+are installed, else seeded random ones; random: always seeded random weights (shapes only)."""
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
-ATTENTION_KINDS = ("mha", "gqa", "mqa", "mla", "cla", "sliding", "linear", "ssm")
-FEATURE_MAPS = ("elu", "relu", "favor", "taylor")
-WEIGHT_QUANT = ("none", "int8", "int4")
-KV_QUANT = ("none", "int8", "fp8")
-BACKENDS = ("auto", "torch", "triton")
+assert tuple(DTYPE_BYTES) == DTYPES
 # Mixer kinds of a resolved layer.
 MIXERS = ("attention", "mla", "linear", "ssm")
 
@@ -364,10 +380,20 @@ def _divisors(n: int) -> list[int]:
 
 def _replace(cfg: ModelConfig, overrides: dict[str, Any]) -> ModelConfig:
     names = {f.name for f in dataclasses.fields(ModelConfig)}
+    # Fields whose default is None may be set to None (num_kv_heads, head_dim, moe, ...).
+    optional = {f.name for f in dataclasses.fields(ModelConfig) if f.default is None}
     changes: dict[str, Any] = {}
     for key, value in overrides.items():
         if key not in names:
             raise ConfigError(f"unknown model field {key!r}; allowed: {', '.join(sorted(names))}")
+        if key in ("attention", "moe") and value is not None and not isinstance(
+                value, dict | AttentionConfig | MoEConfig):
+            # A scalar here used to pass dataclasses.replace and crash later with AttributeError.
+            raise ConfigError(f"model.{key}: must be a mapping of {key} fields, e.g. "
+                              f"{key}.{'kind' if key == 'attention' else 'num_experts'}=... "
+                              f"(got {value!r})")
+        if value is None and key not in optional:
+            raise ConfigError(f"model.{key}: must not be null")
         if key == "attention" and isinstance(value, dict):
             value = make_attention(value, base=cfg.attention)
         elif key == "moe" and isinstance(value, dict):
@@ -523,3 +549,7 @@ PRESETS: dict[str, ModelConfig] = {
         num_kv_heads=4, intermediate_size=2816, max_seq_len=4096, attention=_GQA,
     ),
 }
+
+# Presets that name a released model -> the weights file `model.loader` reads for it (a name
+# `checkpoint_config.resolve_gguf` knows).  Other presets always get seeded random weights.
+REAL_WEIGHTS: dict[str, str] = {"smollm2-135m": "smollm2-135m"}

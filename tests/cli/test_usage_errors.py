@@ -297,9 +297,6 @@ def test_any_click_copy_is_recognised(source: str, monkeypatch: pytest.MonkeyPat
     assert_one_error_line(code, out, err, "--bogus" if source != "typer-bundled" else "--top-k")
 
 
-@pytest.mark.xfail(reason="ModelConfig.with_overrides takes a scalar for a group field "
-                          "(attention, moe) and crashes later with AttributeError; the fix "
-                          "belongs in infbench/config.py", raises=AttributeError, strict=False)
 @pytest.mark.parametrize("item", ["attention=3", "moe=3"])
 def test_set_of_a_group_to_a_scalar_is_a_usage_error(item: str,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
