@@ -42,7 +42,21 @@ from pydantic import (
     model_validator,
 )
 
-from infbench.core.config import PRESETS, EngineConfig, ModelConfig, QuantConfig, make_quant
+from infbench.core.config import (
+    PRESETS,
+    AttentionKind,
+    Backend,
+    Device,
+    Dtype,
+    EngineConfig,
+    FeatureMap,
+    KvQuant,
+    ModelConfig,
+    ModelWeights,
+    QuantConfig,
+    WeightQuant,
+    make_quant,
+)
 from infbench.core.device import guess_device
 from infbench.core.errors import ConfigError, DamagedFileError, UserError
 from infbench.core.metric_names import GATE_METRICS, LATENCY_METRICS, SCALAR_METRICS
@@ -53,7 +67,16 @@ SWEEPABLE_WORKLOAD = (
     "batch_size", "prompt_len", "gen_len", "num_requests", "rate", "shared_prefix_len",
     "samples_per_prompt",
 )
-_LENGTH_DISTS = ("fixed", "uniform", "normal", "lognormal")
+# Allowed values of the scenario-only keys, defined once (the model's are in core/config.py).
+WorkloadKind = Literal["static", "offline", "poisson"]
+PromptSource = Literal["random", "text"]
+LengthDist = Literal["fixed", "uniform", "normal", "lognormal"]
+NormalizeMode = Literal["none", "mbu", "roofline_fraction", "reference"]
+WORKLOAD_KINDS: tuple[str, ...] = typing.get_args(WorkloadKind)
+PROMPT_SOURCES: tuple[str, ...] = typing.get_args(PromptSource)
+LENGTH_DISTS: tuple[str, ...] = typing.get_args(LengthDist)
+NORMALIZE_MODES: tuple[str, ...] = typing.get_args(NormalizeMode)
+_LENGTH_DISTS = LENGTH_DISTS
 _SECTIONS = ("device", "dtype", "hardware", "model", "workload", "engine", "speculative",
              "measure", "gate")
 
@@ -100,15 +123,15 @@ class _Section(BaseModel):
 
 
 class QuantSection(_Section):
-    weights: Literal["none", "int8", "int4"] = "none"
+    weights: WeightQuant = "none"
     group_size: PosInt = 128
-    kv: Literal["none", "int8", "fp8"] = "none"
+    kv: KvQuant = "none"
 
 
 class AttentionSection(_Section):
     """Attention/mixer settings; unset fields keep the model's own (see config.AttentionConfig)."""
 
-    kind: Literal["mha", "gqa", "mqa", "mla", "cla", "sliding", "linear", "ssm"] | None = None
+    kind: AttentionKind | None = None
     kv_heads: PosInt | None = None
     window: PosInt | None = None
     global_every: PosInt | None = None
@@ -118,7 +141,7 @@ class AttentionSection(_Section):
     qk_rope_head_dim: PosInt | None = None
     qk_nope_head_dim: PosInt | None = None
     v_head_dim: PosInt | None = None
-    feature_map: Literal["elu", "relu", "favor", "taylor"] | None = None
+    feature_map: FeatureMap | None = None
     feature_dim: PosInt | None = None
     d_state: PosInt | None = None
     d_conv: PosInt | None = None
@@ -169,6 +192,9 @@ class ModelSection(_Section):
     """ModelConfig fields to replace, e.g. {num_layers: 2}."""
     attention: AttentionSection = Field(default_factory=AttentionSection)
     quant: QuantSection = Field(default_factory=QuantSection)
+    weights: ModelWeights = "auto"
+    """auto: a preset naming a released model (smollm2-135m) runs its real weights when they are
+    installed; random: seeded random weights, enough for benchmarks of shapes."""
 
     @field_validator("preset")
     @classmethod
@@ -187,7 +213,7 @@ class ModelSection(_Section):
 
 
 class WorkloadSection(_Section):
-    kind: Literal["static", "offline", "poisson"] = "static"
+    kind: WorkloadKind = "static"
     """static: batch_size requests at t=0; offline: num_requests at t=0; poisson: arrivals."""
     batch_size: _SweepPosInt = [1]
     prompt_len: _SweepPosInt = [128]
@@ -199,10 +225,10 @@ class WorkloadSection(_Section):
     """The first N tokens of every prompt are identical (a shared system prompt)."""
     samples_per_prompt: _SweepPosInt = [1]
     seed: Annotated[int, Field(ge=0, le=MAX_SEED, strict=True)] = 0
-    prompt_source: Literal["random", "text"] = "random"
+    prompt_source: PromptSource = "random"
     """random token ids, or windows of the shipped public-domain text (needs a tokenizer)."""
-    prompt_len_dist: Literal["fixed", "uniform", "normal", "lognormal"] = "fixed"
-    gen_len_dist: Literal["fixed", "uniform", "normal", "lognormal"] = "fixed"
+    prompt_len_dist: LengthDist = "fixed"
+    gen_len_dist: LengthDist = "fixed"
     len_spread: Annotated[float, Field(ge=0, le=100, strict=True, allow_inf_nan=False)] = 0.5
     """Relative spread of the length distributions (uniform: L*(1-s)..L*(1+s))."""
     chat: StrictBool = False
@@ -217,7 +243,7 @@ class EngineSection(_Section):
     block_size: PosInt = _ENGINE.block_size
     max_num_seqs: PosInt = _ENGINE.max_num_seqs
     max_num_batched_tokens: PosInt = _ENGINE.max_num_batched_tokens
-    backend: Literal["auto", "torch", "triton"] = "auto"
+    backend: Backend = "auto"
     kv_cache_memory: Annotated[float, Field(gt=0, le=MAX_BYTES, strict=True,
                                             allow_inf_nan=False)] = _ENGINE.kv_cache_memory
     """KV budget: bytes if > 1, else a fraction of the memory left after the weights."""
@@ -249,7 +275,7 @@ class GateSection(_Section):
     """Result file (JSON) to compare with."""
     max_regression: Annotated[Fraction, BeforeValidator(_percent)] = 0.05
     """Largest tolerated regression as a fraction (0.05) or a percentage string ("5%")."""
-    normalize: Literal["none", "mbu", "roofline_fraction", "reference"] = "none"
+    normalize: NormalizeMode = "none"
 
     @field_validator("metric")
     @classmethod
@@ -268,8 +294,8 @@ class Scenario(_Section):
 
     name: Annotated[str, Field(min_length=1)]
     description: str = ""
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
+    device: Device = "auto"
+    dtype: Literal["auto", Dtype] = "auto"
     """auto: float32 on CPU (bf16 is emulated there), bfloat16 on CUDA."""
     hardware: str | None = None
     """A hardware name, `local` (calibrated profile) or a profile .json (default: by device)."""
@@ -373,7 +399,10 @@ class Scenario(_Section):
                 model={**self._model_source(),
                        "overrides": self.model.overrides.model_dump(exclude_unset=True),
                        "attention": self.model.attention.model_dump(exclude_unset=True),
-                       "quant": self.model.quant.model_dump()},
+                       "quant": self.model.quant.model_dump(),
+                       # only when written: results of older scenarios keep their shape
+                       **({"weights": self.model.weights}
+                          if "weights" in self.model.model_fields_set else {})},
                 workload=WorkloadPoint(**wl),
                 engine=EngineConfig(**self.engine.model_dump()),
                 speculative=SpeculativeConfig(spec.method, spec.num_tokens, spec.acceptance, ratio),
@@ -412,11 +441,11 @@ class WorkloadPoint:
     ignore_eos: bool = True
 
     def __post_init__(self) -> None:
-        if self.kind not in ("static", "offline", "poisson"):
+        if self.kind not in WORKLOAD_KINDS:
             raise ConfigError(f"workload.kind: unknown value {self.kind!r}; "
-                              "allowed: static, offline, poisson")
+                              f"allowed: {', '.join(WORKLOAD_KINDS)}")
         for key, value, allowed in (
-            ("prompt_source", self.prompt_source, ("random", "text")),
+            ("prompt_source", self.prompt_source, PROMPT_SOURCES),
             ("prompt_len_dist", self.prompt_len_dist, _LENGTH_DISTS),
             ("gen_len_dist", self.gen_len_dist, _LENGTH_DISTS),
         ):
@@ -571,6 +600,23 @@ def load_scenario(path: str | os.PathLike[str], sets: Sequence[str] = ()) -> Sce
     if bad_keys:
         raise UserError(f"{source}: top-level key {_short_repr(bad_keys[0])} is not a name; "
                         f"allowed: {', '.join(sorted(Scenario.model_fields))}")
+    apply_sets(data, sets, source)
+    scenario = _validate(data, source)
+    for point in scenario.points():  # fail at load time, not halfway through a sweep
+        if "preset" in point.model:
+            point.model_config()
+        point.quant_config()
+    return scenario
+
+
+def apply_sets(data: dict[str, Any], sets: Sequence[str], source: str) -> None:
+    """Apply `--set KEY=VALUE` items to a scenario document, in place.
+
+    The one `--set` parser of every command: KEY is a dotted scenario key
+    (`workload.batch_size`, `model.overrides.hidden_size`, `model.attention.kind`,
+    `engine.block_size`, `sweep.workload.prompt_len`), VALUE is YAML (`8`, `mla`, `[1, 8]`,
+    `null`).  The document is validated afterwards, by the caller, with the scenario schema.
+    """
     for item in sets:
         key, sep, text = item.partition("=")
         if not sep or not key.strip():
@@ -580,6 +626,9 @@ def load_scenario(path: str | os.PathLike[str], sets: Sequence[str] = ()) -> Sce
         except yaml.YAMLError:
             raise UserError(f"--set {item!r}: the value is not valid YAML") from None
         key = key.strip()
+        head = key.split(".")[0]
+        if head not in Scenario.model_fields and _old_form_hint(key):
+            raise UserError(f"--set {item!r}: unknown key {head!r}{_old_form_hint(key)}")
         if key.startswith("sweep."):
             data.setdefault("sweep", {})
             if not isinstance(data["sweep"], dict):
@@ -587,12 +636,16 @@ def load_scenario(path: str | os.PathLike[str], sets: Sequence[str] = ()) -> Sce
             data["sweep"][key[len("sweep."):]] = value
         else:
             _set_dotted(data, key, value, source, what="--set " + key)
-    scenario = _validate(data, source)
-    for point in scenario.points():  # fail at load time, not halfway through a sweep
-        if "preset" in point.model:
-            point.model_config()
-        point.quant_config()
-    return scenario
+
+
+def _old_form_hint(key: str) -> str:
+    """`num_layers` -> ' (did you mean model.overrides.num_layers?)' for the old predict form."""
+    head = key.split(".")[0]
+    if head in ("attention", "quant"):
+        return f" (did you mean model.{key}?)"
+    if head in {f.name for f in dataclasses.fields(ModelConfig)}:
+        return f" (did you mean model.overrides.{key}?)"
+    return ""
 
 
 def _read_yaml(file: Path, source: str) -> Any:
