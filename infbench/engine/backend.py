@@ -10,29 +10,11 @@ never branch on the backend.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from infbench.core.errors import ConfigError
-
-
-@dataclass(frozen=True)
-class Ops:
-    """The hot-path operations, bound to one backend."""
-
-    name: str
-    store_kv: Callable[..., Any]
-    decode_attention: Callable[..., Any]
-    prefill_attention: Callable[..., Any]
-    mla_decode_attention: Callable[..., Any]
-    rmsnorm: Callable[..., Any]
-    rope: Callable[..., Any]
-    silu_and_mul: Callable[..., Any]
-    linear_attention_decode: Callable[..., Any]
-    selective_state_update: Callable[..., Any]
+from infbench.model.ops import Ops
 
 
 def resolve_backend(name: str, device: torch.device) -> str:
@@ -47,33 +29,5 @@ def resolve_backend(name: str, device: torch.device) -> str:
 
 
 def get_ops(name: str, device: torch.device) -> Ops:
-    from kernels import (
-        activation,
-        linear_attention,
-        mla_decode_attention,
-        paged_decode_attention,
-        prefill_attention,
-        rmsnorm,
-        rope,
-        selective_scan,
-        store_kv,
-    )
-
-    backend = resolve_backend(name, device)
-    suffix = "" if backend == "triton" else "_ref"
-
-    def pick(module: Any, fn: str) -> Callable[..., Any]:
-        return getattr(module, fn + suffix)  # type: ignore[no-any-return]
-
-    return Ops(
-        name=backend,
-        store_kv=pick(store_kv, "store_kv"),
-        decode_attention=pick(paged_decode_attention, "paged_decode_attention"),
-        prefill_attention=pick(prefill_attention, "prefill_attention"),
-        mla_decode_attention=pick(mla_decode_attention, "mla_decode_attention"),
-        rmsnorm=pick(rmsnorm, "rmsnorm"),
-        rope=pick(rope, "rope"),
-        silu_and_mul=pick(activation, "silu_and_mul"),
-        linear_attention_decode=pick(linear_attention, "linear_attention_decode"),
-        selective_state_update=pick(selective_scan, "selective_state_update"),
-    )
+    """The kernel functions of backend `name` (auto | triton | torch) for `device`."""
+    return Ops(resolve_backend(name, device))

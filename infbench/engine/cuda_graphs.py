@@ -19,9 +19,9 @@ from collections.abc import Callable
 
 import torch
 
-from infbench.engine.backend import Ops
 from infbench.engine.kv_cache import KVCache
 from infbench.model.context import AttentionContext, LanguageModel
+from infbench.model.ops import Ops
 
 
 def batch_buckets(max_num_seqs: int) -> list[int]:

@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 import torch
 
 from infbench.core.config import LayerSpec
-from infbench.engine.backend import Ops
 from infbench.engine.cuda_graphs import DecodeGraphs
 from infbench.engine.kv_cache import KVCache, StatePool
 from infbench.engine.sampler import Sampler
 from infbench.engine.scheduler import ScheduledSeq, SchedulerOutput
 from infbench.model.context import LanguageModel, LayerState
+from infbench.model.ops import Ops
 
 
 def _block_table_tensor(tables: list[list[int]], device: torch.device) -> torch.Tensor:

@@ -18,6 +18,7 @@ from torch import nn
 from infbench.core.config import QuantConfig
 from infbench.core.errors import ConfigError
 from infbench.model.linear import make_linear
+from infbench.model.ops import Ops
 
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
@@ -152,9 +153,9 @@ class SwiGLUMLP(nn.Module):
         self.gate_up_proj = make_linear(hidden_size, 2 * intermediate_size, **kw)
         self.down_proj = make_linear(intermediate_size, hidden_size, **kw)
 
-    def set_ops(self, ops: Any) -> None:
+    def set_ops(self, ops: Ops) -> None:
         """Use the backend's fused silu_and_mul (engine); plain torch without it."""
-        self.ops = ops
+        self.ops: Ops | None = ops
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)  # (T, 2I): gate rows first, then up

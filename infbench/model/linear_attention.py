@@ -37,6 +37,7 @@ from torch import nn
 from infbench.core.config import LayerSpec, ModelConfig, QuantConfig
 from infbench.model.context import AttentionContext, LayerState
 from infbench.model.linear import make_linear
+from infbench.model.ops import Ops
 from infbench.roofline.shapes import feature_dim
 from kernels.linear_attention import linear_attention_decode_ref
 
@@ -164,7 +165,7 @@ class LinearAttention(nn.Module):
         if self.projection is not None:
             self.projection = self._projection(self.projection.device)
 
-    def set_ops(self, ops: Any) -> None:
+    def set_ops(self, ops: Ops) -> None:
         self.decode_fn = ops.linear_attention_decode
 
     def features(self, x: torch.Tensor) -> torch.Tensor:

@@ -28,6 +28,7 @@ from infbench.core.config import LayerSpec, ModelConfig, QuantConfig
 from infbench.model.context import AttentionContext, LayerState
 from infbench.model.linear import make_linear
 from infbench.model.linear_attention import padded_layout
+from infbench.model.ops import Ops
 from infbench.roofline.shapes import mamba_dims
 from kernels.selective_scan import selective_state_update_ref
 
@@ -104,7 +105,7 @@ class MambaMixer(nn.Module):
                 self.D.fill_(1.0)
         self.state_update_fn = selective_state_update_ref
 
-    def set_ops(self, ops: Any) -> None:
+    def set_ops(self, ops: Ops) -> None:
         self.state_update_fn = ops.selective_state_update
 
     @property

@@ -23,6 +23,7 @@ from infbench.core.errors import ConfigError
 from infbench.model.context import AttentionContext
 from infbench.model.layers import RMSNorm, SwiGLUMLP, apply_rope, build_rope_cache
 from infbench.model.linear import make_linear, split_linear
+from infbench.model.ops import Ops
 from infbench.roofline.shapes import has_mlp
 
 
@@ -48,9 +49,9 @@ class Attention(nn.Module):
         kw: dict[str, Any] = dict(quant=quant, dtype=dtype, device=device)
         self.qkv_proj = make_linear(config.hidden_size, sum(self.split_sizes), **kw)
         self.o_proj = make_linear(q_size, config.hidden_size, **kw)
-        self.ops: Any = None
+        self.ops: Ops | None = None
 
-    def set_ops(self, ops: Any) -> None:
+    def set_ops(self, ops: Ops) -> None:
         self.ops = ops
 
     def forward(
@@ -124,7 +125,7 @@ class DecoderLayer(nn.Module):
         norm_kw: dict[str, Any] = dict(dtype=dtype, device=device)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, **norm_kw)
         self.self_attn = _make_mixer(config, layer, quant, dtype, device)
-        self.post_attention_layernorm: nn.Module | None = None
+        self.post_attention_layernorm: RMSNorm | None = None
         self.mlp: nn.Module | None = None
         if has_mlp(config):
             self.post_attention_layernorm = RMSNorm(
@@ -153,7 +154,7 @@ class DecoderLayer(nn.Module):
         positions: torch.Tensor,
         ctx: AttentionContext,
         rope_cache: torch.Tensor,
-        ops: Any,
+        ops: Ops,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The same block with the kernels' fused residual-add + RMSNorm (vLLM's layout).
 
@@ -227,8 +228,8 @@ class Transformer(nn.Module):
             if init_buffers is not None:
                 init_buffers()
 
-    def set_ops(self, ops: Any) -> None:
-        """Bind the engine's kernel backend (`engine.backend.Ops`): fused norms, RoPE and
+    def set_ops(self, ops: Ops) -> None:
+        """Bind the engine's kernel backend (`model.ops.Ops`): fused norms, RoPE and
         SiLU-and-mul in every layer, and the mixers' own kernels.  Without it (tests,
         DenseContext references) the model runs plain torch code."""
         self.ops = ops
