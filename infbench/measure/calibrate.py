@@ -19,10 +19,7 @@ measurement, so a CI gate can compare tokens/s per GB/s on a noisy shared machin
 
 from __future__ import annotations
 
-import json
-import os
 import statistics
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -32,6 +29,7 @@ import torch
 
 from infbench.core.errors import UserError
 from infbench.core.hardware import HardwareSpec, profile_path
+from infbench.core.io import write_json_atomic
 from infbench.measure.timing import time_op
 from infbench.model.dtypes import TORCH_DTYPES
 
@@ -199,18 +197,9 @@ def calibrate(device: str = "cpu", quick: bool = False,
 def save_profile(spec: HardwareSpec, name: str = "local") -> Path:
     """Write `spec` as the profile `name` (atomic: a temp file renamed into place)."""
     path = profile_path(name)
-    path.parent.mkdir(parents=True, exist_ok=True)
     data = asdict(spec)
     data["name"] = name
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{name}.", suffix=".json.tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, sort_keys=True)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_json_atomic(path, data, sort_keys=True)
     return path
 
 
