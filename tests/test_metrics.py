@@ -50,7 +50,7 @@ def run() -> dict:
 
 def test_latencies() -> None:
     m = run()
-    assert m["ttft_s"] == {"mean": 1.0, "p50": 1.0, "p90": 1.0, "p99": 1.0}
+    assert m["ttft_s"] == {"mean": 1.0, "p50": 1.0, "p90": 1.0, "p95": 1.0, "p99": 1.0}
     assert m["e2e_s"]["mean"] == pytest.approx(3.0)
     assert m["tpot_s"]["mean"] == pytest.approx((2 / 3 + 1.0) / 2)
     assert m["tpot_s"]["p50"] == pytest.approx((2 / 3 + 1.0) / 2)  # two values: midpoint
@@ -109,7 +109,7 @@ def test_empty_and_single_token_cases() -> None:
     one = RequestRecord("r0", 0.0, 5, [0.25])
     m = summarize([one], [step(0, start=0, dur=0.25, prefill=5)], 0.5, kv_bytes_per_token=1,
                   block_size=16, weight_bytes=0, peak_memory_bytes=0)
-    assert m["tpot_s"] == {"mean": None, "p50": None, "p90": None, "p99": None}
+    assert m["tpot_s"] == {"mean": None, "p50": None, "p90": None, "p95": None, "p99": None}
     assert m["itl_s"]["p99"] is None and m["ttft_s"]["p50"] == 0.25
     m = summarize([], [], 1.0, kv_bytes_per_token=1, block_size=16, weight_bytes=0,
                   peak_memory_bytes=0)

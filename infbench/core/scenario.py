@@ -59,7 +59,14 @@ from infbench.core.config import (
 )
 from infbench.core.device import guess_device
 from infbench.core.errors import ConfigError, DamagedFileError, UserError
-from infbench.core.metric_names import GATE_METRICS, LATENCY_METRICS, SCALAR_METRICS
+from infbench.core.metric_names import (
+    DEFAULT_PERCENTILES,
+    GATE_METRICS,
+    LATENCY_METRICS,
+    SCALAR_METRICS,
+    is_gate_metric,
+    percentile_key,
+)
 
 _ENGINE = EngineConfig()
 # Workload keys whose list values sweep, in the order they nest in the product.
@@ -263,10 +270,25 @@ class SpeculativeSection(_Section):
     """Cost of one draft step relative to one target step (default: ngram 0, draft 0.1)."""
 
 
+Percentile = Annotated[float, Field(gt=0, le=100, strict=True, allow_inf_nan=False)]
+
+
 class MeasureSection(_Section):
     warmup: NonNegInt = 1
     repeats: PosInt = 3
     profile: Literal["none", "ncu"] = "none"
+    percentiles: Annotated[list[Percentile], Field(min_length=1, max_length=100)] = Field(
+        default_factory=lambda: list(DEFAULT_PERCENTILES))
+    """Latency percentiles in (0, 100] reported next to the mean, keyed p50, p99.9."""
+
+    @field_validator("percentiles")
+    @classmethod
+    def _distinct_percentiles(cls, value: list[float]) -> list[float]:
+        keys = [percentile_key(q) for q in value]
+        twice = sorted({k for k in keys if keys.count(k) > 1})
+        if twice:
+            raise ValueError(f"each percentile once; repeated: {', '.join(twice)}")
+        return [float(q) for q in value]
 
 
 class GateSection(_Section):
@@ -283,9 +305,10 @@ class GateSection(_Section):
         head, dot, _ = value.partition(".")
         # Nested paths under other heads ("decode.mbu") come from the traffic accounting.
         is_nested = bool(dot) and head not in SCALAR_METRICS + LATENCY_METRICS
-        if value in GATE_METRICS or value in LATENCY_METRICS or is_nested:
+        if is_gate_metric(value) or is_nested:
             return value
         raise ValueError(f"unknown value {value!r}; allowed: {', '.join(GATE_METRICS)}, "
+                         "another measure.percentiles key (ttft_s.p99.9), "
                          "or a dotted path into the metrics (decode.mbu)")
 
 
@@ -488,6 +511,11 @@ class MeasureConfig:
     warmup: int = 1
     repeats: int = 3
     profile: str = "none"  # none | ncu
+    percentiles: tuple[float, ...] = DEFAULT_PERCENTILES  # latency stats: mean + these
+
+    def __post_init__(self) -> None:
+        # The section hands over a list; a tuple keeps the frozen point hashable.
+        object.__setattr__(self, "percentiles", tuple(float(q) for q in self.percentiles))
 
 
 @dataclass(frozen=True)

@@ -121,7 +121,8 @@ def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None
         m = metrics_mod.summarize(
             out.requests, out.steps, out.wall_s,
             kv_bytes_per_token=engine.kv.bytes_per_token, block_size=engine_cfg.block_size,
-            weight_bytes=loaded.weight_bytes, peak_memory_bytes=peak_memory_bytes(dev))
+            weight_bytes=loaded.weight_bytes, peak_memory_bytes=peak_memory_bytes(dev),
+            percentiles=point.measure.percentiles)
         m["state_bytes_per_seq"] = engine.states.bytes_per_seq if engine.states else 0
         step_costs = annotate_steps(out.steps, cfg, point.dtype, point.quant_config(), hw)
         m.update(stage_traffic(out.steps, step_costs, hw, point.dtype))
@@ -134,7 +135,9 @@ def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None
                 m["decode"]["achieved_bytes_per_s"] / ref if "decode" in m else None),
         }
         runs.append(m)
+        # The stored steps and per-request rows both come from the last repeat.
         last_steps, last_costs = out.steps, step_costs
+        last_rows = metrics_mod.request_rows(out.requests)
     if sampler is not None:
         telemetry["nvml"] = sampler.stop()
     if point.measure.profile == "ncu":
@@ -146,6 +149,12 @@ def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None
 
             telemetry["ncu"] = ncu_profile(point.to_dict())
     summary, spread = metrics_mod.aggregate_repeats(runs)
+    summary["noise"] = metrics_mod.noise(
+        runs, reference_bytes_per_s=summary.get("reference_bytes_per_s"),
+        hardware_bandwidth=hw.bandwidth, hardware_name=hw.name)
+    for warning in summary["noise"]["warnings"]:
+        print(f"note: {point.name} point {point.index} ({point.label}): {warning}",
+              file=sys.stderr)
     prediction = predict_point(point, cfg, hw)
     steps = [{**dataclasses.asdict(s), **c} for s, c in zip(last_steps, last_costs, strict=True)]
     env = results_mod.env_info(dev)
@@ -157,6 +166,7 @@ def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None
         point.to_dict(), metrics=summary, prediction=prediction, steps=steps, env=env,
         seed=seed, hardware=hw.to_dict(), repeats=runs, spread=spread,
         extra={"model_config": dataclasses.asdict(cfg), "telemetry": telemetry,
+               "requests": last_rows,
                # what the scenario asked for but this model ran without (never silent)
                "engine_disabled": list(engine.disabled)},
     )

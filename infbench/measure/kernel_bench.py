@@ -19,7 +19,6 @@ import os
 import platform
 import statistics
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
@@ -30,6 +29,7 @@ from typing import Any
 
 from infbench.core.errors import UserError
 from infbench.core.hardware import HardwareSpec
+from infbench.measure.timing import calls_per_sample, time_op
 
 SCHEMA_VERSION = 1
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -220,17 +220,8 @@ def time_cpu(fn: Callable[[], Any], warmup: int, repeats: int) -> float:
     """Median seconds per call; each sample averages enough calls to last ~2 ms."""
     for _ in range(warmup):
         fn()
-    start = time.perf_counter()
-    fn()
-    estimate = time.perf_counter() - start
-    inner = max(1, min(100, int(2e-3 / max(estimate, 1e-7))))
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(inner):
-            fn()
-        samples.append((time.perf_counter() - start) / inner)
-    return statistics.median(samples)
+    inner = calls_per_sample(fn)
+    return statistics.median(time_op(fn, "cpu", repeats, warmup=0, inner=inner))
 
 
 def time_cuda(fn: Callable[[], Any]) -> float:

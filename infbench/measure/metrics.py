@@ -1,49 +1,63 @@
 """Latency, throughput and memory metrics from the engine's records (numpy, no torch).
 
-Definitions (ARCHITECTURE.md, also in the README):
+Each metric is computed here and nowhere else ([Results and metrics](docs/results.md)):
 
 - TTFT: request arrival -> first output token available.
 - TPOT: (E2E - TTFT) / (output tokens - 1), per request with at least 2 tokens.
 - ITL: gap between consecutive output tokens of one request; tokens that arrive at
   the same instant (several accepted speculative tokens) share the preceding gap
   divided evenly.  Tokens that arrive together with the first token belong to TTFT.
-- E2E: arrival -> last token.  Each latency gets mean, p50, p90 and p99
-  (numpy's linear-interpolation percentiles, as vLLM's benchmark scripts use).
+- E2E: arrival -> last token.  Each latency gets its mean and the configured
+  percentiles (`measure.percentiles`, keys `p50`, `p99.9`; numpy's
+  linear-interpolation percentiles, as vLLM's benchmark scripts use).
 - Throughput: output tokens / wall time of the run; also total (prompt + output)
   tokens/s and requests/s.  A prompt sampled n times counts once per sample, like
   its cached tokens.
 
-Metrics that have no samples (TPOT when every request made one token) are None,
-never NaN, so result files stay strict JSON.
+The latencies are computed from per-request rows (`request_rows`), which every result
+stores, so `from_request_rows` recomputes them later with any percentiles.  Metrics that
+have no samples (TPOT when every request made one token) are None, never NaN, so result
+files stay strict JSON.
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from infbench.core.metric_names import (  # noqa: F401  (re-exported for callers)
+    DEFAULT_PERCENTILES,
     GATE_METRICS,
+    HEADLINE_METRICS,
     LATENCY_METRICS,
     LATENCY_STATS,
     SCALAR_METRICS,
+    latency_stats_names,
+    percentile_key,
 )
 from infbench.engine.records import RequestRecord, StepRecord
 
 # Instants closer than this are "the same instant" (token times come from one clock read).
 _SAME_INSTANT_S = 1e-12
+# Noise warnings: a headline metric varying more than this over repeats (stdev / mean) ...
+MAX_CV = 0.10
+# ... or the same-run reference bandwidth this far from the hardware profile's bandwidth.
+MAX_REFERENCE_DEVIATION = 0.30
 
 
-def latency_stats(values: Sequence[float]) -> dict[str, float | None]:
-    """mean, p50, p90, p99 of `values` (all None when there are none)."""
+def latency_stats(values: Sequence[float],
+                  percentiles: Sequence[float] = DEFAULT_PERCENTILES) -> dict[str, float | None]:
+    """mean and the `percentiles` of `values`, keyed mean, p50, ... (all None when empty)."""
+    keys = latency_stats_names(percentiles)
     if len(values) == 0:
-        return {s: None for s in LATENCY_STATS}
+        return {k: None for k in keys}
     arr = np.asarray(values, dtype=np.float64)
-    p50, p90, p99 = np.percentile(arr, [50, 90, 99])
-    return {"mean": float(arr.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
+    qs = np.percentile(arr, list(percentiles))  # linear interpolation (numpy's default)
+    return {"mean": float(arr.mean()),
+            **{k: float(v) for k, v in zip(keys[1:], qs, strict=True)}}
 
 
 def inter_token_latencies(token_times_s: Sequence[float]) -> list[float]:
@@ -66,6 +80,54 @@ def inter_token_latencies(token_times_s: Sequence[float]) -> list[float]:
     return out
 
 
+def request_rows(requests: Sequence[RequestRecord]) -> list[dict[str, Any]]:
+    """One plain row per request (`result["requests"]`): times in seconds from the run start."""
+    return [{
+        "id": r.request_id,
+        "arrival_s": float(r.arrival_s),
+        "first_token_s": float(r.first_token_s) if r.num_output_tokens else None,
+        "finish_s": float(r.finish_s) if r.num_output_tokens else None,
+        "itl_s": inter_token_latencies(r.token_times_s),
+        "num_prompt_tokens": int(r.num_prompt_tokens),
+        "num_output_tokens": int(r.num_output_tokens),
+        "num_cached_prompt_tokens": int(r.num_cached_prompt_tokens),
+        "num_preemptions": int(r.num_preemptions),
+        "finish_reason": r.finish_reason,
+    } for r in requests]
+
+
+def from_request_rows(rows: Sequence[Mapping[str, Any]],
+                      percentiles: Sequence[float] = DEFAULT_PERCENTILES,
+                      wall_s: float | None = None) -> dict[str, Any]:
+    """TTFT, TPOT, ITL and E2E statistics of `rows` (as stored in `result["requests"]`).
+
+    With `wall_s` (the run's `metrics.wall_s`) also the output / total tokens/s and
+    requests/s.  `summarize` calls this, so a result's rows give back its metrics exactly.
+    """
+    done = [r for r in rows if r["num_output_tokens"] > 0]
+    ttft = [r["first_token_s"] - r["arrival_s"] for r in done]
+    e2e = [r["finish_s"] - r["arrival_s"] for r in done]
+    # (E2E - TTFT) / (n - 1) written as (finish - first) / (n - 1): the same number exactly.
+    tpot = [(r["finish_s"] - r["first_token_s"]) / (r["num_output_tokens"] - 1)
+            for r in done if r["num_output_tokens"] >= 2]
+    itl = [gap for r in done for gap in r["itl_s"]]
+    out: dict[str, Any] = {
+        "ttft_s": latency_stats(ttft, percentiles),
+        "tpot_s": latency_stats(tpot, percentiles),
+        "itl_s": latency_stats(itl, percentiles),
+        "e2e_s": latency_stats(e2e, percentiles),
+    }
+    if wall_s is not None:
+        if wall_s <= 0:
+            raise ValueError(f"wall_s must be > 0, got {wall_s}")
+        num_prompt = sum(r["num_prompt_tokens"] for r in rows)
+        num_output = sum(r["num_output_tokens"] for r in rows)
+        out["output_tokens_per_s"] = num_output / wall_s
+        out["total_tokens_per_s"] = (num_prompt + num_output) / wall_s
+        out["requests_per_s"] = len(rows) / wall_s
+    return out
+
+
 def summarize(
     requests: list[RequestRecord],
     steps: list[StepRecord],
@@ -76,21 +138,15 @@ def summarize(
     weight_bytes: int,
     peak_memory_bytes: int,
     state_bytes: int = 0,
+    percentiles: Sequence[float] = DEFAULT_PERCENTILES,
 ) -> dict[str, Any]:
-    """All metrics of one measured run.
+    """All metrics of one measured run (latency statistics: mean and `percentiles`).
 
     `state_bytes` is the constant per-sequence state of SSM / linear-attention layers;
     it is counted once per running sequence in the KV peak.
     """
     if wall_s <= 0:
         raise ValueError(f"wall_s must be > 0, got {wall_s}")
-    done = [r for r in requests if r.num_output_tokens > 0]
-    ttft = [r.first_token_s - r.arrival_s for r in done]
-    e2e = [r.finish_s - r.arrival_s for r in done]
-    tpot = [(r.finish_s - r.first_token_s) / (r.num_output_tokens - 1)
-            for r in done if r.num_output_tokens >= 2]
-    itl = [gap for r in done for gap in inter_token_latencies(r.token_times_s)]
-
     num_prompt = sum(r.num_prompt_tokens for r in requests)
     num_output = sum(r.num_output_tokens for r in requests)
     num_cached = sum(r.num_cached_prompt_tokens for r in requests)
@@ -100,13 +156,7 @@ def summarize(
 
     peak_kv, fragmentation = _kv_peak(steps, kv_bytes_per_token, block_size, state_bytes)
     return {
-        "ttft_s": latency_stats(ttft),
-        "tpot_s": latency_stats(tpot),
-        "itl_s": latency_stats(itl),
-        "e2e_s": latency_stats(e2e),
-        "output_tokens_per_s": num_output / wall_s,
-        "total_tokens_per_s": (num_prompt + num_output) / wall_s,
-        "requests_per_s": len(requests) / wall_s,
+        **from_request_rows(request_rows(requests), percentiles, wall_s),
         "prefill_tokens_per_s": prefill_tokens / prefill_time if prefill_time > 0 else None,
         "kv_bytes_per_token": int(kv_bytes_per_token),
         "peak_kv_bytes": peak_kv,
@@ -182,3 +232,48 @@ def _add_spread(spread: dict[str, dict[str, float]], key: str, values: list[Any]
         return
     stdev = statistics.stdev(nums) if len(nums) >= 2 else 0.0
     spread[key] = {"min": min(nums), "max": max(nums), "stdev": stdev}
+
+
+def _lookup(tree: Mapping[str, Any], path: str) -> float | None:
+    node: Any = tree
+    for part in path.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return None
+        node = node[part]
+    return float(node) if _is_number(node) else None
+
+
+def noise(runs: Sequence[Mapping[str, Any]], *, reference_bytes_per_s: float | None = None,
+          hardware_bandwidth: float | None = None, hardware_name: str = "") -> dict[str, Any]:
+    """`metrics.noise`: how much the headline metrics vary over repeats, and warnings.
+
+    cv: the coefficient of variation (sample stdev / mean) of each HEADLINE_METRICS entry
+    over the repeats; None with fewer than 2 repeats, when a repeat lacks the value (p50
+    not among the configured percentiles) or when the mean is not > 0.  A warning names
+    each CV above MAX_CV, and a same-run reference bandwidth (when one was measured) more
+    than MAX_REFERENCE_DEVIATION away from the hardware profile's bandwidth.
+    """
+    cv: dict[str, float | None] = {}
+    warnings: list[str] = []
+    for name in HEADLINE_METRICS:
+        values = [_lookup(r, name) for r in runs]
+        nums = [v for v in values if v is not None]
+        if len(nums) < 2 or len(nums) != len(values) or statistics.fmean(nums) <= 0:
+            cv[name] = None
+            continue
+        value = cv[name] = statistics.stdev(nums) / statistics.fmean(nums)
+        if value > MAX_CV:
+            warnings.append(
+                f"{name} varies by {value:.1%} over {len(nums)} repeats (stdev/mean > "
+                f"{MAX_CV:.0%}): the machine is noisy; add repeats or gate with "
+                "normalize: reference")
+    if reference_bytes_per_s and hardware_bandwidth:
+        deviation = reference_bytes_per_s / hardware_bandwidth - 1
+        if abs(deviation) > MAX_REFERENCE_DEVIATION:
+            warnings.append(
+                f"same-run reference bandwidth {reference_bytes_per_s / 1e9:.3g} GB/s is "
+                f"{abs(deviation):.0%} {'below' if deviation < 0 else 'above'} hardware "
+                f"{hardware_name!r} ({hardware_bandwidth / 1e9:.3g} GB/s): the profile does not "
+                "describe this machine as it runs now, so MBU and predictions are off; "
+                "choose the matching hardware or run `infbench calibrate` (hardware: local)")
+    return {"cv": cv, "warnings": warnings}

@@ -5,6 +5,12 @@ report` can print measured, predicted and error % side by side.  Static and
 offline workloads are predicted (offline as waves of `max_num_seqs` requests);
 Poisson traffic depends on queueing the roofline does not model, so it is left
 unpredicted rather than guessed.
+
+The names mean what the measured metrics mean (docs/results.md#metric-definitions):
+`ttft_s`, `tpot_s` = (E2E - TTFT) / (gen_len - 1) and `e2e_s` of one request of the
+first wave; `output_tokens_per_s` and `total_tokens_per_s` end to end (tokens / the
+predicted wall time of the whole workload, prefill included); `decode_tokens_per_s`
+the decode-only rate (batch / decode step time), which has no measured twin.
 """
 
 from __future__ import annotations
@@ -27,13 +33,10 @@ def predict_point(point: Any, cfg: ModelConfig, hw: HardwareSpec) -> dict[str, A
     waves = math.ceil(n / batch)
     p = predict(cfg, hw, batch=batch, prompt_len=w.prompt_len, gen_len=w.gen_len,
                 dtype=point.dtype, quant=point.quant_config())
-    d = prediction_dict(p)
-    wall = waves * p.e2e_s
+    d = prediction_dict(p)  # ttft_s, tpot_s, e2e_s, decode_tokens_per_s of one wave
+    wall = waves * p.e2e_s  # waves run back to back
     d.update({
         "hardware": hw.name,
-        "ttft_s": p.ttft_s,
-        "tpot_s": p.time_per_token_s,
-        "e2e_s": p.e2e_s,
         "output_tokens_per_s": n * w.gen_len / wall,
         "total_tokens_per_s": n * (w.prompt_len + w.gen_len) / wall,
         "waves": waves,

@@ -1,11 +1,13 @@
-"""One timer for every measurement: CUDA events on a GPU, perf_counter on a CPU."""
+"""One timer for every measurement: CUDA events on a GPU, perf_counter on a CPU.
+
+torch is imported only on the CUDA path, so CPU-only callers (kernel bench listing,
+the host-loop benchmark) import this module without loading torch.
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-
-import torch
 
 
 def time_op(fn: Callable[[], object], device: str, repeats: int, warmup: int,
@@ -15,6 +17,8 @@ def time_op(fn: Callable[[], object], device: str, repeats: int, warmup: int,
         fn()
     times: list[float] = []
     if device == "cuda":
+        import torch
+
         torch.cuda.synchronize()
         for _ in range(repeats):
             start = torch.cuda.Event(enable_timing=True)
@@ -32,3 +36,13 @@ def time_op(fn: Callable[[], object], device: str, repeats: int, warmup: int,
             fn()
         times.append((time.perf_counter() - t0) / inner)
     return times
+
+
+def calls_per_sample(fn: Callable[[], object], target_s: float = 2e-3,
+                     max_calls: int = 100) -> int:
+    """How many calls of `fn` make one CPU timing sample last about `target_s` (timer
+    resolution and loop overhead stay small next to it); calls `fn` once to find out."""
+    start = time.perf_counter()
+    fn()
+    estimate = time.perf_counter() - start
+    return max(1, min(max_calls, int(target_s / max(estimate, 1e-7))))

@@ -85,9 +85,12 @@ def parse_threshold(value: str | float) -> float:
 
 def is_lower_better(metric: str) -> bool:
     """Latencies (names ending in _s, not rates ending in _per_s), bytes and memory."""
+    from infbench.core.metric_names import is_stat_name
+
     name = metric.split(".")
     for part in reversed(name):
-        if part in ("mean", "p50", "p90", "p99", "min", "max"):
+        # any configured percentile (p95; p99.9 splits into p99 and 9) is a statistic
+        if part in ("min", "max") or is_stat_name(part) or part.isdigit():
             continue
         if part.endswith("_per_s") or part.endswith("_per_gbs"):
             return False

@@ -401,7 +401,6 @@ def prediction_dict(p: Prediction) -> dict[str, Any]:
     decode = _stage_dict(p.decode)
     decode["step_time_s"] = decode.pop("time_s")
     decode["time_per_token_s"] = p.time_per_token_s
-    decode["tokens_per_s"] = p.tokens_per_s
     spec = None
     if p.speculative is not None:
         s = p.speculative
@@ -434,6 +433,11 @@ def prediction_dict(p: Prediction) -> dict[str, Any]:
         "max_batch": p.max_batch,
         "ttft_s": p.ttft_s,
         "e2e_s": p.e2e_s,
+        # The measured metrics' names and definitions (docs/results.md#metric-definitions):
+        # TPOT = (E2E - TTFT) / (gen_len - 1); decode-only and end-to-end rates apart.
+        "tpot_s": (p.e2e_s - p.ttft_s) / (p.gen_len - 1) if p.gen_len >= 2 else None,
+        "decode_tokens_per_s": p.tokens_per_s,
+        "output_tokens_per_s": p.batch * p.gen_len / p.e2e_s,
         "prefill": _stage_dict(p.prefill),
         "decode": decode,
         "speculative": spec,

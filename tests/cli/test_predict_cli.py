@@ -45,7 +45,7 @@ def test_predict_json_reproduces_the_lecture(monkeypatch, capsys) -> None:
     assert [d["batch"] for d in data] == [1, 64]
     one, many = data
     assert one["decode"]["time_per_token_s"] == pytest.approx(8e-3, rel=0.03)
-    assert one["decode"]["tokens_per_s"] == pytest.approx(124, rel=0.03)
+    assert one["decode_tokens_per_s"] == pytest.approx(124, rel=0.03)
     assert one["memory_bytes"] == pytest.approx(26.9e9, rel=0.003)
     assert many["memory_bytes"] == pytest.approx(79.7e9, rel=0.003) and many["fits"]
     for key in ("model", "hardware", "params", "weight_bytes", "kv_bytes_per_token",
@@ -85,7 +85,7 @@ def test_predict_speculative_flags(monkeypatch, capsys) -> None:
     spec = run_json([*args, "--spec-tokens", "4", "--spec-acceptance", "0.8",
                      "--spec-draft-ratio", "0.05"], monkeypatch, capsys)[0]
     assert spec["speculative"]["expected_tokens_per_step"] == pytest.approx(3.3616)
-    assert spec["decode"]["tokens_per_s"] > 2 * plain["decode"]["tokens_per_s"]
+    assert spec["decode_tokens_per_s"] > 2 * plain["decode_tokens_per_s"]
     assert plain["speculative"] is None
 
 
@@ -111,7 +111,7 @@ def test_predict_scenario_file(tmp_path, monkeypatch, capsys) -> None:
         """))
     data = run_json(["predict", str(path)], monkeypatch, capsys)
     assert [d["batch"] for d in data] == [1, 64]
-    assert data[0]["decode"]["tokens_per_s"] == pytest.approx(124, rel=0.03)
+    assert data[0]["decode_tokens_per_s"] == pytest.approx(124, rel=0.03)
     assert data[1]["memory_bytes"] == pytest.approx(79.7e9, rel=0.003)
     code, _, err = run_cli(["predict", str(path), "--batch", "2"], monkeypatch, capsys)
     assert code == 2 and "drop --batch" in err

@@ -78,12 +78,12 @@ def fake_prediction(bs: int, prompt_len: int, gen_len: int) -> dict[str, Any]:
     db = WEIGHT_BYTES + bs * KV_BYTES_PER_TOKEN * (prompt_len + gen_len // 2)
     dt = max(df / PEAK_FP32, db / BANDWIDTH)
     return {
-        "ttft_s": pt, "tpot_s": dt,
+        "ttft_s": pt, "tpot_s": dt, "decode_tokens_per_s": bs / dt,
         "output_tokens_per_s": bs * gen_len / (pt + (gen_len - 1) * dt),
         "prefill": {"flops": pf, "bytes": pb, "intensity": pf / pb, "time_s": pt,
                     "bound": "compute"},
         "decode": {"flops": df, "bytes": db, "intensity": df / db, "step_time_s": dt,
-                   "time_per_token_s": dt, "tokens_per_s": bs / dt, "bound": "memory"},
+                   "time_per_token_s": dt, "bound": "memory"},
         "hardware": "cpu",
     }
 
