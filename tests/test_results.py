@@ -51,13 +51,15 @@ def test_build_result_has_the_contract_keys() -> None:
 def test_round_trip(tmp_path: Path) -> None:
     path = tmp_path / "deep" / "dir" / "r.json"
     result = make()
-    result["metrics"]["np"] = np.float64(2.5)
-    result["metrics"]["arr"] = np.arange(3)
-    result["metrics"]["nan"] = float("nan")
+    # numpy values and NaN in schema fields (a copy: METRICS is shared by the other tests)
+    result["metrics"] = {**result["metrics"], "output_tokens_per_s": np.float64(2.5),
+                         "kv_fragmentation": float("nan")}
+    result["steps"] = [{"index": 0, "context_lens": np.arange(3)}]
     write_json_atomic(path, result)
     loaded = load_result(path)
-    assert loaded["metrics"]["np"] == 2.5 and loaded["metrics"]["arr"] == [0, 1, 2]
-    assert loaded["metrics"]["nan"] is None  # strict JSON: no NaN
+    assert loaded["metrics"]["output_tokens_per_s"] == 2.5
+    assert loaded["steps"][0]["context_lens"] == [0, 1, 2]
+    assert loaded["metrics"]["kv_fragmentation"] is None  # strict JSON: no NaN
     assert loaded["scenario"] == POINT
     assert oct(path.stat().st_mode & 0o777) == oct(0o644)
 
@@ -103,7 +105,7 @@ def test_load_result_errors(tmp_path: Path) -> None:
     with pytest.raises(ResultSchemaError) as info:
         load_result(old)
     msg = str(info.value)
-    assert msg.startswith(str(old)) and "schema_version 0, expected 1" in msg
+    assert msg.startswith(str(old)) and "schema_version 0, expected 2" in msg
     assert "\n" not in msg
 
 

@@ -156,11 +156,12 @@ def test_gate_fraction_and_percent(tmp_path: Path) -> None:
         write(tmp_path, base + "{max_regression: 500%}\n"))
     msg = error_of(write(tmp_path, base + "{metric: speed}\n"))
     assert "gate.metric: unknown value 'speed'; allowed: output_tokens_per_s" in msg
-    for metric in ("ttft_s.p99", "ttft_s", "decode.mbu"):
+    for metric in ("ttft_s.p99", "ttft_s.p95", "e2e_s.p99.9", "ttft_s", "decode.mbu"):
         ok = load_scenario(write(tmp_path, base + f"{{metric: {metric}, normalize: mbu}}\n"))
         assert ok.points()[0].gate.metric == metric  # type: ignore[union-attr]
-    assert "gate.metric: unknown value 'ttft_s.p95'" in error_of(
-        write(tmp_path, base + "{metric: ttft_s.p95}\n"))
+    for bad in ("ttft_s.p0", "ttft_s.p101", "ttft_s.pnan", "ttft_s.max"):
+        assert f"gate.metric: unknown value '{bad}'" in error_of(
+            write(tmp_path, base + f"{{metric: {bad}}}\n"))
 
 
 def test_malformed_yaml_names_file_and_line(tmp_path: Path) -> None:

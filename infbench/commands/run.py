@@ -224,20 +224,29 @@ def model_source(model: str) -> dict[str, str]:
     """Map --model to a loader source: a preset name, an HF directory or a GGUF file."""
     from infbench.core.config import PRESETS
 
-    # smollm2-135m is also a preset (its shapes, random weights); here the real model wins.
-    if model.lower() == "smollm2-135m" or model.endswith(".gguf"):
-        return {"gguf": model}
-    if model.lower() in PRESETS:
-        return {"preset": model}
-    path = Path(model)
-    if path.is_dir():
-        return {"path": model}
-    raise UserError(f"--model {model!r}: not a preset ({', '.join(PRESETS)}), an existing HF "
-                    "directory, a .gguf file or smollm2-135m")
+def schema(
+    results: bool = typer.Option(False, "--results",
+                                 help="The result file's schema instead of the scenario's."),
+    out: Path | None = typer.Option(None, "--out", callback=opt.output_file,
+                                    help="Write the schema to this file (atomically)."),
+) -> None:
+    """Print the JSON Schema of a scenario file (default) or of a result file (--results)."""
+    if results:
+        from infbench.results.schema import json_schema
 
 
-def schema() -> None:
-    """Print the scenario file's JSON Schema (for editor autocompletion)."""
-    from infbench.core.scenario import scenario_json_schema
+        doc = json_schema()
+    else:
+        from infbench.core.scenario import scenario_json_schema
+        doc = scenario_json_schema()
+    text = json.dumps(doc, indent=2)
+    if out is None:
+        print(text)
+        return
+    from infbench.results.report import write_text_atomic
 
-    print(json.dumps(scenario_json_schema(), indent=2))
+    try:
+        write_text_atomic(out, text + "\n")
+    except OSError as exc:
+        raise UserError(f"--out {out}: cannot write ({exc.strerror or exc})") from exc
+    print(f"wrote {out}")

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from infbench.core.errors import ResultSchemaError, UserError
+from infbench.results.accessor import section_metric, with_default_statistic
 
 NORMALIZE_MODES = ("none", "mbu", "roofline_fraction", "reference")
 # Scenario keys that may differ between runs of the same benchmark.
@@ -99,24 +100,6 @@ def is_lower_better(metric: str) -> bool:
     return False
 
 
-def lookup(tree: Any, path: str) -> float | None:
-    """A dotted path into a metrics tree; a latency dict without a statistic means its p50.
-
-    Returns the number as stored (NaN and inf included: `gated_values` refuses them by
-    name), None when the path is absent or not a number.
-    """
-    node = tree
-    for part in path.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    if isinstance(node, dict) and "p50" in node:
-        node = node["p50"]
-    if isinstance(node, bool) or not isinstance(node, (int, float)):
-        return None
-    return float(node)
-
-
 def _result_id(result: dict[str, Any]) -> str:
     path = result.get("_path")
     label = f"{result.get('name')}[{result.get('point_index')}] {result.get('label', '')}".strip()
@@ -124,12 +107,14 @@ def _result_id(result: dict[str, Any]) -> str:
 
 
 def _check_schema(result: dict[str, Any]) -> None:
-    from infbench.results.store import RESULT_KIND, SCHEMA_VERSION
+    """Results from load_result are validated; this guards dicts handed in directly."""
+    from infbench.results.schema import RESULT_KIND, SCHEMA_VERSION, UPGRADABLE_VERSIONS
 
     if result.get("kind") != RESULT_KIND:
         raise ResultSchemaError(f"{_result_id(result)}: not an infbench result "
                                 f"(expected kind {RESULT_KIND!r})")
-    if result.get("schema_version") != SCHEMA_VERSION:
+    version = result.get("schema_version")
+    if version != SCHEMA_VERSION and version not in UPGRADABLE_VERSIONS:
         raise ResultSchemaError(
             f"{_result_id(result)}: result schema_version {result.get('schema_version')}, "
             f"expected {SCHEMA_VERSION}; re-run the scenario to regenerate it")
@@ -153,26 +138,33 @@ def scenario_difference(a: Any, b: Any, prefix: str = "scenario") -> str | None:
 
 def gated_values(result: dict[str, Any], metric: str, normalize: str) -> tuple[str, list[float],
                                                                                 str]:
-    """(gated metric name, values: one per repeat or the single summary, source)."""
+    """(gated metric name, values: one per repeat or the single summary, source).
+
+    A bare latency name (`ttft_s`) gates its p50 (`accessor.with_default_statistic`);
+    the prediction, one number per latency, is read under the bare name.
+    """
+    predicted_name = metric
     if normalize == "mbu":
         metric = "decode.mbu"
     elif normalize == "reference":
         metric = f"normalized.{metric}_per_gbs"
+    metric = with_default_statistic(metric)
     denom = 1.0
     if normalize == "roofline_fraction":
-        pred = lookup(result.get("prediction") or {}, metric)
+        pred = section_metric(result.get("prediction") or {}, predicted_name, "prediction")
         if pred is None:
             raise ResultSchemaError(
-                f"{_result_id(result)}: no prediction.{metric} to normalize by "
+                f"{_result_id(result)}: no prediction.{predicted_name} to normalize by "
                 "(the analytic model does not predict this workload); use --normalize none")
-        denom = _positive(result, f"prediction.{metric}", pred)
+        denom = _positive(result, f"prediction.{predicted_name}", pred)
     shown = f"{metric} / predicted" if normalize == "roofline_fraction" else metric
-    repeats = [lookup(r, metric) for r in result.get("repeats") or [] if isinstance(r, dict)]
+    repeats = [section_metric(r, metric) for r in result.get("repeats") or []
+               if isinstance(r, dict)]
     values = [v for v in repeats if v is not None]
     if values and len(values) == len(repeats):
         checked = [_positive(result, f"repeats[{i}].{metric}", v) for i, v in enumerate(values)]
         return shown, [v / denom for v in checked], f"median of {len(values)} repeats"
-    value = lookup(result.get("metrics") or {}, metric)
+    value = section_metric(result.get("metrics") or {}, metric)
     if value is None:
         hint = (" (the run took no same-run reference bandwidth)" if normalize == "reference"
                 else "")

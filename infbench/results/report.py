@@ -19,21 +19,11 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from infbench.results.accessor import metric, scenario_number
+
 if TYPE_CHECKING:
     import pandas as pd
     from rich.table import Table
-
-
-def _get(tree: Any, path: str) -> float | None:
-    """A number at a dotted path, or None (missing, null, non-numeric)."""
-    node = tree
-    for part in path.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    if isinstance(node, bool) or not isinstance(node, (int, float)):
-        return None
-    return float(node)
 
 
 def _scaled(value: float | None, scale: float) -> float | None:
@@ -81,27 +71,25 @@ def run_table(results: list[dict[str, Any]], title: str | None = None) -> Table:
     for col in cols:
         table.add_column(col, justify="left" if col == "point" else "right")
     for r in results:
-        m = r.get("metrics") or {}
-        p = r.get("prediction") or {}
-        requests = _get(m, "num_requests")
+        requests = metric(r, "num_requests")
         table.add_row(
             str(r.get("label") or r.get("name")),
             "-" if requests is None else str(int(requests)),
-            _fmt(_get(m, "output_tokens_per_s")),
-            _fmt(_scaled(_get(m, "ttft_s.p50"), 1e3)),
-            _fmt(_scaled(_get(m, "ttft_s.p99"), 1e3)),
-            _fmt(_scaled(_get(m, "tpot_s.p50"), 1e3)),
-            _fmt(_scaled(_get(m, "itl_s.p99"), 1e3)),
-            _fmt(_scaled(_get(m, "decode.mbu"), 100)),
-            _fmt(_scaled(_get(m, "peak_kv_bytes"), 1e-6), 2),
-            _fmt(_get(p, "output_tokens_per_s")),
+            _fmt(metric(r, "output_tokens_per_s")),
+            _fmt(_scaled(metric(r, "ttft_s.p50"), 1e3)),
+            _fmt(_scaled(metric(r, "ttft_s.p99"), 1e3)),
+            _fmt(_scaled(metric(r, "tpot_s.p50"), 1e3)),
+            _fmt(_scaled(metric(r, "itl_s.p99"), 1e3)),
+            _fmt(_scaled(metric(r, "decode.mbu"), 100)),
+            _fmt(_scaled(metric(r, "peak_kv_bytes"), 1e-6), 2),
+            _fmt(metric(r, "prediction.output_tokens_per_s")),
         )
     return table
 
 
-def _first(tree: Any, *paths: str) -> float | None:
-    for path in paths:
-        value = _get(tree, path)
+def _first(result: dict[str, Any], *names: str) -> float | None:
+    for name in names:
+        value = metric(result, name)
         if value is not None:
             return value
     return None
@@ -111,23 +99,22 @@ def report_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The rows of `report_frame` as plain dicts (None where a value is unknown)."""
     rows = []
     for r in results:
-        m = r.get("metrics") or {}
-        p = r.get("prediction") or {}
         scenario = r.get("scenario") or {}
-        ttft_m = _scaled(_get(m, "ttft_s.p50"), 1e3)
-        ttft_p = _scaled(_get(p, "ttft_s"), 1e3)
+        ttft_m = _scaled(metric(r, "ttft_s.p50"), 1e3)
+        ttft_p = _scaled(metric(r, "prediction.ttft_s"), 1e3)
         # TPOT is compared as decode time per token: the mean decode-only step time on
         # the measured side, the decode stage's step time on the predicted side.
-        tpot_m = _scaled(_first(m, "decode.time_per_token_s", "tpot_s.p50"), 1e3)
-        tpot_p = _scaled(_first(p, "decode.time_per_token_s", "tpot_s"), 1e3)
-        tps_m = _get(m, "output_tokens_per_s")
-        tps_p = _get(p, "output_tokens_per_s")
+        tpot_m = _scaled(_first(r, "decode.time_per_token_s", "tpot_s.p50"), 1e3)
+        tpot_p = _scaled(_first(r, "prediction.decode.time_per_token_s",
+                                   "prediction.tpot_s"), 1e3)
+        tps_m = metric(r, "output_tokens_per_s")
+        tps_p = metric(r, "prediction.output_tokens_per_s")
         rows.append({
             "label": r.get("label"),
             "name": r.get("name"),
             "point_index": r.get("point_index"),
             "hardware": (r.get("hardware") or {}).get("name", scenario.get("hardware")),
-            "batch_size": _get(scenario, "workload.batch_size"),
+            "batch_size": scenario_number(r, "workload.batch_size"),
             "ttft_ms_measured": ttft_m,
             "ttft_ms_predicted": ttft_p,
             "ttft_error_pct": error_pct(ttft_p, ttft_m),
@@ -137,9 +124,9 @@ def report_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "output_tok_s_measured": tps_m,
             "output_tok_s_predicted": tps_p,
             "output_tok_s_error_pct": error_pct(tps_p, tps_m),
-            "decode_mbu_pct": _scaled(_get(m, "decode.mbu"), 100),
-            "decode_mfu_pct": _scaled(_get(m, "decode.mfu"), 100),
-            "prefill_mfu_pct": _scaled(_get(m, "prefill.mfu"), 100),
+            "decode_mbu_pct": _scaled(metric(r, "decode.mbu"), 100),
+            "decode_mfu_pct": _scaled(metric(r, "decode.mfu"), 100),
+            "prefill_mfu_pct": _scaled(metric(r, "prefill.mfu"), 100),
             "file": r.get("_path"),
         })
     return rows

@@ -29,11 +29,19 @@ from typing import Any
 
 import infbench
 from infbench.core.errors import ResultSchemaError
+from infbench.results.schema import (
+    RESULT_KIND,
+    SCHEMA_VERSION,
+    UPGRADABLE_VERSIONS,
+    ValidationError,
+    format_errors,
+    upgrade,
+    validate,
+)
 
-SCHEMA_VERSION = 1
-RESULT_KIND = "infbench.run"
 _CORE_KEYS = ("schema_version", "kind", "name", "label", "point_index", "scenario", "env",
               "seed", "hardware", "metrics", "prediction", "repeats", "spread", "steps")
+__all__ = ["RESULT_KIND", "SCHEMA_VERSION", "build_result", "load_result", "validate_result"]
 _PACKAGES = ("torch", "triton", "transformers", "numpy")
 _REPO = Path(__file__).resolve().parents[2]  # infbench/results/store.py -> the checkout
 # Predicted values copied into a CSV row (prediction key -> column).
@@ -114,7 +122,11 @@ def build_result(
     spread: dict[str, Any],
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Assemble one result file's content; `extra` adds keys but may not replace core ones."""
+    """Assemble one result file's content, validated against `schema.RunResult`.
+
+    `extra` adds keys but may not replace core ones.  A writer bug (a renamed metric, a
+    string where a number belongs) raises here, before any file is replaced.
+    """
     result: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "kind": RESULT_KIND,
@@ -135,11 +147,25 @@ def build_result(
     if clash:
         raise ValueError(f"build_result: extra keys {clash} would replace core result keys")
     result.update(extra or {})
+    validate_result(to_jsonable(result), "build_result")
     return result
 
 
+def validate_result(data: dict[str, Any], where: str) -> None:
+    """Raise ResultSchemaError naming `where` and the field path when `data` is not valid."""
+    try:
+        validate(data)
+    except ValidationError as exc:
+        raise ResultSchemaError(format_errors(where, exc)) from None
+
+
 def load_result(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read one result file, checking that it is an infbench result of this schema version."""
+    """Read, upgrade and validate one result file; every reader of results goes through here.
+
+    Returns the validated dict (upgraded in memory to the current schema_version); a
+    damaged file, another kind of file, an unknown version or a field that does not
+    match the schema is a ResultSchemaError naming the file (and the field path).
+    """
     file = Path(path)
     try:
         raw = file.read_bytes()
@@ -170,10 +196,12 @@ def load_result(path: str | os.PathLike[str]) -> dict[str, Any]:
     if data.get("kind") != RESULT_KIND:
         raise ResultSchemaError(f"{path}: not an infbench result (expected kind {RESULT_KIND!r})")
     version = data.get("schema_version")
-    if version != SCHEMA_VERSION:
+    if version != SCHEMA_VERSION and version not in UPGRADABLE_VERSIONS:
         raise ResultSchemaError(
             f"{path}: result schema_version {version}, expected {SCHEMA_VERSION}; "
             "re-run the scenario with this infbench to regenerate it")
+    data = upgrade(data)
+    validate_result(data, str(path))
     return data
 
 
