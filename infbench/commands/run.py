@@ -224,6 +224,18 @@ def model_source(model: str) -> dict[str, str]:
     """Map --model to a loader source: a preset name, an HF directory or a GGUF file."""
     from infbench.core.config import PRESETS
 
+    # smollm2-135m is also a preset (its shapes, random weights); here the real model wins.
+    if model.lower() == "smollm2-135m" or model.endswith(".gguf"):
+        return {"gguf": model}
+    if model.lower() in PRESETS:
+        return {"preset": model}
+    path = Path(model)
+    if path.is_dir():
+        return {"path": model}
+    raise UserError(f"--model {model!r}: not a preset ({', '.join(PRESETS)}), an existing HF "
+                    "directory, a .gguf file or smollm2-135m")
+
+
 def schema(
     results: bool = typer.Option(False, "--results",
                                  help="The result file's schema instead of the scenario's."),
@@ -234,10 +246,10 @@ def schema(
     if results:
         from infbench.results.schema import json_schema
 
-
         doc = json_schema()
     else:
         from infbench.core.scenario import scenario_json_schema
+
         doc = scenario_json_schema()
     text = json.dumps(doc, indent=2)
     if out is None:
