@@ -1,6 +1,7 @@
 """Figures from measured result files: measured roofline, latency-throughput, distributions.
 
-Each figure function writes a PNG (matplotlib's Agg backend, imported lazily) and
+Each figure function writes a PNG, SVG or PDF (matplotlib's Agg backend, imported lazily),
+sized and styled as `infbench.plots.analytic` describes, and
 returns the coordinates it plotted, so tests check values rather than pixels.
 
 - `measured_roofline_points`: every run's prefill and decode stage at (measured
@@ -8,12 +9,14 @@ returns the coordinates it plotted, so tests check values rather than pixels.
   intensity, predicted FLOP/s = predicted step FLOPs / predicted step time), the pair in
   one group (joined by a line) and each run in one series (one colour);
   `infbench.plots.roofline_figure` draws them against the roof.
-- `latency_throughput_figure`: output tok/s against TPOT p50, one point per batch
-  size: batching buys throughput with per-token latency (and the roofline says
-  why: decode stays bandwidth-bound while the weights are shared by more tokens).
-- `distributions_figure`: result files keep percentiles, not per-request samples,
-  so ITL is shown as the CDF of decode-step durations (every running sequence gets
-  one token per decode step) and TTFT / TPOT as their p50 / p90 / p99.
+- `latency_throughput_figure`: output tok/s against TPOT p50 (decode) and TTFT p50
+  (prefill), one point per sweep point annotated with what the sweep varies: batching
+  buys throughput with per-token latency (and the roofline says why: decode stays
+  bandwidth-bound while the weights are shared by more tokens).
+- `distributions_figure`: the CDF of per-token ITL when the result carries per-request
+  samples (`requests[i].itl_s`), else of decode-step durations, labelled as such (every
+  running sequence gets one token per decode step); and TTFT / TPOT / ITL / E2E
+  p50 / p90 / p99, one colour per run and one marker per metric.
 """
 
 from __future__ import annotations
@@ -25,11 +28,22 @@ from typing import Any
 
 from infbench.core.errors import ResultSchemaError, UserError
 from infbench.core.hardware import HardwareSpec
-from infbench.results.accessor import metric as result_metric
-from infbench.results.accessor import scenario_number, value_at
+from infbench.results.report import short_label
 from infbench.roofline.tables import RooflinePoint
 
 _STAGES = ("prefill", "decode")
+
+
+def _get(tree: Any, path: str) -> float | None:
+    """A number at a dotted path, or None (missing, null, non-numeric)."""
+    node = tree
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    if isinstance(node, bool) or not isinstance(node, (int, float)):
+        return None
+    return float(node)
 
 
 def _where(result: dict[str, Any]) -> str:
@@ -107,13 +121,13 @@ def point_labels(results: list[dict[str, Any]]) -> list[str]:
 
 def _predicted_flops_per_s(stage: dict[str, Any], hw: HardwareSpec | None,
                            dtype: str) -> float | None:
-    flops = value_at(stage, ["flops"])
+    flops = _get(stage, "flops")
     # Stage FLOPs are per step (decode: the mean step), so divide by the step time.
-    time_s = (value_at(stage, ["time_s"]) or value_at(stage, ["step_time_s"])
-              or value_at(stage, ["time_per_token_s"]))
+    time_s = _get(stage, "time_s") or _get(stage, "step_time_s") or _get(stage,
+                                                                          "time_per_token_s")
     if flops is not None and time_s:
         return flops / time_s
-    intensity = value_at(stage, ["intensity"])
+    intensity = _get(stage, "intensity")
     if intensity is not None and hw is not None:  # no predicted time: the attainable roof
         return min(hw.peak(dtype), intensity * hw.bandwidth)
     return None
@@ -125,29 +139,31 @@ def measured_roofline_points(results: list[dict[str, Any]], hardware: HardwareSp
     points: list[RooflinePoint] = []
     for r, run in zip(results, point_labels(results), strict=True):
         hw = hardware or (_result_hardware(r) if r.get("hardware") else None)
-        bs = scenario_number(r, "workload.batch_size")
+        bs = _get(_section(r, "scenario"), "workload.batch_size")
         batch = None if bs is None else int(bs)
         dtype = _dtype(r)
+        metrics = _section(r, "metrics")
         prediction = _section(r, "prediction")
         for stage in _STAGES:
-            intensity = result_metric(r, f"{stage}.intensity")
-            achieved = result_metric(r, f"{stage}.achieved_flops_per_s")
+            measured = metrics.get(stage) or {}
+            intensity = _get(measured, "intensity")
+            achieved = _get(measured, "achieved_flops_per_s")
             # group pairs a stage with its predicted twin (the figure links them);
             # series keeps one colour per run.
             if intensity and achieved:
                 points.append(RooflinePoint(f"{run} {stage}", intensity, achieved, "measured",
                                             f"{run} {stage}", run, stage, batch))
             predicted = prediction.get(stage) or {}
-            p_intensity = result_metric(r, f"prediction.{stage}.intensity")
+            p_intensity = _get(predicted, "intensity")
             p_flops = _predicted_flops_per_s(predicted, hw, dtype)
             if p_intensity and p_flops:
                 points.append(RooflinePoint(f"{run} {stage} (predicted)", p_intensity, p_flops,
                                             "predicted", f"{run} {stage}", run, stage, batch))
         if include_steps:
             for step in _steps(r):
-                duration = value_at(step, ["duration_s"])
-                flops = value_at(step, ["flops"])
-                intensity = value_at(step, ["intensity"])
+                duration = _get(step, "duration_s")
+                flops = _get(step, "flops")
+                intensity = _get(step, "intensity")
                 if duration and flops and intensity:
                     points.append(RooflinePoint(
                         f"{run} step {step.get('index')}", intensity, flops / duration,
@@ -155,68 +171,170 @@ def measured_roofline_points(results: list[dict[str, Any]], hardware: HardwareSp
     return points
 
 
+def model_name(result: dict[str, Any]) -> str:
+    """The model a result ran: its config's name, else the scenario's preset/path/GGUF."""
+    name = _section(result, "model_config").get("name")
+    if isinstance(name, str) and name:
+        return name
+    model = _section(result, "scenario").get("model")
+    if isinstance(model, dict):
+        for key in ("preset", "path", "gguf"):
+            if isinstance(model.get(key), str):
+                return Path(model[key]).name
+    return "model?"
+
+
+def figure_caption(results: list[dict[str, Any]], hw: HardwareSpec | None = None) -> str:
+    """'model · dtype · hardware' of a set of results ('3 models' when they differ)."""
+    from infbench.plots.analytic import caption
+
+    def one_or_count(values: list[str], noun: str) -> str:
+        distinct = list(dict.fromkeys(values))
+        return distinct[0] if len(distinct) == 1 else f"{len(distinct)} {noun}"
+
+    if not results:
+        return ""
+    hw_names = ([hw.name] if hw is not None else
+                [str(_section(r, "hardware").get("name")
+                     or _section(r, "scenario").get("hardware") or "?") for r in results])
+    return caption(one_or_count([model_name(r) for r in results], "models"),
+                   one_or_count([_dtype(r) for r in results], "dtypes"),
+                   one_or_count(hw_names, "hardware parts"))
+
+
+def swept_labels(results: list[dict[str, Any]]) -> list[str]:
+    """What the sweep varies at each point, short: `b=8`, `rate=2.0`.
+
+    Read from the result's label (the sweep's key=value, batch_size shortened to b);
+    without one, the batch size.
+    Prefixed with the scenario name when several scenarios are plotted together.
+    """
+    labels = []
+    for r in results:
+        label = r.get("label")
+        if label:  # batch_size=8 -> b=8: annotations sit next to 2 mm markers
+            labels.append(short_label(label).replace("batch_size=", "b="))
+            continue
+        bs = _get(_section(r, "scenario"), "workload.batch_size")
+        labels.append(f"b={int(bs)}" if bs is not None else str(r.get("name")))
+    names = {str(r.get("name")) for r in results}
+    if len(names) > 1 or len(set(labels)) < len(labels):
+        labels = [f"{r.get('name')}:{lab}" for r, lab in zip(results, labels, strict=True)]
+    return labels
+
+
 def measured_roofline_figure(results: list[dict[str, Any]], out: str | os.PathLike[str],
                              hardware: HardwareSpec | None = None, include_steps: bool = False,
-                             title: str | None = None) -> dict[str, Any]:
-    """The measured roofline PNG; returns roofline_figure's dict (plotted points, links)."""
+                             title: str | None = None, size: str = "column") -> dict[str, Any]:
+    """The measured roofline; returns roofline_figure's dict (plotted points, links).
+
+    Colour and shape tell prefill (square) from decode (circle), filled is measured and
+    hollow predicted, and each measured point is annotated with what the sweep varies.
+    """
     from infbench.plots.analytic import roofline_figure
 
     hw = _hardware(results, hardware)
     dtype = _dtype(results[0])
     points = measured_roofline_points(results, hw, include_steps)
+    swept = dict(zip(point_labels(results), swept_labels(results), strict=True))
+
+    def annotate(p: RooflinePoint) -> str | None:
+        return swept.get(p.series) if p.kind == "measured" and p.group else None
+
     return roofline_figure(hw, dtype, points, Path(out),
-                           title=title or f"measured vs predicted on {hw.name} ({dtype})")
+                           title=title or "Measured vs predicted roofline",
+                           model=figure_caption(results, hw).split(" · ")[0], size=size,
+                           colour_by="stage", annotate=annotate)
 
 
-def _figure(ncols: int, size: tuple[float, float]) -> tuple[Any, Any]:
-    """An Agg figure without pyplot (no global state, no display)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=size, dpi=110)
-    FigureCanvasAgg(fig)
-    return fig, fig.subplots(1, ncols)
+RUN_COLOURS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000")
+# TTFT is the prefill side, TPOT/ITL the decode side, E2E both: shape says which.
+METRIC_STYLES: dict[str, tuple[str, Any]] = {
+    "ttft": ("s", "-"), "tpot": ("o", "--"), "itl": ("^", ":"), "e2e": ("D", "-.")}
 
 
-def latency_throughput_figure(results: list[dict[str, Any]],
-                              out: str | os.PathLike[str]) -> dict[str, Any]:
-    """x: output tok/s, y: TPOT p50 ms; one labelled point per batch size, per scenario."""
+def _run_colours(n: int) -> list[Any]:
+    """One colour per run: Okabe-Ito up to 7, a sequential map beyond (the sweep's order)."""
+    if n <= len(RUN_COLOURS):
+        return list(RUN_COLOURS[:n])
+    from matplotlib import colormaps
+
+    cmap = colormaps["viridis"]
+    return [cmap(i / max(1, n - 1) * 0.9) for i in range(n)]
+
+
+def latency_throughput_figure(results: list[dict[str, Any]], out: str | os.PathLike[str],
+                              size: str = "column") -> dict[str, Any]:
+    """x: output tok/s; y: TPOT p50 (decode, circles) and TTFT p50 (prefill, squares), ms.
+
+    One point per sweep point, annotated with what the sweep varies (batch size, rate...);
+    measured filled and joined, predicted hollow and dotted.
+    """
+    from matplotlib.lines import Line2D
+
+    from infbench.plots.analytic import figure_style, new_figure, save_figure
+
+    swept = swept_labels(results)
     measured: list[dict[str, Any]] = []
     predicted: list[dict[str, Any]] = []
-    for r in results:
-        bs = scenario_number(r, "workload.batch_size")
-        base = {"name": r.get("name"), "label": r.get("label"),
+    for r, label in zip(results, swept, strict=True):
+        bs = _get(_section(r, "scenario"), "workload.batch_size")
+        base = {"name": r.get("name"), "label": r.get("label"), "swept": label,
                 "batch_size": None if bs is None else int(bs)}
-        x, y = result_metric(r, "output_tokens_per_s"), result_metric(r, "tpot_s.p50")
+        m, p = _section(r, "metrics"), _section(r, "prediction")
+        x, y, t = _get(m, "output_tokens_per_s"), _get(m, "tpot_s.p50"), _get(m, "ttft_s.p50")
         if x is not None and y is not None:
-            measured.append({**base, "x": x, "y": y * 1e3})
-        px, py = (result_metric(r, "prediction.output_tokens_per_s"),
-                  result_metric(r, "prediction.tpot_s"))
+            measured.append({**base, "x": x, "y": y * 1e3,
+                             "ttft_ms": None if t is None else t * 1e3})
+        px, py, pt = _get(p, "output_tokens_per_s"), _get(p, "tpot_s"), _get(p, "ttft_s")
         if px is not None and py is not None:
-            predicted.append({**base, "x": px, "y": py * 1e3})
-    key = lambda d: (str(d["name"]), d["batch_size"] if d["batch_size"] is not None else -1)
-    measured.sort(key=key)
-    predicted.sort(key=key)
-    fig, ax = _figure(1, (7.0, 5.0))
-    for series, kind, style in ((measured, "measured", "o-"), (predicted, "predicted", "s--")):
-        for name in dict.fromkeys(str(d["name"]) for d in series):
-            pts = [d for d in series if str(d["name"]) == name]
-            ax.plot([d["x"] for d in pts], [d["y"] for d in pts], style,
-                    label=f"{name} ({kind})", alpha=1.0 if kind == "measured" else 0.6)
-            if kind == "measured":
-                for d in pts:
-                    text = f"bs={d['batch_size']}" if d["batch_size"] is not None else d["label"]
-                    ax.annotate(text, (d["x"], d["y"]), textcoords="offset points",
-                                xytext=(5, 5), fontsize=8)
-    ax.set_xlabel("output tokens/s")
-    ax.set_ylabel("TPOT p50 (ms)")
-    ax.set_title("latency-throughput trade-off (one point per batch size)")
-    ax.grid(True, alpha=0.3)
-    if measured or predicted:
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out)
-    return {"measured": measured, "predicted": predicted, "path": str(out)}
+            predicted.append({**base, "x": px, "y": py * 1e3,
+                              "ttft_ms": None if pt is None else pt * 1e3})
+    measured.sort(key=lambda d: d["x"])
+    predicted.sort(key=lambda d: d["x"])
+    with figure_style(size):
+        fig = new_figure(size)
+        ax = fig.add_subplot(1, 1, 1)
+        names = list(dict.fromkeys(str(d["name"]) for d in measured + predicted))
+        colours = dict(zip(names, _run_colours(len(names)), strict=True))
+        for series, kind in ((measured, "measured"), (predicted, "predicted")):
+            filled = kind == "measured"
+            for name in names:
+                pts = [d for d in series if str(d["name"]) == name]
+                for key, metric in (("y", "tpot"), ("ttft_ms", "ttft")):
+                    xy = [(d["x"], d[key]) for d in pts if d[key] is not None]
+                    if not xy:
+                        continue
+                    marker, line = METRIC_STYLES[metric]
+                    ax.plot([a for a, _ in xy], [b for _, b in xy], marker=marker,
+                            linestyle=line if filled else ":", color=colours[name],
+                            markerfacecolor=colours[name] if filled else "none",
+                            alpha=1.0 if filled else 0.6)
+            if filled:
+                for d in series:
+                    ax.annotate(d["swept"], (d["x"], d["y"]), textcoords="offset points",
+                                xytext=(3, -8), fontsize="x-small", color=colours[str(d["name"])])
+        ax.set_yscale("log")
+        ax.set_xlabel("output throughput (tokens/s)")
+        ax.set_ylabel("latency p50 (ms)")
+        ax.set_title("Latency vs throughput\n" + figure_caption(results))
+        ax.grid(True, which="major", alpha=0.3)
+        handles = [Line2D([], [], color="#555555", marker="o", linestyle="--",
+                          label="TPOT p50 (decode)"),
+                   Line2D([], [], color="#555555", marker="s", linestyle="-",
+                          label="TTFT p50 (prefill)")]
+        if predicted:
+            handles += [Line2D([], [], color="#555555", marker="o", linestyle="none",
+                               label="measured (filled)"),
+                        Line2D([], [], color="#555555", marker="o", markerfacecolor="none",
+                               linestyle=":", label="predicted (hollow)")]
+        if len(names) > 1:
+            handles += [Line2D([], [], color=colours[n], linestyle="-", label=n)
+                        for n in names[:8 - len(handles)]]
+        legend = ax.legend(handles=handles, fontsize="x-small", loc="best")
+        path = save_figure(fig, Path(out))
+    return {"measured": measured, "predicted": predicted, "path": str(path), "figure": fig,
+            "legend": [t.get_text() for t in legend.get_texts()]}
 
 
 def decode_step_ms(result: dict[str, Any]) -> list[float]:
@@ -228,51 +346,98 @@ def decode_step_ms(result: dict[str, Any]) -> list[float]:
             is_decode = not s.get("num_prefill_tokens") and bool(s.get("num_decode_tokens"))
         else:
             is_decode = stage == "decode"
-        duration = value_at(s, ["duration_s"])
+        duration = _get(s, "duration_s")
         if is_decode and duration is not None:
             out.append(duration * 1e3)
     return sorted(out)
 
 
-def distributions_figure(results: list[dict[str, Any]],
-                         out: str | os.PathLike[str]) -> dict[str, Any]:
-    """Left: CDF of decode-step durations (~ITL); right: TTFT and TPOT p50/p90/p99."""
-    fig, (ax_cdf, ax_pct) = _figure(2, (11.0, 4.5))
-    itl: dict[str, dict[str, list[float]]] = {}
-    pct: dict[str, dict[str, dict[str, float | None]]] = {}
+def itl_samples_ms(result: dict[str, Any]) -> list[float] | None:
+    """Every request's inter-token latencies (ms), or None when the result has no
+    per-request rows (`result["requests"][i]["itl_s"]`)."""
+    rows = result.get("requests")
+    if not isinstance(rows, list):
+        return None
+    samples: list[float] = []
+    found = False
+    for row in rows:
+        itl = row.get("itl_s") if isinstance(row, dict) else None
+        if not isinstance(itl, list):
+            continue
+        found = True
+        samples += [float(v) * 1e3 for v in itl
+                    if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return sorted(samples) if found else None
+
+
+def distributions_figure(results: list[dict[str, Any]], out: str | os.PathLike[str],
+                         size: str = "column") -> dict[str, Any]:
+    """Top (left on a slide): CDF of per-token ITL, or of decode-step time when the results
+    carry no per-request samples (and the panel says so); bottom: TTFT / TPOT / ITL / E2E
+    p50, p90, p99, one colour per run and one marker and line style per metric."""
+    from matplotlib.lines import Line2D
+
+    from infbench.plots.analytic import figure_style, new_figure, save_figure
+
     labels = point_labels(results)
-    for r, label in zip(results, labels, strict=True):
-        xs = decode_step_ms(r)
-        ys = [(i + 1) / len(xs) for i in range(len(xs))]
-        itl[label] = {"x": xs, "y": ys}
-        if xs:
-            ax_cdf.step(xs, ys, where="post", label=label)
-        pct[label] = {
-            f"{name}_ms": {q: (None if (v := result_metric(r, f"{name}_s.{q}")) is None
-                               else v * 1e3)
-                           for q in ("p50", "p90", "p99")}
-            for name in ("ttft", "tpot")}
-    ax_cdf.set_xlabel("decode step duration (ms) ~ inter-token latency")
-    ax_cdf.set_ylabel("fraction of decode steps")
-    ax_cdf.set_title("ITL distribution")
-    ax_cdf.grid(True, alpha=0.3)
-    width = 0.8 / max(1, len(labels))
-    for i, label in enumerate(labels):
-        for j, (metric, marker) in enumerate((("ttft_ms", "o"), ("tpot_ms", "s"))):
-            qs = pct[label][metric]
-            xs_q = [k * 2 + j + i * width for k in range(3)]
-            ys_q = [qs[q] for q in ("p50", "p90", "p99")]
-            ax_pct.scatter([x for x, y in zip(xs_q, ys_q, strict=True) if y is not None],
-                           [y for y in ys_q if y is not None], marker=marker,
-                           label=f"{label} {metric[:4].upper()}")
-    ax_pct.set_xticks([0.5, 2.5, 4.5], ["p50", "p90", "p99"])
-    ax_pct.set_yscale("log")
-    ax_pct.set_ylabel("ms (TTFT: circles, TPOT: squares)")
-    ax_pct.set_title("TTFT and TPOT percentiles")
-    ax_pct.grid(True, alpha=0.3)
-    for ax in (ax_cdf, ax_pct):
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out)
-    return {"itl_cdf": itl, "percentiles": pct, "path": str(out)}
+    swept = swept_labels(results)
+    colours = _run_colours(len(results))
+    itl: dict[str, dict[str, Any]] = {}
+    pct: dict[str, dict[str, dict[str, float | None]]] = {}
+    with figure_style(size):
+        fig = new_figure(size)
+        if size == "column":  # stacked: two panels side by side do not fit 3.5 in
+            fig.set_size_inches(3.5, 4.6)
+            ax_cdf, ax_pct = fig.subplots(2, 1)
+        else:
+            ax_cdf, ax_pct = fig.subplots(1, 2)
+        sources = set()
+        for r, label, name, colour in zip(results, labels, swept, colours, strict=True):
+            samples = itl_samples_ms(r)
+            source = "itl" if samples is not None else "decode_step"
+            xs = samples if samples is not None else decode_step_ms(r)
+            sources.add(source)
+            ys = [(i + 1) / len(xs) for i in range(len(xs))]
+            itl[label] = {"x": xs, "y": ys, "source": source}
+            if xs:
+                ax_cdf.step(xs, ys, where="post", color=colour, label=name)
+            m = _section(r, "metrics")
+            pct[label] = {
+                f"{metric}_ms": {q: (None if (v := _get(m, f"{metric}_s.{q}")) is None
+                                     else v * 1e3) for q in ("p50", "p90", "p99")}
+                for metric in METRIC_STYLES}
+        if sources == {"itl"}:
+            ax_cdf.set_xlabel("inter-token latency (ms)")
+            ax_cdf.set_ylabel("fraction of tokens")
+            ax_cdf.set_title("ITL distribution\n" + figure_caption(results))
+        else:  # no per-token samples (or only some): say what is drawn
+            ax_cdf.set_xlabel("decode step time (ms)" if sources == {"decode_step"} else
+                              "ITL (ms); decode step time where no per-token samples")
+            ax_cdf.set_ylabel("fraction of decode steps" if sources == {"decode_step"} else
+                              "fraction")
+            ax_cdf.set_title("Decode-step time distribution\n" + figure_caption(results))
+        ax_cdf.grid(True, which="major", alpha=0.3)
+        if len(results) <= 8 and ax_cdf.get_legend_handles_labels()[0]:
+            ax_cdf.legend(fontsize="x-small", loc="lower right")
+        qs = ("p50", "p90", "p99")
+        for label, colour in zip(labels, colours, strict=True):
+            for metric, (marker, line) in METRIC_STYLES.items():
+                ys_q = pct[label][f"{metric}_ms"]
+                xy = [(i, ys_q[q]) for i, q in enumerate(qs) if ys_q[q] is not None]
+                if xy:
+                    ax_pct.plot([a for a, _ in xy], [b for _, b in xy], marker=marker,
+                                linestyle=line, color=colour)
+        ax_pct.set_xticks(range(3), list(qs))
+        ax_pct.set_xlim(-0.3, 2.3)
+        ax_pct.set_yscale("log")
+        ax_pct.set_xlabel("percentile")
+        ax_pct.set_ylabel("latency (ms)")
+        ax_pct.set_title("Latency percentiles (colour: run)")
+        ax_pct.grid(True, which="major", alpha=0.3)
+        handles = [Line2D([], [], color="#555555", marker=mk, label=f"{metric.upper()}")
+                   for metric, (mk, _) in METRIC_STYLES.items()]
+        for handle, (_, ls) in zip(handles, METRIC_STYLES.values(), strict=True):
+            handle.set_linestyle(ls)
+        ax_pct.legend(handles=handles, fontsize="x-small", ncols=2, loc="best")
+        path = save_figure(fig, Path(out))
+    return {"itl_cdf": itl, "percentiles": pct, "path": str(path), "figure": fig}
