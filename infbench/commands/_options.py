@@ -15,6 +15,18 @@ from pathlib import Path
 
 import typer
 
+from infbench.core.config import (
+    ATTENTION_KINDS,
+    BACKENDS,
+    DEVICES,
+    DTYPES,
+    FEATURE_MAPS,
+    KV_QUANT,
+    PRESETS,
+    WEIGHT_QUANT,
+)
+from infbench.core.errors import UserError
+
 
 def _int_at_least(minimum: int) -> Callable[[int | None], int | None]:
     def check(value: int | None) -> int | None:
@@ -151,3 +163,48 @@ def output_file(value: Path | None) -> Path | None:
     if value is not None and value.is_dir():
         raise typer.BadParameter(f"{value} is a directory; expected a file name")
     return value
+
+
+def one_of(allowed: tuple[str, ...]) -> Callable[[str | None], str | None]:
+    """A name from `allowed` (the tuples of core/config.py, the same the scenario schema uses)."""
+    def check(value: str | None) -> str | None:
+        if value is not None and value not in allowed:
+            shown = repr(value) if value.strip() else "an empty value"
+            raise typer.BadParameter(f"unknown value {shown}; allowed: {', '.join(allowed)}")
+        return value
+
+    return check
+
+
+dtype = one_of(DTYPES)
+attention_kind = one_of(ATTENTION_KINDS)
+feature_map = one_of(FEATURE_MAPS)
+weight_quant = one_of(WEIGHT_QUANT)
+kv_quant = one_of(KV_QUANT)
+backend = one_of(BACKENDS)
+device = one_of(DEVICES)
+
+
+def choices(allowed: tuple[str, ...]) -> str:
+    """'a | b | c' for a help text."""
+    return " | ".join(allowed)
+
+
+MODEL_HELP = "A preset name, a Hugging Face model directory (config.json) or a .gguf file."
+
+
+def model_source(model: str) -> dict[str, str]:
+    """Map a --model value to a source: {"preset": NAME} | {"path": HF_DIR} | {"gguf": FILE}.
+
+    The same three kinds as a scenario's `model:` section.  A preset name wins over a file
+    of the same name in the working directory; write ./NAME for the file.
+    """
+    path = Path(model)
+    if model.lower() in PRESETS and not (model.startswith(".") or "/" in model):
+        return {"preset": model}
+    if path.is_dir():
+        return {"path": model}
+    if path.is_file() or model.lower().endswith(".gguf"):
+        return {"gguf": model}  # a missing .gguf file gets the loader's "does not exist" error
+    raise UserError(f"unknown model preset {model!r}; allowed: {', '.join(PRESETS)}, "
+                    "an existing Hugging Face model directory or a .gguf file")

@@ -19,6 +19,9 @@ from infbench.core.errors import UserError
 
 DEFAULT_MODEL = "llama2-13b"
 DEFAULT_HARDWARE = "h100-sxm"
+SET_HELP = ("KEY=VALUE: a dotted scenario key with a YAML value, as in `run` "
+            "(model.overrides.num_layers=20, model.attention.kind=mla, hardware=a100-80gb); "
+            "repeatable.")
 # Attention-kind-specific flags and the kinds that read them.
 _KIND_FLAGS = {
     "kv_heads": ("gqa", "cla", "sliding", "linear", "ssm"),
@@ -52,43 +55,69 @@ def check_positive(flag: str, value: int | None) -> None:
         raise UserError(f"{flag} must be > 0, got {value}")
 
 
-def parse_sets(items: list[str] | None) -> dict[str, Any]:
-    """['attention.window=512', 'rope_theta=5e5'] -> nested overrides for ModelConfig."""
-    overrides: dict[str, Any] = {}
-    for item in items or []:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise UserError(f"--set expects field=value, got {item!r}")
-        try:
-            value = json.loads(raw)
-        except json.JSONDecodeError:
-            value = raw  # a bare word such as 'mla' or 'llama'
-        target = overrides
-        *parents, leaf = key.strip().split(".")
-        for parent in parents:
-            target = target.setdefault(parent, {})
-            if not isinstance(target, dict):
-                raise UserError(f"--set {item!r}: {parent} is not a group of fields")
-        target[leaf] = value
-    return overrides
+COMMAND_LINE = "command line"  # the source named in errors about flags and --set
 
 
-def build_model(model: str, attention: str | None = None, sets: list[str] | None = None,
-                **flags: Any) -> Any:
-    """A preset with --set overrides and the attention flags applied (validated)."""
-    from infbench.core.config import ModelConfig
+def model_document(command: str, model: str, sets: list[str] | None, *,
+                   hardware: str | None = None, dtype: str | None = None,
+                   quant: dict[str, Any] | None = None,
+                   workload: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Flags + `--set` -> a scenario-shaped document (validated by the scenario schema).
 
-    for name in ("kv_heads", "window", "global_every", "cla_group", "kv_lora_rank",
-                 "q_lora_rank", "feature_dim", "d_state", "attn_every"):
-        check_positive("--" + name.replace("_", "-"), flags.get(name))
-    cfg = ModelConfig.from_name(model)
-    overrides = parse_sets(sets)
-    if overrides:
-        cfg = cfg.with_overrides(**overrides)
+    `--model` becomes `model: {preset|path|gguf: ...}` exactly as in a scenario file, and
+    `--set` items are applied by the scenario's own parser, so `--set model.overrides.x=1`
+    means the same in `predict`, `roofline` and `run`.
+    """
+    from infbench.core.scenario import apply_sets
+
+    doc: dict[str, Any] = {
+        "name": command,
+        "model": {**opt.model_source(model),
+                  "quant": {k: v for k, v in (quant or {}).items() if v is not None}},
+        "workload": dict(workload or {}),
+    }
+    if hardware is not None:
+        doc["hardware"] = hardware
+    if dtype is not None:
+        doc["dtype"] = dtype
+    apply_sets(doc, sets or [], COMMAND_LINE)
+    return doc
+
+
+def points_of(doc: dict[str, Any]) -> list[Any]:
+    """The validated points of a document, each with its ModelConfig read once per source."""
+    from infbench.core.scenario import scenario_from_document
+
+    return scenario_from_document(doc, COMMAND_LINE).points()
+
+
+def source_label(model: dict[str, Any]) -> str:
+    """'preset llama2-13b' | 'hf DIR (config.json)' | 'gguf FILE (metadata)': what was read."""
+    if "preset" in model:
+        return f"preset {model['preset']}"
+    if "path" in model:
+        return f"hf {model['path']} (config.json)"
+    return f"gguf {model['gguf']} (metadata)"
+
+
+def note_source(model: dict[str, Any]) -> None:
+    """Name a checkpoint the shapes came from (a preset name says it already)."""
+    if "preset" not in model:
+        print(f"note: model shapes from {source_label(model)}; weights are not read",
+              file=sys.stderr)
+
+
+def attention_values(cfg: Any, attention: str | None,
+                     flags: dict[str, Any]) -> dict[str, Any] | None:
+    """The `model.attention` keys the attention flags ask for, or None when they change nothing.
+
+    A flag only one kind reads switches a full-attention model to that kind (--window ->
+    sliding, --kv-heads on MHA -> gqa), so the model's own kind is read first.
+    """
     given = {k: v for k, v in flags.items() if v is not None}
     current = cfg.attention.kind
     kind = attention
-    if kind is None:  # a flag only one kind reads switches a full-attention model to it
+    if kind is None:
         if "window" in given and current in ("mha", "gqa", "mqa"):
             kind = "sliding"
         elif "kv_heads" in given and current in ("mha", "mqa"):
@@ -101,11 +130,68 @@ def build_model(model: str, attention: str | None = None, sets: list[str] | None
                 f"{' | '.join(_KIND_FLAGS[name])}, not {kind!r}"
             )
     if kind == current and not given:
-        return cfg
+        return None
     values: dict[str, Any] = {"kind": kind, **given}
     if kind != current and kind in _KIND_FLAGS["kv_heads"]:
         values.setdefault("kv_heads", cfg.kv_heads)  # switching kinds keeps the KV heads
-    return cfg.with_overrides(attention=values)
+    return values
+
+
+def apply_attention_flags(doc: dict[str, Any], attention: str | None,
+                          flags: dict[str, Any]) -> list[Any]:
+    """Map the attention flags onto `model.attention` of `doc` (after --set); its points."""
+    points = points_of(doc)
+    if attention is None and all(v is None for v in flags.values()):
+        return points
+    values = attention_values(model_configs(points[:1])[0], attention, flags)
+    if values is None:
+        return points
+    section = doc["model"].setdefault("attention", {})
+    if not isinstance(section, dict) or section.get("kind", values["kind"]) != values["kind"]:
+        section = doc["model"]["attention"] = {}  # --attention replaces a --set of another kind
+    section.update(values)
+    return points_of(doc)
+
+
+# Checkpoint configs already read, by source and file stamp: GGUF metadata takes seconds, and
+# one command may need the same model's shape several times (attention flags, sweeps).
+_BASE_CONFIGS: dict[str, Any] = {}
+
+
+def base_config(source: dict[str, str]) -> Any:
+    """The ModelConfig of a preset, an HF directory or a GGUF file, before any override."""
+    from infbench.core import checkpoint_config as configs
+    from infbench.core.config import ModelConfig
+
+    kind, value = next(iter(source.items()))
+    path = Path(value)
+    stamp = (path.stat().st_mtime_ns, path.stat().st_size) if kind != "preset" and \
+        path.exists() else None
+    key = json.dumps([source, stamp], sort_keys=True)
+    if key not in _BASE_CONFIGS:
+        if kind == "preset":
+            _BASE_CONFIGS[key] = ModelConfig.from_name(value)
+        elif kind == "path":
+            _BASE_CONFIGS[key] = configs.config_from_hf_dir(value)
+        else:
+            _BASE_CONFIGS[key] = configs.config_from_gguf(configs.resolve_gguf(value))
+    return _BASE_CONFIGS[key]
+
+
+def model_configs(points: list[Any]) -> list[Any]:
+    """Each point's ModelConfig (as `ScenarioPoint.model_config`), each checkpoint read once."""
+    configs = []
+    for point in points:
+        changes = dict(point.model.get("overrides") or {})
+        if point.model.get("attention"):
+            changes["attention"] = dict(point.model["attention"])
+        try:
+            base = base_config(point.model_source())
+            configs.append(base.with_overrides(**changes) if changes else base)
+        except UserError as exc:  # as ScenarioPoint.model_config words it
+            where = f"point {point.index} ({point.label}): " if point.swept else ""
+            raise UserError(f"{point.source}: {where}{exc}") from None
+    return configs
 
 
 def build_quant(quant: str | None, group_size: int | None, kv_dtype: str | None) -> Any:
@@ -150,25 +236,29 @@ def _spec_from_scenario(spec: Any) -> Any:
     return SpecConfig(int(tokens), float(acceptance), float(field("draft_cost_ratio") or 0.0))
 
 
-def _scenario_predictions(path: Path) -> tuple[list[Any], list[str]]:
+def point_predictions(points: list[Any], speculative: Any = None) -> list[Any]:
+    """One prediction per scenario point (a file's, or the document built from the flags)."""
     from infbench.core.hardware import get_hardware
-    from infbench.core.scenario import load_scenario
     from infbench.roofline.analysis import predict
 
-    predictions, labels = [], []
-    for point in load_scenario(path).points():
+    predictions = []
+    for point, cfg in zip(points, model_configs(points), strict=True):
         hw = get_hardware(point.hardware)
         dtype = point.dtype
         if dtype == "auto":  # the engine's choice: float32 on a CPU, bfloat16 on a GPU
             dtype = "float32" if hw.kind == "cpu" else "bfloat16"
         w = point.workload
         predictions.append(predict(
-            point.model_config(), hw, batch=w.batch_size, prompt_len=w.prompt_len,
+            cfg, hw, batch=w.batch_size, prompt_len=w.prompt_len,
             gen_len=w.gen_len, dtype=dtype, quant=point.quant_config(),
-            speculative=_spec_from_scenario(point.speculative),
+            speculative=speculative or _spec_from_scenario(point.speculative),
         ))
-        labels.append(str(getattr(point, "label", "") or ""))
-    return predictions, labels
+    return predictions
+
+
+def _one_or_list(sizes: list[int]) -> int | list[int]:
+    """A single size is a plain value, so its point is not labelled as a sweep in errors."""
+    return sizes[0] if len(sizes) == 1 else sizes
 
 
 def emit_json(data: Any) -> None:
@@ -204,12 +294,14 @@ def print_predictions(predictions: list[Any], show_ops: bool,
     from rich.table import Table
 
     console = make_console()
-    table = Table(title="Roofline prediction (ms; GB; bound: prefill/decode)")
+    table = Table(title="Roofline prediction (ms; GB; bound: prefill/decode)",
+                  caption="decode tok/s = batch / TPOT (decode steps only); "
+                          "e2e tok/s = batch x gen / E2E (prefill included, as in run)")
     show_labels = bool(labels and any(labels))
     if show_labels:
-        table.add_column("point", overflow="fold", max_width=26)
+        table.add_column("point", overflow="fold", min_width=12, max_width=26)
     for col in ("model", "hardware", "batch", "prompt/gen", "memory", "max batch", "TTFT",
-                "TPOT", "tok/s", "bound"):
+                "TPOT", "decode tok/s", "e2e tok/s", "bound"):
         left = col in ("model", "hardware")
         table.add_column(col, justify="left" if left else "right", no_wrap=True)
     for i, p in enumerate(predictions):
@@ -218,7 +310,8 @@ def print_predictions(predictions: list[Any], show_ops: bool,
             *([labels[i]] if show_labels and labels else []),
             p.model, p.hardware, str(p.batch), f"{p.prompt_len}/{p.gen_len}", memory,
             str(p.max_batch), fmt_ms(p.ttft_s), fmt_ms(p.time_per_token_s),
-            f"{p.tokens_per_s:,.0f}", f"{p.prefill.bound[0]}/{p.decode.bound[0]}",
+            f"{p.tokens_per_s:,.0f}", f"{p.batch * p.gen_len / p.e2e_s:,.0f}",
+            f"{p.prefill.bound[0]}/{p.decode.bound[0]}",
         )
     console.print(table)
     for p in predictions:
@@ -254,7 +347,7 @@ def predict_command(
     scenario: Path | None = typer.Argument(None, help="A scenario YAML; its points replace "
                                            "the model/workload flags."),
     model: str | None = typer.Option(
-        None, callback=opt.non_empty, help=f"Model preset (default: {DEFAULT_MODEL})."),
+        None, callback=opt.non_empty, help=f"{opt.MODEL_HELP} (default: {DEFAULT_MODEL})"),
     hardware: str | None = typer.Option(
         None, callback=opt.non_empty, help=f"Hardware (default: {DEFAULT_HARDWARE})."),
     batch: str | None = typer.Option(
@@ -264,11 +357,12 @@ def predict_command(
     gen: int | None = typer.Option(
         None, callback=opt.positive_int, help="Generated tokens (default: 128)."),
     dtype: str | None = typer.Option(
-        None, callback=opt.non_empty, help="Model dtype (default: bfloat16)."),
+        None, callback=opt.dtype,
+        help=f"Model dtype: {opt.choices(opt.DTYPES)} (default: bfloat16)."),
     kv_heads: int | None = typer.Option(
         None, callback=opt.positive_int, help="KV heads (GQA; switches MHA to gqa)."),
     attention: str | None = typer.Option(
-        None, callback=opt.non_empty, help="mha | gqa | mqa | mla | cla | sliding | linear | ssm"),
+        None, callback=opt.attention_kind, help=opt.choices(opt.ATTENTION_KINDS)),
     window: int | None = typer.Option(
         None, callback=opt.positive_int, help="Sliding window (switches to sliding)."),
     global_every: int | None = typer.Option(
@@ -279,20 +373,19 @@ def predict_command(
         None, callback=opt.positive_int, help="MLA latent rank."),
     q_lora_rank: int | None = typer.Option(None, callback=opt.positive_int, help="MLA query rank."),
     feature_map: str | None = typer.Option(
-        None, callback=opt.non_empty, help="Linear: elu | relu | favor | taylor."),
+        None, callback=opt.feature_map, help=f"Linear: {opt.choices(opt.FEATURE_MAPS)}."),
     feature_dim: int | None = typer.Option(
         None, callback=opt.positive_int, help="Linear: feature dimension."),
     d_state: int | None = typer.Option(None, callback=opt.positive_int, help="SSM state size."),
     attn_every: int | None = typer.Option(
         None, callback=opt.positive_int, help="Linear/SSM: every Nth layer attends."),
     quant: str | None = typer.Option(
-        None, callback=opt.non_empty, help="Weights: none | int8 | int4."),
+        None, callback=opt.weight_quant, help=f"Weights: {opt.choices(opt.WEIGHT_QUANT)}."),
     group_size: int | None = typer.Option(
         None, callback=opt.positive_int, help="int4 group size (default: 128)."),
     kv_dtype: str | None = typer.Option(
-        None, callback=opt.non_empty, help="KV cache: none | int8 | fp8."),
-    set_: list[str] | None = typer.Option(None, "--set", help="field=value model override "
-                                          "(dotted for attention./moe.), repeatable."),
+        None, callback=opt.kv_quant, help=f"KV cache: {opt.choices(opt.KV_QUANT)}."),
+    set_: list[str] | None = typer.Option(None, "--set", help=SET_HELP),
     spec_tokens: int | None = typer.Option(
         None, callback=opt.positive_int, help="Speculative: draft tokens g."),
     spec_acceptance: float | None = typer.Option(
@@ -319,29 +412,56 @@ def predict_command(
         used = [k.replace("_", "-") for k, v in flags.items() if v not in (None, [], ())]
         if used:
             raise UserError(f"{scenario}: the scenario defines the points; drop --{used[0]}")
-        predictions, labels = _scenario_predictions(scenario)
+        from infbench.core.scenario import load_scenario
+
+        points = load_scenario(scenario).points()
+        predictions = point_predictions(points)
+        labels = [point.label for point in points]
     else:
         prompt_len = 1024 if prompt is None else prompt
         gen_len = 128 if gen is None else gen
-        check_positive("--prompt", prompt_len)
-        check_positive("--gen", gen_len)
         if window is not None and window > prompt_len + gen_len:
             raise UserError(f"--window {window} is larger than the context "
                             f"(--prompt + --gen = {prompt_len + gen_len})")
-        cfg = build_model(model or DEFAULT_MODEL, attention, set_, **model_flags)
-        hw = get_hardware(hardware or DEFAULT_HARDWARE)
-        qcfg = build_quant(quant, group_size, kv_dtype)
+        hw = get_hardware(hardware or DEFAULT_HARDWARE)  # unknown: the table's allowed list
         spec = build_spec(spec_tokens, spec_acceptance, spec_draft_ratio)
-        predictions = [
-            predict(cfg, hw, batch=b, prompt_len=prompt_len, gen_len=gen_len,
-                    dtype=dtype or "bfloat16", quant=qcfg, speculative=spec)
-            for b in parse_sizes(batch or "1", "--batch")
-        ]
-        labels = [""] * len(predictions)
+        if not set_:
+            # Flags only: each was checked against the same allowed values as the scenario
+            # schema (commands/_options.py), so the schema (pydantic, ~150 ms) is not loaded.
+            source = opt.model_source(model or DEFAULT_MODEL)
+            cfg = base_config(source)
+            values = attention_values(cfg, attention, model_flags)
+            cfg = cfg.with_overrides(attention=values) if values else cfg
+            qcfg = build_quant(quant, group_size, kv_dtype)
+            predictions = [predict(cfg, hw, batch=b, prompt_len=prompt_len, gen_len=gen_len,
+                                   dtype=dtype or "bfloat16", quant=qcfg, speculative=spec)
+                           for b in parse_sizes(batch or "1", "--batch")]
+            _emit(predictions, [""] * len(predictions), [source] * len(predictions), as_json,
+                  ops)
+            return
+        doc = model_document(
+            "predict", model or DEFAULT_MODEL, set_, hardware=hardware or DEFAULT_HARDWARE,
+            dtype=dtype or "bfloat16",
+            quant={"weights": quant, "group_size": group_size, "kv": kv_dtype},
+            workload={"batch_size": _one_or_list(parse_sizes(batch or "1", "--batch")),
+                      "prompt_len": prompt_len, "gen_len": gen_len})
+        points = apply_attention_flags(doc, attention, model_flags)
+        predictions = point_predictions(points, spec)
+        swept = any(item.startswith("sweep.") for item in set_)
+        labels = [point.label if swept else "" for point in points]
+    _emit(predictions, labels, [point.model for point in points], as_json, ops)
+
+
+def _emit(predictions: list[Any], labels: list[str], models: list[dict[str, Any]],
+          as_json: bool, ops: bool) -> None:
+    """Print the table or the JSON rows, naming where each model's shapes came from."""
+    for model_dict in {json.dumps(m, sort_keys=True): m for m in models}.values():
+        note_source(model_dict)
     if as_json:
         rows = [p.to_dict() for p in predictions]
-        for row, label in zip(rows, labels, strict=True):  # scenario points carry their sweep label
-            if label:
+        for row, label, model in zip(rows, labels, models, strict=True):
+            row["model_source"] = source_label(model)
+            if label:  # scenario points carry their sweep label
                 row["point"] = label
         emit_json(rows)
     else:

@@ -15,27 +15,35 @@ from infbench.commands import _options as opt
 from infbench.commands.predict import (
     DEFAULT_HARDWARE,
     DEFAULT_MODEL,
-    build_model,
+    SET_HELP,
+    base_config,
     build_quant,
     check_positive,
     emit_json,
     fmt_gb,
     fmt_si,
     make_console,
+    model_configs,
+    model_document,
+    note_source,
     parse_sizes,
+    points_of,
 )
 from infbench.core.errors import UserError
 
 
 def kv_command(
-    models: str = typer.Option("llama2-13b,llama3-8b,deepseek-v2-lite", callback=opt.name_list,
-                               help="Model presets, comma-separated."),
+    models: str = typer.Option("llama2-13b,llama3-8b,deepseek-v2-lite", "--models", "--model",
+                               callback=opt.name_list,
+                               help=f"Models, comma-separated; each is {opt.MODEL_HELP[2:]}"),
     context: int = typer.Option(
         4096, callback=opt.positive_int, help="Context length (tokens per sequence)."),
     batch: int = typer.Option(8, callback=opt.positive_int, help="Sequences."),
     hardware: str = typer.Option(DEFAULT_HARDWARE, help="Hardware for the max batch."),
-    dtype: str = typer.Option("bfloat16", help="Model dtype."),
-    kv_dtype: str = typer.Option("none", help="KV cache: none | int8 | fp8."),
+    dtype: str = typer.Option("bfloat16", callback=opt.dtype,
+                              help=f"Model dtype: {opt.choices(opt.DTYPES)}."),
+    kv_dtype: str = typer.Option("none", callback=opt.kv_quant,
+                                 help=f"KV cache: {opt.choices(opt.KV_QUANT)}."),
     plot: Path | None = typer.Option(
         None, callback=opt.output_file, help="Write a bar chart PNG here."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON on stdout."),
@@ -44,7 +52,6 @@ def kv_command(
                                 "KV next to the predicted."),
 ) -> None:
     """KV cache per token and in total, against MHA of the same shape, and the max batch."""
-    from infbench.core.config import ModelConfig
     from infbench.core.hardware import get_hardware
     from infbench.roofline.tables import kv_rows
 
@@ -57,7 +64,10 @@ def kv_command(
     names = [m.strip() for m in models.split(",") if m.strip()]
     if not names:
         raise UserError("--models: expected at least one model preset")
-    rows = kv_rows([ModelConfig.from_name(n) for n in names], context_len=context, batch=batch,
+    sources = [opt.model_source(name) for name in names]  # as predict's --model
+    for source in sources:
+        note_source(source)
+    rows = kv_rows([base_config(source) for source in sources], context_len=context, batch=batch,
                    hw=get_hardware(hardware), dtype=dtype,
                    quant=build_quant(None, None, kv_dtype))
     if plot is not None:
@@ -87,7 +97,7 @@ def roofline_command(
     results: list[Path] | None = typer.Argument(
         None, help="Result files or directories of `infbench run`: plot their measured "
                    "prefill/decode points next to their predictions."),
-    model: str = typer.Option(DEFAULT_MODEL, help="Model preset."),
+    model: str = typer.Option(DEFAULT_MODEL, callback=opt.non_empty, help=opt.MODEL_HELP),
     hardware: str | None = typer.Option(
         None, callback=opt.non_empty,
         help=f"Hardware (default {DEFAULT_HARDWARE}; with result files: the one each "
@@ -97,10 +107,13 @@ def roofline_command(
         "1,8,64", callback=opt.positive_int_list, help="Batch sizes, comma-separated."),
     prompt: int = typer.Option(1024, callback=opt.positive_int, help="Prompt tokens."),
     gen: int = typer.Option(128, callback=opt.positive_int, help="Generated tokens."),
-    dtype: str = typer.Option("bfloat16", help="Model dtype."),
-    quant: str = typer.Option("none", help="Weights: none | int8 | int4."),
-    kv_dtype: str = typer.Option("none", help="KV cache: none | int8 | fp8."),
-    set_: list[str] | None = typer.Option(None, "--set", help="field=value model override."),
+    dtype: str = typer.Option("bfloat16", callback=opt.dtype,
+                              help=f"Model dtype: {opt.choices(opt.DTYPES)}."),
+    quant: str = typer.Option("none", callback=opt.weight_quant,
+                              help=f"Weights: {opt.choices(opt.WEIGHT_QUANT)}."),
+    kv_dtype: str = typer.Option("none", callback=opt.kv_quant,
+                                 help=f"KV cache: {opt.choices(opt.KV_QUANT)}."),
+    set_: list[str] | None = typer.Option(None, "--set", help=SET_HELP),
     out: Path = typer.Option(Path("roofline.png"), callback=opt.output_file, help="PNG to write."),
     with_ops: bool = typer.Option(True, "--ops/--no-ops", help="Plot every operator too."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON on stdout."),
@@ -118,9 +131,19 @@ def roofline_command(
     hardware = hardware or DEFAULT_HARDWARE
     check_positive("--prompt", prompt)
     check_positive("--gen", gen)
-    cfg = build_model(model, None, set_)
-    hw = get_hardware(hardware)
-    qcfg = build_quant(quant, None, kv_dtype)
+    hw = get_hardware(hardware)  # an unknown name: the table's allowed list
+    if set_:  # one model, hardware, dtype and quant per plot; --set may change any of them
+        doc = model_document("roofline", model, set_, hardware=hardware, dtype=dtype,
+                             quant={"weights": quant, "kv": kv_dtype},
+                             workload={"prompt_len": prompt, "gen_len": gen})
+        point = points_of(doc)[0]
+        model_dict, cfg, qcfg = point.model, model_configs([point])[0], point.quant_config()
+        hw, dtype = get_hardware(point.hardware), point.dtype
+        prompt, gen = point.workload.prompt_len, point.workload.gen_len
+    else:  # flags only, checked by their option validators: no schema to load
+        model_dict = opt.model_source(model)
+        cfg, qcfg = base_config(model_dict), build_quant(quant, None, kv_dtype)
+    note_source(model_dict)
     predictions = [predict(cfg, hw, batch=b, prompt_len=prompt, gen_len=gen, dtype=dtype,
                            quant=qcfg) for b in parse_sizes(batch, "--batch")]
     points = roofline_points(predictions, include_ops=with_ops)

@@ -629,8 +629,17 @@ def load_scenario(path: str | os.PathLike[str], sets: Sequence[str] = ()) -> Sce
         raise UserError(f"{source}: top-level key {_short_repr(bad_keys[0])} is not a name; "
                         f"allowed: {', '.join(sorted(Scenario.model_fields))}")
     apply_sets(data, sets, source)
+    return scenario_from_document(data, source)
+
+
+def scenario_from_document(data: dict[str, Any], source: str) -> Scenario:
+    """Validate a scenario-shaped document (a file's, or one `predict` built from its flags).
+
+    Presets and quantization are checked for every point here, at load time, not halfway
+    through a sweep; checkpoint configs are read later, once per point, by the caller.
+    """
     scenario = _validate(data, source)
-    for point in scenario.points():  # fail at load time, not halfway through a sweep
+    for point in scenario.points():
         if "preset" in point.model:
             point.model_config()
         point.quant_config()

@@ -74,7 +74,8 @@ def test_predict_flags_change_the_model(monkeypatch, capsys) -> None:
     assert ssm["kv_bytes_per_token"] == 5 * 2 * 40 * 128 * 2 and ssm["state_bytes"] > 0
     sliding = run_json([*base, "--window", "512", "--global-every", "4"], monkeypatch, capsys)[0]
     assert sliding["kv_cache_bytes"] == 256 * 819_200 // 40 * (30 * 512 + 10 * 1024)
-    override = run_json([*base, "--set", "num_layers=20", "--set", "attention.kind=mqa"],
+    override = run_json([*base, "--set", "model.overrides.num_layers=20",
+                         "--set", "model.attention.kind=mqa"],
                         monkeypatch, capsys)[0]
     assert override["kv_bytes_per_token"] == 2 * 20 * 128 * 2
 
@@ -135,7 +136,8 @@ def test_predict_scenario_file(tmp_path, monkeypatch, capsys) -> None:
         (["predict", "--cla-group", "2"], "--cla-group applies to --attention cla"),
         (["predict", "--attention", "flash"], "unknown value 'flash'"),
         (["predict", "--quant", "int3"], "allowed: none, int8, int4"),
-        (["predict", "--set", "num_layerz=3"], "unknown model field 'num_layerz'"),
+        (["predict", "--set", "model.overrides.num_layerz=3"],
+         "model.overrides.num_layerz: unknown key (did you mean num_layers?)"),
         (["predict", "--spec-tokens", "3"], "--spec-acceptance"),
         (["kv", "--models", "llama2-13b,nope"], "unknown model preset 'nope'"),
         (["kv", "--context", "0"], "--context: must be >= 1 (got 0)"),

@@ -18,9 +18,10 @@ def _predict(*sets: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.parametrize(("sets", "message"), [
-    (["attention.kv_lora_rank=128"],
-     "error: attention.kv_lora_rank (128) exceeds model.hidden_size (64)"),
-    (["attention.qk_rope_head_dim=7"], "error: attention.qk_rope_head_dim must be even"),
+    (["model.attention.kv_lora_rank=128"],
+     "error: command line: attention.kv_lora_rank (128) exceeds model.hidden_size (64)"),
+    (["model.attention.qk_rope_head_dim=7"],
+     "error: command line: attention.qk_rope_head_dim must be even"),
 ], ids=["kv-lora-rank-too-large", "odd-rope-dim"])
 def test_bad_mla_config_is_one_line_exit_2(sets: list[str], message: str) -> None:
     proc = _predict(*sets)
@@ -31,6 +32,6 @@ def test_bad_mla_config_is_one_line_exit_2(sets: list[str], message: str) -> Non
 
 
 def test_valid_mla_override_predicts() -> None:
-    proc = _predict("attention.kv_lora_rank=64")  # equal to the hidden size: allowed
+    proc = _predict("model.attention.kv_lora_rank=64")  # equal to the hidden size: allowed
     assert proc.returncode == 0, proc.stderr
     assert "tiny-mla" in proc.stdout
