@@ -102,9 +102,9 @@ def check_name(name: str, section: str = "metrics") -> tuple[str, list[str]]:
                 return sec, parts
             break
         if kind[0] == "stats":
-            if i + 1 == len(parts) - 1 and (parts[-1] == "mean" or PERCENTILE_KEY.match(
-                    parts[-1])):
-                return sec, parts
+            stat = ".".join(parts[i + 1:])  # a percentile key may hold a dot: p99.9
+            if stat == "mean" or PERCENTILE_KEY.match(stat):
+                return sec, [*parts[:i + 1], stat]
             if last:
                 stats = ", ".join(f"{name}.{s}" for s in LATENCY_STATS)
                 raise UserError(f"metric {name!r} is a latency distribution, not a number; "

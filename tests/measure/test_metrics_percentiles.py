@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -112,3 +113,17 @@ def test_gate_direction_for_any_percentile() -> None:
     for name in ("ttft_s.p95", "e2e_s.p99.9", "itl_s.p50"):
         assert is_lower_better(name), name
     assert not is_lower_better("output_tokens_per_s")
+
+
+@pytest.mark.parametrize("stat", ["p95", "p99.9"])
+def test_gate_compares_a_configured_percentile(fake_result: Any, stat: str) -> None:
+    from infbench.results.gate import compare
+
+    base, new = fake_result(), fake_result()
+    for result, value in ((base, 1.0), (new, 1.2)):  # 20% slower tail
+        for m in (result["metrics"], *result["repeats"]):
+            m["ttft_s"][stat] = value
+    res = compare(base, new, metric=f"ttft_s.{stat}", max_regression=0.1)
+    assert not res.passed and res.rows[0].status == "regression"
+    assert res.rows[0].baseline == 1.0 and res.rows[0].new == pytest.approx(1.2)
+    assert compare(new, base, metric=f"ttft_s.{stat}", max_regression=0.1).passed
