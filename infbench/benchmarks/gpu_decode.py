@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         ctx = args.prompt + args.gen // 2
         step = total(step_costs(cfg, [SeqWork(1, ctx)] * batch, "bfloat16", QuantConfig()))
         rows.append({
-            "batch": batch, "decode_step_s": step_s, "tokens_per_s": batch / step_s,
+            "batch": batch, "decode_step_s": step_s, "decode_tokens_per_s": batch / step_s,
             "step_bytes": step.bytes, "achieved_bytes_per_s": step.bytes / step_s,
             "mbu": step.bytes / step_s / hw.bandwidth,
         })
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         table.add_column(col, justify="right")
     for r in rows:
         table.add_row(str(r["batch"]), f"{r['decode_step_s'] * 1e3:.2f}",
-                      f"{r['tokens_per_s']:.1f}", f"{r['achieved_bytes_per_s'] / 1e9:.0f}",
+                      f"{r['decode_tokens_per_s']:.1f}", f"{r['achieved_bytes_per_s'] / 1e9:.0f}",
                       f"{100 * r['mbu']:.0f}%")
     Console().print(table)
     write_json_atomic(args.out, {"kind": "infbench.bench.gpu_decode", "env": env_info("cuda"),
