@@ -115,7 +115,7 @@ def check_name(name: str, section: str = "metrics") -> tuple[str, list[str]]:
             raise UserError(f"metric {name!r} is a group, not a number; valid: "
                             f"{', '.join(valid)}")
         model = kind[1]
-    raise UserError(f"unknown metric {name!r}; valid {sec} names: "
+    raise UserError(f"unknown metric {name!r}; valid names in {sec}: "
                     f"{', '.join(metric_names(sec))}")
 
 
