@@ -342,6 +342,20 @@ class Scenario(_Section):
             scenario._raw = copy.deepcopy(data)
         return scenario
 
+    @model_validator(mode="after")
+    def _gated_percentile_is_measured(self) -> Scenario:
+        # Refused here rather than after the whole run, when the gate finds no such key.
+        if self.gate is None or self.gate.normalize == "mbu":
+            return self
+        head, _, stat = self.gate.metric.partition(".")
+        measured = [percentile_key(q) for q in self.measure.percentiles]
+        if head in LATENCY_METRICS and (stat or "p50") not in ("mean", *measured):
+            raise ValueError(
+                f"gate.metric: {self.gate.metric} needs {stat or 'p50'} in "
+                f"measure.percentiles (got {[float(q) for q in self.measure.percentiles]}); "
+                f"allowed statistics: mean, {', '.join(measured)}")
+        return self
+
     @field_validator("hardware")
     @classmethod
     def _known_hardware(cls, value: str | None) -> str | None:

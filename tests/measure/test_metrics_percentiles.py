@@ -99,7 +99,8 @@ def test_gate_may_name_any_percentile(tmp_path: Path) -> None:
     assert "ttft_s.p95" in GATE_METRICS and "e2e_s.p99" in GATE_METRICS
     for name in ("ttft_s.p95", "itl_s.p99.9", "tpot_s.mean", "output_tokens_per_s", "e2e_s"):
         assert is_gate_metric(name)
-        sc = load_scenario(_write(tmp_path, f"gate: {{metric: {name}}}\n"))
+        sc = load_scenario(_write(tmp_path, "measure: {percentiles: [50, 95, 99.9]}\n"
+                                            f"gate: {{metric: {name}}}\n"))
         assert sc.points()[0].gate.metric == name  # type: ignore[union-attr]
     for name in ("ttft_s.p0", "ttft_s.p100.5", "ttft_s.median", "tokens_per_s"):
         assert not is_gate_metric(name)
@@ -127,3 +128,20 @@ def test_gate_compares_a_configured_percentile(fake_result: Any, stat: str) -> N
     assert not res.passed and res.rows[0].status == "regression"
     assert res.rows[0].baseline == 1.0 and res.rows[0].new == pytest.approx(1.2)
     assert compare(new, base, metric=f"ttft_s.{stat}", max_regression=0.1).passed
+
+
+def test_a_gate_on_an_unmeasured_percentile_is_refused_before_the_run(tmp_path: Path) -> None:
+    cases = {
+        "measure: {percentiles: [50, 99]}\ngate: {metric: ttft_s.p95}\n":
+            "gate.metric: ttft_s.p95 needs p95 in measure.percentiles (got [50.0, 99.0]); "
+            "allowed statistics: mean, p50, p99",
+        "measure: {percentiles: [90]}\ngate: {metric: ttft_s}\n":  # a bare latency is its p50
+            "gate.metric: ttft_s needs p50 in measure.percentiles",
+    }
+    for text, message in cases.items():
+        with pytest.raises(UserError, match=re.escape(message)):
+            load_scenario(_write(tmp_path, text))
+    for text in ("measure: {percentiles: [99.9]}\ngate: {metric: e2e_s.p99.9}\n",
+                 "measure: {percentiles: [90]}\ngate: {metric: tpot_s.mean}\n",
+                 "measure: {percentiles: [90]}\ngate: {metric: output_tokens_per_s}\n"):
+        assert load_scenario(_write(tmp_path, text)).points()[0].gate is not None
