@@ -297,5 +297,5 @@ def kv_measured(paths: list[Path], hw: Any, as_json: bool, plot: Path | None = N
             f"{r['kv_cache_bytes_predicted'] / 1e6:.2f}",
             f"{r['peak_kv_bytes_measured'] / 1e6:.2f}",
             str(r["max_batch_predicted"]), "-" if tps is None else f"{tps:.1f}",
-            f"{r['ttft_p50_s_measured'] * 1e3:.1f}")
+            "-" if r["ttft_p50_s_measured"] is None else f"{r['ttft_p50_s_measured'] * 1e3:.1f}")
     make_console().print(table)

@@ -143,6 +143,10 @@ def kv_measured_rows(results: Sequence[dict[str, Any]], hw: HardwareSpec) -> lis
         context = int(w["prompt_len"]) + int(w["gen_len"])
         batch = int(w["batch_size"]) if w["kind"] == "static" else int(w["num_requests"])
         decode = m.get("decode") or {}
+        # Results arrive validated by results.store.load_result; a latency may be null (no
+        # samples) and p50 absent (measure.percentiles), so TTFT p50 is read as missing
+        # rather than indexed.  results.accessor sits above this layer: not importable here.
+        ttft = m.get("ttft_s") or {}
         rows.append({
             "label": r.get("label", ""),
             "model": cfg.name,
@@ -157,7 +161,7 @@ def kv_measured_rows(results: Sequence[dict[str, Any]], hw: HardwareSpec) -> lis
             "max_batch_predicted": max_batch(cfg, hw, dtype, quant, context),
             "decode_tokens_per_s_measured": (batch / decode["time_per_token_s"]
                                              if decode.get("time_per_token_s") else None),
-            "ttft_p50_s_measured": m["ttft_s"]["p50"],
+            "ttft_p50_s_measured": ttft.get("p50"),
             "context_len": context,
             "batch": batch,
         })
