@@ -144,7 +144,11 @@ def _exit_on_sigterm() -> Any:
 def generate(
     model: str = typer.Option(
         ..., "--model", callback=opt.non_empty,
-        help="PRESET, HF directory, FILE.gguf or smollm2-135m"),
+        help=f"{opt.MODEL_HELP} A preset of a released model (smollm2-135m) runs its real "
+             "weights when installed."),
+    random_weights: bool = typer.Option(
+        False, "--random-weights", help="Seeded random weights with the model's shapes "
+                                        "(model.weights: random in a scenario)."),
     prompt: str | None = typer.Option(None, "--prompt", help="Prompt text."),
     prompt_ids: str | None = typer.Option(
         None, "--prompt-ids", callback=opt.token_id_list, help="Token ids: 1,2,3"),
@@ -160,8 +164,10 @@ def generate(
     chat: bool = typer.Option(False, "--chat", help="Apply the model's chat template."),
     output_ids: bool = typer.Option(False, "--output-ids", help="Print token ids, not text."),
     device: str = typer.Option("auto", "--device", callback=opt.non_empty),
-    dtype: str = typer.Option("float32", "--dtype", callback=opt.non_empty),
-    backend: str = typer.Option("auto", "--backend", callback=opt.non_empty),
+    dtype: str = typer.Option("float32", "--dtype", callback=opt.dtype,
+                              help=opt.choices(opt.DTYPES)),
+    backend: str = typer.Option("auto", "--backend", callback=opt.backend,
+                                help=opt.choices(opt.BACKENDS)),
 ) -> None:
     """Complete one prompt: the completion on stdout, speed on stderr."""
     import torch
@@ -175,7 +181,9 @@ def generate(
     if (prompt is None) == (prompt_ids is None):
         raise UserError("give exactly one of --prompt TEXT or --prompt-ids 1,2,3")
     dev = resolve_device(device)
-    loaded = load_model(model_source(model), dtype=dtype, device=dev, seed=seed)
+    loaded = load_model(model_source(model), dtype=dtype, device=dev, seed=seed,
+                        weights="random" if random_weights else "auto")
+    print(f"note: {model}: weights {loaded.weights}", file=sys.stderr)
     tok = loaded.tokenizer
     if prompt_ids is not None:
         try:

