@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from infbench.core.config import EngineConfig, ModelConfig
-from infbench.engine.engine import Engine, max_tokens_needed
+from infbench.engine.engine import Engine, KVSizing
 from infbench.engine.request import Request, SamplingParams
 from infbench.model.context import DenseContext
 
@@ -21,11 +21,9 @@ def make_engine(loaded: Any, requests: Sequence[Request], dtype: str = "float32"
                 **engine_kw: Any) -> Engine:
     """A CPU engine with block size 4 sized for `requests` (or for `kv_cache_memory` bytes)."""
     cfg = EngineConfig(**{"block_size": 4, **engine_kw})
-    return Engine(loaded.model, loaded.config, cfg, torch.device("cpu"), dtype,
-                  weight_bytes=loaded.weight_bytes, seed=0,
-                  max_tokens_needed=max_tokens_needed(requests, cfg.block_size)
-                  if "kv_cache_memory" not in engine_kw else None,
-                  min_seq_tokens=max(len(r.prompt_ids) + r.sampling.max_tokens for r in requests))
+    sizing = KVSizing.for_requests(requests, cfg.block_size,
+                                   capped="kv_cache_memory" not in engine_kw)
+    return Engine.create(loaded, cfg, "cpu", dtype, sizing=sizing, seed=0)
 
 
 @torch.inference_mode()

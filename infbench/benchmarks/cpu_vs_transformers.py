@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from infbench.core.checkpoint_config import resolve_gguf
     from infbench.core.config import EngineConfig, QuantConfig
-    from infbench.engine.engine import Engine, max_tokens_needed
+    from infbench.engine.engine import Engine, KVSizing
     from infbench.engine.request import Request, SamplingParams
     from infbench.measure.calibrate import gemm_flops, measure_reference_bandwidth
     from infbench.model.loader import load_model
@@ -80,10 +80,9 @@ def main(argv: list[str] | None = None) -> int:
                    for _ in range(batch)]
         reqs = [Request(f"r{i}", tuple(p), SamplingParams(max_tokens=args.gen, ignore_eos=True))
                 for i, p in enumerate(prompts)]
-        engine = Engine(ours.model, cfg, EngineConfig(max_num_seqs=max(batch, 1)),
-                        torch.device("cpu"), "float32", weight_bytes=ours.weight_bytes,
-                        max_tokens_needed=max_tokens_needed(reqs, 16),
-                        min_seq_tokens=args.prompt + args.gen)
+        engine_cfg = EngineConfig(max_num_seqs=max(batch, 1))
+        engine = Engine.create(ours, engine_cfg, "cpu", "float32",
+                               sizing=KVSizing.for_requests(reqs, engine_cfg.block_size))
         engine.run(reqs)  # warm-up
         _time_hf(theirs, prompts, args.gen)
         ours_s, theirs_s, decode_step_s = [], [], []

@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     from infbench.core.config import EngineConfig, QuantConfig
     from infbench.core.errors import UserError
     from infbench.core.hardware import get_hardware
-    from infbench.engine.engine import Engine, max_tokens_needed
+    from infbench.engine.engine import Engine, KVSizing
     from infbench.engine.request import Request, SamplingParams
     from infbench.model.loader import load_model
     from infbench.results.store import env_info, write_json_atomic
@@ -62,12 +62,10 @@ def main(argv: list[str] | None = None) -> int:
         reqs = [Request(f"r{i}", tuple(range(10, 10 + args.prompt)),
                         SamplingParams(max_tokens=args.gen, ignore_eos=True))
                 for i in range(batch)]
-        engine = Engine(loaded.model, cfg,
-                        EngineConfig(backend="triton", max_num_seqs=batch,
-                                     enable_prefix_caching=False, cuda_graphs=args.cuda_graphs),
-                        torch.device("cuda"), "bfloat16", weight_bytes=loaded.weight_bytes,
-                        max_tokens_needed=max_tokens_needed(reqs, 16),
-                        min_seq_tokens=args.prompt + args.gen)
+        engine_cfg = EngineConfig(backend="triton", max_num_seqs=batch,
+                                  enable_prefix_caching=False, cuda_graphs=args.cuda_graphs)
+        engine = Engine.create(loaded, engine_cfg, "cuda", "bfloat16",
+                               sizing=KVSizing.for_requests(reqs, engine_cfg.block_size))
         engine.run(reqs)
         res = engine.run(reqs)
         decode = [s for s in res.steps if s.num_prefill_tokens == 0]

@@ -170,12 +170,10 @@ def generate(
                                 help=opt.choices(opt.BACKENDS)),
 ) -> None:
     """Complete one prompt: the completion on stdout, speed on stderr."""
-    import torch
-
     from infbench.core.config import EngineConfig
     from infbench.core.device import resolve_device
-    from infbench.engine.engine import Engine, max_tokens_needed
-    from infbench.engine.request import Request, SamplingParams
+    from infbench.engine.llm import LLM
+    from infbench.engine.request import SamplingParams
     from infbench.model.loader import load_model
 
     if (prompt is None) == (prompt_ids is None):
@@ -204,44 +202,35 @@ def generate(
     if bad:
         raise UserError(f"--prompt-ids: {bad[0]} is outside the vocabulary "
                         f"(0..{loaded.config.vocab_size - 1})")
-    eos = tok.eos_token_id if tok is not None else None
-    request = Request("r0", tuple(ids), SamplingParams(
-        temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=max_tokens, seed=seed))
-    engine_cfg = EngineConfig(backend=backend)
-    engine = Engine(loaded.model, loaded.config, engine_cfg,
-                    torch.device(dev), dtype, weight_bytes=loaded.weight_bytes, seed=seed,
-                    eos_token_id=eos,
-                    max_tokens_needed=max_tokens_needed([request], engine_cfg.block_size),
-                    min_seq_tokens=len(ids) + max_tokens)
-    res = engine.run([request])
-    rec = res.requests[0]
-    toks = rec.output_ids
+    context = loaded.config.max_seq_len
+    if len(ids) + max_tokens > context:
+        raise UserError(f"prompt ({len(ids)} tokens) + --max-tokens ({max_tokens}) exceeds the "
+                        f"model context ({context} tokens)")
+    # The Python API's engine, sized for exactly this one sequence (nothing more is zeroed).
+    llm = LLM(loaded, backend=backend, seed=seed, max_num_seqs=1,
+              max_model_len=len(ids) + max_tokens,
+              kv_cache_memory=EngineConfig.kv_cache_memory)
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p,
+                            max_tokens=max_tokens, seed=seed)
+    out = llm.generate([ids], params)[0]
+    toks = out.outputs[0].token_ids
     if output_ids or tok is None:
         print(",".join(str(t) for t in toks))
     else:
         print(tok.decode(toks))
-    ttft = rec.first_token_s - rec.arrival_s
-    decode_s = rec.finish_s - rec.first_token_s
+    ttft = out.metrics.ttft_s
+    decode_s = out.metrics.e2e_s - ttft
     tps = (len(toks) - 1) / decode_s if len(toks) > 1 and decode_s > 0 else float("nan")
-    print(f"{len(ids)} prompt tokens, {len(toks)} generated ({rec.finish_reason}); "
-          f"TTFT {ttft * 1e3:.1f} ms, decode {tps:.1f} tokens/s, backend {engine.ops.name}, "
+    print(f"{len(ids)} prompt tokens, {len(toks)} generated ({out.outputs[0].finish_reason}); "
+          f"TTFT {ttft * 1e3:.1f} ms, decode {tps:.1f} tokens/s, backend {llm.engine.ops.name}, "
           f"device {dev}", file=sys.stderr)
 
 
 def model_source(model: str) -> dict[str, str]:
     """Map --model to a loader source: a preset name, an HF directory or a GGUF file."""
-    from infbench.core.config import PRESETS
+    from infbench.model.loader import source_from_name
 
-    # smollm2-135m is also a preset (its shapes, random weights); here the real model wins.
-    if model.lower() == "smollm2-135m" or model.endswith(".gguf"):
-        return {"gguf": model}
-    if model.lower() in PRESETS:
-        return {"preset": model}
-    path = Path(model)
-    if path.is_dir():
-        return {"path": model}
-    raise UserError(f"--model {model!r}: not a preset ({', '.join(PRESETS)}), an existing HF "
-                    "directory, a .gguf file or smollm2-135m")
+    return source_from_name(model, "--model")
 
 
 def schema(

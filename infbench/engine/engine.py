@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from infbench.core.config import EngineConfig, ModelConfig
-from infbench.core.errors import UserError
+from infbench.core.errors import DoesNotFitError, UserError
 from infbench.engine.backend import get_ops
 from infbench.engine.block_manager import BlockManager, StateSlots
 from infbench.engine.cuda_graphs import DecodeGraphs
@@ -37,6 +37,7 @@ from infbench.engine.runner import ModelRunner
 from infbench.engine.scheduler import Scheduler
 from infbench.engine.sequence import Sequence as Seq
 from infbench.model.context import LanguageModel
+from infbench.model.loader import LoadedModel
 
 
 @dataclass
@@ -47,11 +48,57 @@ class RunOutput:
     outputs: dict[str, list[int]]  # request id (with /sample suffix when n > 1) -> tokens
 
 
+@dataclass(frozen=True)
+class KVSizing:
+    """What the KV pool must hold: the one input from which the engine plans its blocks.
+
+    Every engine is sized through one of the two constructors: `for_requests` (a known
+    workload: benchmarks, `infbench run`) or `for_max_model_len` (the Python API and
+    `infbench generate`: any prompts up to a length).  The byte budget itself comes from
+    `EngineConfig.kv_cache_memory` unless `num_kv_blocks` fixes the pool.
+    """
+
+    min_seq_tokens: int = 1  # one sequence this long must fit, or DoesNotFitError up front
+    # The most KV slots the engine can ever occupy at once; caps the pool so a CPU run does
+    # not zero gigabytes it never uses.  None: the budget alone decides.
+    max_tokens_needed: int | None = None
+    num_kv_blocks: int | None = None  # blocks per KV pool, instead of the byte budget
+
+    @classmethod
+    def for_requests(cls, requests: Sequence[Request], block_size: int, *,
+                     capped: bool = True) -> KVSizing:
+        """Room for `requests` all resident at once (uncapped: the budget decides)."""
+        if not requests:
+            raise UserError("no requests to size the engine for")
+        longest = max(len(r.prompt_ids) + r.sampling.max_tokens for r in requests)
+        cap = max_tokens_needed(requests, block_size) if capped else None
+        return cls(min_seq_tokens=longest, max_tokens_needed=cap)
+
+    @classmethod
+    def for_max_model_len(cls, max_model_len: int, engine_cfg: EngineConfig,
+                          num_kv_blocks: int | None = None) -> KVSizing:
+        """Any prompts up to `max_model_len` tokens (prompt + output), max_num_seqs at once."""
+        per_seq = math.ceil(max_model_len / engine_cfg.block_size) * engine_cfg.block_size
+        return cls(min_seq_tokens=max_model_len,
+                   max_tokens_needed=engine_cfg.max_num_seqs * per_seq,
+                   num_kv_blocks=num_kv_blocks)
+
+
 class Engine:
+    @classmethod
+    def create(cls, loaded: LoadedModel, engine_cfg: EngineConfig, device: str | torch.device,
+               dtype: str, *, sizing: KVSizing, seed: int = 0) -> Engine:
+        """An engine over a loaded model; EOS comes from its tokenizer (None without one)."""
+        tok = loaded.tokenizer
+        return cls(loaded.model, loaded.config, engine_cfg, torch.device(device), dtype,
+                   weight_bytes=loaded.weight_bytes, sizing=sizing, seed=seed,
+                   eos_token_id=tok.eos_token_id if tok is not None else None)
+
     def __init__(self, model: LanguageModel, cfg: ModelConfig, engine_cfg: EngineConfig,
-                 device: torch.device, dtype: str, *, weight_bytes: int, seed: int = 0,
-                 eos_token_id: int | None = None, max_tokens_needed: int | None = None,
-                 min_seq_tokens: int = 1) -> None:
+                 device: torch.device, dtype: str, *, weight_bytes: int,
+                 sizing: KVSizing | None = None, seed: int = 0,
+                 eos_token_id: int | None = None) -> None:
+        sizing = sizing or KVSizing()
         self.model = model
         self.cfg = cfg
         self.engine_cfg = engine_cfg
@@ -72,16 +119,21 @@ class Engine:
         # Layers with different windows get one KV pool each (engine/kv_groups.py).
         self.kv_windows = kv_group_windows(cfg)
         num_blocks: int | list[int]
-        if len(self.kv_windows) > 1:
+        if sizing.num_kv_blocks is not None:
+            num_blocks = fixed_num_blocks(cfg, engine_cfg, sizing, len(self.kv_windows))
+            self.kv_budget_bytes = sizing.num_kv_blocks * engine_cfg.block_size * sum(
+                kv_bytes_per_token_for(cfg, elem, g) for g in range(len(self.kv_windows)))
+        elif len(self.kv_windows) > 1:
             self.kv_budget_bytes = kv_budget_bytes(engine_cfg, device)
             num_blocks = plan_group_blocks(
                 cfg, engine_cfg,
                 [kv_bytes_per_token_for(cfg, elem, g) for g in range(len(self.kv_windows))],
-                self.kv_budget_bytes, weight_bytes, max_tokens_needed, min_seq_tokens)
+                self.kv_budget_bytes, weight_bytes, sizing.max_tokens_needed,
+                sizing.min_seq_tokens)
         else:
             num_blocks, self.kv_budget_bytes = plan_num_blocks(
                 cfg, engine_cfg, kv_bytes_per_token_for(cfg, elem), weight_bytes, device,
-                max_tokens_needed, min_seq_tokens)
+                sizing.max_tokens_needed, sizing.min_seq_tokens)
         self.kv = KVCache(cfg, num_blocks, engine_cfg.block_size, self.dtype, device)
         self._group_slot_bytes = [self.kv.group_bytes_per_token(g)
                                   for g in range(len(self.kv.group_num_blocks))]
@@ -208,9 +260,15 @@ class Engine:
 
     # ------------------------------------------------------------------ runs
     def run(self, requests: Sequence[Request], realtime_arrivals: bool = True,
-            on_step: Callable[[StepRecord], None] | None = None) -> RunOutput:
-        """Serve `requests` to completion; arrival_s offsets are replayed in real time."""
-        self.reset()
+            on_step: Callable[[StepRecord], None] | None = None, *,
+            keep_prefix_cache: bool = False) -> RunOutput:
+        """Serve `requests` to completion; arrival_s offsets are replayed in real time.
+
+        Measurements start cold (a fresh block manager); the Python API keeps the prefix
+        cache across `generate` calls, as vLLM does, with `keep_prefix_cache`.
+        """
+        if not keep_prefix_cache or self.scheduler.has_unfinished:
+            self.reset()
         pending = sorted(requests, key=lambda r: r.arrival_s)
         t0 = time.perf_counter()
 
@@ -271,6 +329,19 @@ def used_slots(running: list[Seq], bm: BlockManager | GroupedBlockManager) -> in
             fill = seq.num_computed_tokens - (len(seq.block_table) - 1) * bs
             holes[seq.block_table[-1]] = bs - min(max(fill, 0), bs)
     return bm.num_used_blocks * bs - sum(holes.values())
+
+
+def fixed_num_blocks(cfg: ModelConfig, engine_cfg: EngineConfig, sizing: KVSizing,
+                     num_groups: int) -> int | list[int]:
+    """An explicit pool size (`num_kv_blocks`, per KV group) that must hold one sequence."""
+    assert sizing.num_kv_blocks is not None
+    need = math.ceil(sizing.min_seq_tokens / engine_cfg.block_size)
+    if sizing.num_kv_blocks < need:
+        raise DoesNotFitError(
+            f"model {cfg.name!r}: num_kv_blocks={sizing.num_kv_blocks} holds "
+            f"{sizing.num_kv_blocks * engine_cfg.block_size} tokens, but one sequence of "
+            f"{sizing.min_seq_tokens} tokens needs {need} blocks of {engine_cfg.block_size}")
+    return sizing.num_kv_blocks if num_groups == 1 else [sizing.num_kv_blocks] * num_groups
 
 
 def max_tokens_needed(requests: Sequence[Request], block_size: int) -> int:

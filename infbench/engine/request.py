@@ -18,8 +18,11 @@ class SamplingParams:
     seed: int | None = None  # per-request generator seed (None: derived from the run seed)
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False  # benchmarks generate exactly max_tokens
+    n: int = 1  # samples of the prompt (vLLM's place for it; Request.n takes it from here)
 
     def __post_init__(self) -> None:
+        if self.n <= 0:
+            raise ConfigError(f"sampling.n must be > 0, got {self.n}")
         if self.temperature < 0:
             raise ConfigError(f"sampling.temperature must be >= 0, got {self.temperature}")
         if self.top_k < 0:
@@ -49,3 +52,8 @@ class Request:
             raise ConfigError(f"request {self.request_id}: empty prompt")
         if self.n <= 0:
             raise ConfigError(f"request {self.request_id}: n must be > 0, got {self.n}")
+        if self.sampling.n != 1:  # n given in the sampling params: the request follows
+            if self.n not in (1, self.sampling.n):
+                raise ConfigError(f"request {self.request_id}: n={self.n} but sampling.n="
+                                  f"{self.sampling.n}; give one")
+            object.__setattr__(self, "n", self.sampling.n)

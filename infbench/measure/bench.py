@@ -55,7 +55,7 @@ def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None
     import torch
 
     from infbench.core.hardware import get_hardware
-    from infbench.engine.engine import Engine, max_tokens_needed
+    from infbench.engine.engine import Engine, KVSizing
     from infbench.measure import metrics as metrics_mod
     from infbench.measure.calibrate import measure_reference_bandwidth
     from infbench.measure.prediction import predict_point
@@ -95,12 +95,8 @@ def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None
         torch.cuda.reset_peak_memory_stats()
     with warnings.catch_warnings():  # reported below, once per point, from engine.disabled
         warnings.filterwarnings("ignore", message="engine.cuda_graphs ignored")
-        engine = Engine(
-            loaded.model, cfg, engine_cfg, torch.device(dev), point.dtype,
-            weight_bytes=loaded.weight_bytes, seed=seed, eos_token_id=eos,
-            max_tokens_needed=max_tokens_needed(requests, engine_cfg.block_size),
-            min_seq_tokens=max(len(r.prompt_ids) + r.sampling.max_tokens for r in requests),
-        )
+        engine = Engine.create(loaded, engine_cfg, dev, point.dtype, seed=seed,
+                               sizing=KVSizing.for_requests(requests, engine_cfg.block_size))
     for item in engine.disabled:
         print(f"note: {point.name} point {point.index} ({point.label}): engine.{item['feature']} "
               f"is off for this model: {item['reason']}", file=sys.stderr)

@@ -55,7 +55,7 @@ def step_overhead(device: str, quick: bool = False) -> tuple[float, float, float
     fitted on a hidden-64 model (bytes and FLOPs negligible) with 2 and 8 layers at batch
     1 and 8 layers at batch 16."""
     from infbench.core.config import EngineConfig
-    from infbench.engine.engine import Engine, max_tokens_needed
+    from infbench.engine.engine import Engine, KVSizing
     from infbench.engine.request import Request, SamplingParams
     from infbench.model.loader import load_model
 
@@ -66,9 +66,9 @@ def step_overhead(device: str, quick: bool = False) -> tuple[float, float, float
                             overrides={"num_layers": layers})
         reqs = [Request(f"calib{i}", tuple(range(3, 11)),
                         SamplingParams(max_tokens=gen, ignore_eos=True)) for i in range(batch)]
-        engine = Engine(loaded.model, loaded.config, EngineConfig(), torch.device(device),
-                        "float32", weight_bytes=loaded.weight_bytes,
-                        max_tokens_needed=max_tokens_needed(reqs, 16), min_seq_tokens=8 + gen)
+        engine_cfg = EngineConfig()
+        engine = Engine.create(loaded, engine_cfg, device, "float32",
+                               sizing=KVSizing.for_requests(reqs, engine_cfg.block_size))
         engine.run(reqs)  # warm-up
         steps = engine.run(reqs).steps
         times[layers, batch] = statistics.median(s.duration_s for s in steps

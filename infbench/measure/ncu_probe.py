@@ -21,7 +21,7 @@ def main(argv: list[str]) -> int:
 
     from infbench.core.config import EngineConfig, QuantConfig
     from infbench.core.hardware import get_hardware
-    from infbench.engine.engine import Engine, max_tokens_needed
+    from infbench.engine.engine import Engine, KVSizing
     from infbench.engine.request import Request, SamplingParams
     from infbench.measure.bench import model_overrides
     from infbench.measure.traffic import annotate_steps
@@ -39,10 +39,8 @@ def main(argv: list[str]) -> int:
             for i in range(batch)]
     engine_cfg = EngineConfig(**{k: v for k, v in point["engine"].items()
                                  if k in EngineConfig.__dataclass_fields__})
-    engine = Engine(loaded.model, loaded.config, engine_cfg, torch.device("cuda"),
-                    point["dtype"], weight_bytes=loaded.weight_bytes,
-                    max_tokens_needed=max_tokens_needed(reqs, engine_cfg.block_size),
-                    min_seq_tokens=prompt + num_steps + 4)
+    engine = Engine.create(loaded, engine_cfg, "cuda", point["dtype"],
+                           sizing=KVSizing.for_requests(reqs, engine_cfg.block_size))
     for r in reqs:
         engine.add_request(r)
     t0 = time.perf_counter()

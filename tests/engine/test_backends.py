@@ -10,7 +10,7 @@ import torch
 from infbench.core.config import EngineConfig
 from infbench.core.errors import ConfigError
 from infbench.engine.backend import get_ops, resolve_backend
-from infbench.engine.engine import Engine, max_tokens_needed
+from infbench.engine.engine import Engine, KVSizing
 from infbench.engine.request import Request, SamplingParams
 from infbench.model.loader import load_model
 
@@ -18,9 +18,8 @@ from infbench.model.loader import load_model
 def _run(backend: str, requests):
     loaded = load_model({"preset": "tiny"}, dtype="float32", device="cpu", seed=3)
     cfg = EngineConfig(block_size=4, max_num_batched_tokens=16, backend=backend)
-    engine = Engine(loaded.model, loaded.config, cfg, torch.device("cpu"), "float32",
-                    weight_bytes=loaded.weight_bytes,
-                    max_tokens_needed=max_tokens_needed(requests, 4), min_seq_tokens=32)
+    engine = Engine.create(loaded, cfg, "cpu", "float32",
+                           sizing=KVSizing.for_requests(requests, cfg.block_size))
     res = engine.run(requests)
     return engine, res
 

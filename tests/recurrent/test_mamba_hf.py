@@ -11,7 +11,7 @@ import torch
 from infbench.core.checkpoint_config import config_from_hf_dir
 from infbench.core.config import EngineConfig
 from infbench.core.errors import UserError
-from infbench.engine.engine import Engine, max_tokens_needed
+from infbench.engine.engine import Engine, KVSizing
 from infbench.engine.request import Request, SamplingParams
 from infbench.model.context import DenseContext
 from infbench.model.loader import load_model
@@ -92,9 +92,8 @@ def test_engine_greedy_equals_transformers(mamba_dir):
     reqs = [Request(f"r{i}", tuple(p), SamplingParams(max_tokens=8, ignore_eos=True))
             for i, p in enumerate(prompts)]
     ecfg = EngineConfig(block_size=4, max_num_batched_tokens=5, backend="torch")
-    engine = Engine(loaded.model, loaded.config, ecfg, torch.device("cpu"), "float32",
-                    weight_bytes=loaded.weight_bytes,
-                    max_tokens_needed=max_tokens_needed(reqs, 4), min_seq_tokens=20)
+    engine = Engine.create(loaded, ecfg, "cpu", "float32",
+                           sizing=KVSizing.for_requests(reqs, ecfg.block_size))
     out = engine.run(reqs, realtime_arrivals=False).outputs
     for r, prompt in zip(reqs, prompts, strict=True):
         ids = list(prompt)
