@@ -7,8 +7,11 @@ Exit codes of `compare`: 0 pass, 1 regression beyond the threshold, 2 unusable i
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -80,15 +83,27 @@ def report(
                                          help="Also write a Markdown table."),
     csv: Path | None = typer.Option(None, "--csv", callback=opt.output_file,
                                     help="Also write the table as CSV."),
+    as_json: bool = typer.Option(False, "--json",
+                                 help="Print the rows as JSON on stdout instead of a table."),
 ) -> None:
     """Measured vs predicted TTFT, TPOT and throughput, with the model's error %."""
     from rich.console import Console
 
     from infbench.results.gate import load_results
-    from infbench.results.report import report_frame, report_table, write_csv, write_markdown
+    from infbench.results.report import (
+        report_frame,
+        report_rows,
+        report_table,
+        write_csv,
+        write_markdown,
+    )
 
-    df = report_frame(load_results(results))
-    Console().print(report_table(df))
+    loaded = load_results(results)
+    df = report_frame(loaded)
+    if as_json:
+        _print_json(report_rows(loaded))
+    else:
+        Console().print(report_table(df))
     if markdown is not None:
         write_markdown(df, markdown)
     if csv is not None:
@@ -104,6 +119,8 @@ def compare(
     max_regression: str = typer.Option("5%", "--max-regression", help="5% or 0.05"),
     normalize: str = typer.Option("none", "--normalize",
                                   help="none | mbu | roofline_fraction | reference"),
+    as_json: bool = typer.Option(False, "--json",
+                                 help="Print the verdict as JSON on stdout (same exit codes)."),
 ) -> None:
     """Compare two runs; exit 1 if the metric regressed beyond the threshold, 2 on bad input."""
     from rich.console import Console
@@ -122,17 +139,30 @@ def compare(
     threshold = parse_threshold(max_regression)
     result = compare_many(load_results([baseline]), load_results([new]), metric=metric,
                           max_regression=threshold, normalize=normalize)
-    print_gate(result, Console())
+    if as_json:
+        _print_json({"metric": result.metric, "normalize": result.normalize,
+                     "max_regression": result.max_regression, "passed": result.passed,
+                     "exit_code": result.exit_code,
+                     "rows": [dataclasses.asdict(row) for row in result.rows],
+                     "notes": result.notes})
+    else:
+        print_gate(result, Console())
     if not result.passed:
         raise typer.Exit(1)
 
 
 def plots(
     results: list[Path] = typer.Argument(..., help="Result JSON files or directories."),
-    out: Path = typer.Option(..., "--out", help="Directory for the PNG files."),
+    out: Path = typer.Option(..., "--out", help="Directory for the figure files."),
     steps: bool = typer.Option(False, "--steps", help="Also put every step on the roofline."),
+    size: str = typer.Option("column", "--size",
+                             help="column (3.5 in wide, 300 dpi, for a paper) | slide (16:9)."),
+    fmt: str = typer.Option("png", "--format", help="png | svg | pdf."),
+    as_json: bool = typer.Option(False, "--json",
+                                 help="Print the written paths as JSON on stdout."),
 ) -> None:
-    """Latency-throughput, distributions and measured-roofline PNGs."""
+    """Latency-throughput, distributions and measured-roofline figures."""
+    from infbench.plots.analytic import FIGURE_FORMATS, check_size
     from infbench.plots.measured import (
         distributions_figure,
         latency_throughput_figure,
@@ -140,17 +170,38 @@ def plots(
     )
     from infbench.results.gate import load_results
 
+    check_size(size)
+    if fmt not in FIGURE_FORMATS:
+        raise UserError(f"--format: unknown value {fmt!r}; allowed: {', '.join(FIGURE_FORMATS)}")
     if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out}: is an existing file; `plots` writes a directory of PNGs")
+        raise UserError(f"--out {out}: is an existing file; `plots` writes a directory of figures")
     loaded = load_results(results)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UserError(f"--out {out}: cannot create the directory ({exc.strerror})") from exc
-    paths = {name: out / f"{name}.png"
+    paths = {name: out / f"{name}.{fmt}"
              for name in ("latency_throughput", "distributions", "roofline_measured")}
-    latency_throughput_figure(loaded, paths["latency_throughput"])
-    distributions_figure(loaded, paths["distributions"])
-    measured_roofline_figure(loaded, paths["roofline_measured"], include_steps=steps)
+    latency_throughput_figure(loaded, paths["latency_throughput"], size=size)
+    distributions_figure(loaded, paths["distributions"], size=size)
+    measured_roofline_figure(loaded, paths["roofline_measured"], include_steps=steps, size=size)
+    if as_json:
+        _print_json({name: str(path) for name, path in paths.items()})
+        return
     for path in paths.values():
         print(path)
+
+
+def _print_json(doc: Any) -> None:
+    """One JSON document on stdout; NaN (a metric a run does not have) becomes null."""
+    print(json.dumps(_finite(doc), indent=2, allow_nan=False))
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value

@@ -31,6 +31,8 @@ def run(
                                 help="Finish the run in --out: run only its points not done."),
     overwrite: bool = typer.Option(False, "--overwrite",
                                    help="Replace the run in --out (removes only its files)."),
+    as_json: bool = typer.Option(False, "--json",
+                                 help="Print the run's summary as JSON on stdout (no table)."),
 ) -> None:
     """Run every sweep point of a scenario through the engine and save the results.
 
@@ -39,14 +41,13 @@ def run(
     The whole sweep is validated before the first point is measured.
     """
     from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from infbench.core.device import resolve_device
     from infbench.core.scenario import load_scenario
     from infbench.measure.bench import ModelCache, run_point
     from infbench.measure.preflight import preflight
     from infbench.results import store as results_mod
-    from infbench.results.report import run_table
+    from infbench.results.report import run_summary, run_table
     from infbench.results.rundir import RunDir, default_out_dir
 
     if resume and overwrite:
@@ -72,25 +73,18 @@ def run(
     csv_path = rundir.csv_path
     status = "interrupted"
     previous = _exit_on_sigterm()
+    # A bar redrawn in place needs a terminal; a log (CI, a pipe, nohup) gets one line per
+    # finished point instead of nothing until the end.
+    progress = _RunProgress(console, sc.name, len(points), len(finished),
+                            live=sys.stderr.isatty())
     try:
-        with Progress(TextColumn("[bold]{task.description}"), BarColumn(),
-                      TextColumn("{task.completed}/{task.total} steps"), TimeElapsedColumn(),
-                      console=console, transient=True) as progress:
-            overall = progress.add_task(f"{sc.name}: {len(points)} point(s)",
-                                        total=len(points), completed=len(finished))
+        with progress:
             for point in todo:
-                task = progress.add_task(f"{point.label}", total=None)
-
-                def on_step(_record: Any, task: Any = task) -> None:
-                    progress.advance(task)
-
-                def on_phase(msg: str, task: Any = task, label: str = point.label) -> None:
-                    progress.update(task, description=f"{label}: {msg}", completed=0)
-
+                progress.start_point(point)
                 rundir.mark(point.index, "running")
                 try:
-                    result = run_point(point, cache=cache, device=device, on_step=on_step,
-                                       on_phase=on_phase)
+                    result = run_point(point, cache=cache, device=device,
+                                       on_step=progress.on_step, on_phase=progress.on_phase)
                 except UserError as exc:
                     failure = UserError(f"{scenario}: point {point.index} ({point.label}): {exc}")
                     rundir.mark(point.index, "failed", str(exc))
@@ -106,8 +100,7 @@ def run(
                 results_mod.write_csv_atomic(
                     csv_path, [results_mod.flatten_for_csv(r) for r in finished])
                 rundir.mark(point.index, "done")
-                progress.remove_task(task)
-                progress.advance(overall)
+                progress.finish_point(point, result)
         status = "failed" if failure is not None else "done"
     finally:
         rundir.close(status)
@@ -116,8 +109,15 @@ def run(
         if status == "interrupted":
             console.print(f"stopped: {len(finished)}/{len(points)} point(s) done in {out_dir}; "
                           "finish with --resume", highlight=False)
-    if finished:
+    if as_json:  # stdout is one JSON document; notes and the gate's verdict stay on stderr
+        print(json.dumps({
+            "scenario": str(scenario), "name": sc.name, "out_dir": str(out_dir),
+            "status": status, "csv": str(csv_path) if finished else None,
+            "num_points": len(points), "points": [run_summary(r) for r in finished],
+        }, indent=2))
+    elif finished:
         Console(width=width).print(run_table(finished))
+    if finished:
         console.print(f"wrote {len(finished)} result file(s) and {csv_path} to {out_dir}")
     if failure is not None:
         raise failure
@@ -128,6 +128,95 @@ def run(
         code = gate_from_scenario(gate, finished, console)
         if code:
             raise typer.Exit(code)
+
+
+class _RunProgress:
+    """Progress of a run: an overall bar over points and, per point, requests finished out
+    of requests (per repeat; steps are not known in advance). Without a terminal: one line
+    per finished point with its headline figures and elapsed time, on stderr."""
+
+    def __init__(self, console: Any, name: str, num_points: int, num_done: int,
+                 live: bool) -> None:
+        self.console, self.live = console, live
+        self.num_points, self.num_done = num_points, num_done
+        self.name = name
+        self.bar: Any = None
+        self.overall: Any = None
+        self.task: Any = None
+        self.total_requests = 0
+        self.in_system = 0
+        self.finished_requests = 0
+        self.t0 = self.t_point = time.perf_counter()
+
+    def __enter__(self) -> _RunProgress:
+        if self.live:
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                                TextColumn("{task.completed}/{task.total} {task.fields[unit]}"),
+                                TimeElapsedColumn(), console=self.console, transient=True)
+            self.bar.__enter__()
+            self.overall = self.bar.add_task(self.name, total=self.num_points,
+                                             completed=self.num_done, unit="points")
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+
+    def start_point(self, point: Any) -> None:
+        w = point.workload
+        # static: batch_size requests; offline / poisson: num_requests; each sampled n times
+        count = w.batch_size if w.kind == "static" else w.num_requests
+        self.total_requests = int(count) * int(getattr(w, "samples_per_prompt", 1) or 1)
+        self.realtime = w.kind == "poisson"
+        self.label = point.label
+        self.t_point = time.perf_counter()
+        self._reset_requests()
+        if self.bar is not None:
+            self.task = self.bar.add_task(point.label, total=self.total_requests,
+                                          unit="requests")
+
+    def _reset_requests(self) -> None:
+        # Requests admitted at t=0 are all in the system before the first step; Poisson
+        # arrivals join later, so a drop in (running + waiting) counts finishes from 0.
+        self.in_system = 0 if self.realtime else self.total_requests
+        self.finished_requests = 0
+
+    def on_phase(self, msg: str) -> None:
+        self._reset_requests()  # each warm-up and repeat serves every request again
+        if self.bar is not None:
+            self.bar.update(self.task, description=f"{self.label}: {msg}", completed=0)
+
+    def on_step(self, record: Any) -> None:
+        now = int(record.num_running) + int(record.num_waiting)
+        # A step's net drop in live sequences is requests finished (a lower bound when a
+        # Poisson arrival lands in the same step), never more than the total.
+        self.finished_requests = min(self.total_requests,
+                                     self.finished_requests + max(0, self.in_system - now))
+        self.in_system = now
+        if self.bar is not None:
+            self.bar.update(self.task, completed=self.finished_requests)
+
+    def finish_point(self, point: Any, result: dict[str, Any]) -> None:
+        from infbench.results.accessor import metric
+
+        self.num_done += 1
+        if self.bar is not None:
+            self.bar.remove_task(self.task)
+            self.bar.advance(self.overall)
+            return
+
+        def ms(name: str) -> str:
+            value = metric(result, name)
+            return "-" if value is None else f"{value * 1e3:.1f} ms"
+
+        tps = metric(result, "output_tokens_per_s")
+        self.console.print(
+            f"[{self.num_done}/{self.num_points}] {point.label}: "
+            f"{'-' if tps is None else f'{tps:,.1f}'} output tok/s, TTFT p50 {ms('ttft_s.p50')}, "
+            f"TPOT p50 {ms('tpot_s.p50')} ({time.perf_counter() - self.t_point:.1f} s; "
+            f"{time.perf_counter() - self.t0:.1f} s total)", highlight=False, soft_wrap=True)
 
 
 def _exit_on_sigterm() -> Any:

@@ -61,19 +61,37 @@ def error_pct(predicted: float | None, measured: float | None) -> float | None:
     return (predicted - measured) / measured * 100
 
 
+RUN_SUMMARY_METRICS = ("output_tokens_per_s", "ttft_s.p50", "ttft_s.p99", "tpot_s.p50",
+                       "itl_s.p99", "e2e_s.p50", "decode.mbu", "peak_kv_bytes",
+                       "prediction.output_tokens_per_s")
+
+
+def run_summary(result: dict[str, Any]) -> dict[str, Any]:
+    """One point's headline numbers, SI units, keyed by metric name (`run --json`)."""
+    return {
+        "point_index": result.get("point_index"),
+        "name": result.get("name"),
+        "label": result.get("label"),
+        "file": result.get("_path"),
+        "num_requests": metric(result, "num_requests"),
+        **{name: metric(result, name) for name in RUN_SUMMARY_METRICS},
+    }
+
+
 def run_table(results: list[dict[str, Any]], title: str | None = None) -> Table:
-    """One row per point: throughput, latency percentiles, decode MBU, KV peak, prediction."""
+    """One row per point: throughput, latency percentiles, decode MBU, KV peak, prediction.
+
+    Point labels fold onto more lines instead of being cut: `batch_si…` named no point.
+    """
     from rich.table import Table
 
     table = Table(title=title or "infbench run")
-    cols = ("point", "requests", "output tok/s", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms",
-            "ITL p99 ms", "decode MBU %", "peak KV MB", "predicted tok/s")
-    for col in cols:
-        table.add_column(col, justify="left" if col == "point" else "right")
-    for r in results:
+    labels = [str(r.get("label") or r.get("name")) for r in results]
+    rows = []
+    for r, label in zip(results, labels, strict=True):
         requests = metric(r, "num_requests")
-        table.add_row(
-            str(r.get("label") or r.get("name")),
+        rows.append([
+            label,
             "-" if requests is None else str(int(requests)),
             _fmt(metric(r, "output_tokens_per_s")),
             _fmt(_scaled(metric(r, "ttft_s.p50"), 1e3)),
@@ -83,7 +101,18 @@ def run_table(results: list[dict[str, Any]], title: str | None = None) -> Table:
             _fmt(_scaled(metric(r, "decode.mbu"), 100)),
             _fmt(_scaled(metric(r, "peak_kv_bytes"), 1e-6), 2),
             _fmt(metric(r, "prediction.output_tokens_per_s")),
-        )
+        ])
+    # A long label folds onto more lines instead of being cut (rich's default ellipsis),
+    # and keeps room for its first 16 characters when the terminal is narrow.
+    table.add_column("point", overflow="fold", min_width=min(16, max(map(len, labels),
+                                                                    default=5)))
+    cols = ("requests", "output tok/s", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms",
+            "ITL p99 ms", "decode MBU %", "peak KV MB", "predicted tok/s")
+    for i, col in enumerate(cols, start=1):  # a number is never cut (1,78… is no number)
+        table.add_column(col, justify="right", overflow="fold",  # headers fold too
+                         min_width=max((len(row[i]) for row in rows), default=1))
+    for row in rows:
+        table.add_row(*row)
     return table
 
 
