@@ -7,6 +7,7 @@ that point is reached, after earlier points spent minutes:
 - an `--out` that is a file, lies under a file or is not writable;
 - a point whose longest request (prompt + gen, with the workload's length
   distribution drawn exactly as the run will draw it) exceeds the model's context;
+- a point whose requests alone (millions of them) would not fit in host memory;
 - a point whose weights plus the KV cache and state of one longest sequence (the
   least the engine needs, sized by `infbench.roofline.shapes`) exceed the free memory
   of the device or the byte budget `engine.kv_cache_memory`;
@@ -20,14 +21,15 @@ cache and recurrent state; activations are not in it.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from infbench.core.device import available_memory_bytes, resolve_device
 from infbench.core.errors import UserError
-from infbench.measure.workload import generate_requests
+from infbench.measure.workload import request_lengths
 from infbench.results.gate import gated_values, load_results, parse_threshold, scenario_difference
 from infbench.results.rundir import check_writable, normalized_points
 from infbench.roofline.shapes import kv_cache_bytes, state_bytes_per_seq, weight_bytes
@@ -44,8 +46,9 @@ def preflight(points: list[Any], out_dir: Path, device: str | None = None) -> li
         if key not in configs:
             configs[key] = point.model_config()
         cfg = configs[key]
-        longest = longest_request(point, cfg.vocab_size)
+        longest = longest_request(point)
         check_context(point, cfg, longest)
+        check_host_memory(point)
         notes.extend(check_memory(point, cfg, longest, device, free))
     if points and points[0].gate is not None:
         check_gate(points[0].gate, points)
@@ -56,16 +59,40 @@ def _where(point: Any) -> str:
     return f"{point.source}: point {point.index} ({point.label})"
 
 
-def longest_request(point: Any, vocab_size: int) -> tuple[int, int]:
+def longest_request(point: Any) -> tuple[int, int]:
     """(prompt, gen) of the request with the most tokens, drawn exactly as the run draws them.
 
     Text prompts take the lengths of random ones (the same seeded length streams); a
     chat template can still add a few tokens, which the engine checks when it runs.
+    Only the lengths are drawn (vectorized), so a million-request point costs milliseconds.
     """
-    workload = dataclasses.replace(point.workload, prompt_source="random", chat=False)
-    requests = generate_requests(workload, vocab_size)
-    r = max(requests, key=lambda r: len(r.prompt_ids) + r.sampling.max_tokens)
-    return len(r.prompt_ids), r.sampling.max_tokens
+    prompt_lens, gen_lens = request_lengths(point.workload)
+    i = int(np.argmax(prompt_lens + gen_lens))
+    return int(prompt_lens[i]), int(gen_lens[i])
+
+
+# Host memory the engine's bookkeeping takes per sequence (Request, Sequence, records,
+# Python token lists), measured with `generate_requests` plus the engine's sequence
+# objects at 3.7 kB for a 64-token prompt; rounded up so the check refuses early rather
+# than letting the kernel kill the run halfway.
+HOST_BYTES_PER_SEQUENCE = 2_000
+HOST_BYTES_PER_TOKEN = 40
+
+
+def check_host_memory(point: Any) -> None:
+    """The workload's requests themselves must fit in host memory (a batch of millions of
+    requests is valid YAML but would be OOM-killed while the requests are built)."""
+    prompt_lens, gen_lens = request_lengths(point.workload)
+    num_seqs = point.workload.num_sequences
+    tokens = float(prompt_lens.sum() + gen_lens.sum()) * point.workload.samples_per_prompt
+    need = num_seqs * HOST_BYTES_PER_SEQUENCE + tokens * HOST_BYTES_PER_TOKEN
+    avail = free_memory_bytes("cpu")
+    if need > avail / 2:  # the other half: weights, KV and the interpreter on a CPU run
+        raise UserError(
+            f"{_where(point)}: {num_seqs} requests of {prompt_lens.mean() + gen_lens.mean():.0f} "
+            f"tokens on average need about {need / 1e9:.1f} GB of host memory for their "
+            f"bookkeeping, more than half the free {avail / 1e9:.1f} GB; lower "
+            "workload.batch_size / workload.num_requests; nothing was measured")
 
 
 def check_context(point: Any, cfg: Any, longest: tuple[int, int]) -> None:

@@ -34,14 +34,9 @@ def generate_requests(point: WorkloadPoint, vocab_size: int, tokenizer: Any = No
     """The requests of one workload point, identical for the same point and seed."""
     if vocab_size <= 0:
         raise ConfigError(f"vocab_size must be > 0, got {vocab_size}")
-    streams = np.random.SeedSequence(point.seed).spawn(_NUM_STREAMS)
-    len_rng, gen_rng, arrival_rng, prompt_rng, seed_rng = (np.random.default_rng(s)
-                                                           for s in streams)
+    len_rng, gen_rng, arrival_rng, prompt_rng, seed_rng = _streams(point)
     n = point.num_prompts
-    prompt_lens = draw_lengths(len_rng, point.prompt_len, point.prompt_len_dist,
-                               point.len_spread, n)
-    prompt_lens = np.maximum(prompt_lens, point.shared_prefix_len)
-    gen_lens = draw_lengths(gen_rng, point.gen_len, point.gen_len_dist, point.len_spread, n)
+    prompt_lens, gen_lens = _lengths(point, len_rng, gen_rng)
     arrivals = arrival_times(arrival_rng, point.kind, point.rate, n)
     if point.prompt_source == "text":
         prompts = _text_prompts(prompt_rng, [int(x) for x in prompt_lens], point, tokenizer,
@@ -65,6 +60,30 @@ def generate_requests(point: WorkloadPoint, vocab_size: int, tokenizer: Any = No
         )
         for i in range(n)
     ]
+
+
+def request_lengths(point: WorkloadPoint) -> tuple[np.ndarray, np.ndarray]:
+    """(prompt lengths, output lengths) of the point's prompts, exactly as
+    `generate_requests` draws them, without building any request: O(n) numpy work, so the
+    pre-flight checks can look at a sweep of millions of requests in milliseconds."""
+    len_rng, gen_rng, *_ = _streams(point)
+    return _lengths(point, len_rng, gen_rng)
+
+
+def _streams(point: WorkloadPoint) -> list[np.random.Generator]:
+    """Independent seeded streams: lengths, output lengths, arrivals, prompts, seeds."""
+    return [np.random.default_rng(s)
+            for s in np.random.SeedSequence(point.seed).spawn(_NUM_STREAMS)]
+
+
+def _lengths(point: WorkloadPoint, len_rng: np.random.Generator,
+             gen_rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    n = point.num_prompts
+    prompt_lens = draw_lengths(len_rng, point.prompt_len, point.prompt_len_dist,
+                               point.len_spread, n)
+    prompt_lens = np.maximum(prompt_lens, point.shared_prefix_len)
+    gen_lens = draw_lengths(gen_rng, point.gen_len, point.gen_len_dist, point.len_spread, n)
+    return prompt_lens, gen_lens
 
 
 def draw_lengths(rng: np.random.Generator, mean: int, dist: str, spread: float,
