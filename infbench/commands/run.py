@@ -341,7 +341,7 @@ def schema(
     if out is None:
         print(text)
         return
-    from infbench.results.report import write_text_atomic
+    from infbench.core.io import write_text_atomic
 
     try:
         write_text_atomic(out, text + "\n")

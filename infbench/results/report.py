@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from infbench.core.io import write_text_atomic
 from infbench.results.accessor import metric, scenario_number
 
 if TYPE_CHECKING:
@@ -227,21 +227,6 @@ def report_table(df: pd.DataFrame) -> Table:
                            ("output_tok_s", "output_tok_s"))),
             _compact(rec["decode_mbu_pct"]), _compact(rec["decode_mfu_pct"]))
     return table
-
-
-def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
-    """Write a whole file or nothing: temp file in the same directory, then rename."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            os.fchmod(fh.fileno(), 0o644)
-            fh.write(text)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def write_csv(df: pd.DataFrame, path: str | os.PathLike[str]) -> None:

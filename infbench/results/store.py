@@ -22,13 +22,13 @@ import platform
 import socket
 import subprocess
 import sys
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import infbench
 from infbench.core.errors import ResultSchemaError
+from infbench.core.io import write_text_atomic
 from infbench.results.schema import (
     RESULT_KIND,
     SCHEMA_VERSION,
@@ -255,7 +255,7 @@ def to_jsonable(obj: Any) -> Any:
 
 def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
     text = json.dumps(to_jsonable(obj), indent=1, allow_nan=False) + "\n"
-    _write_atomic(Path(path), text)
+    write_text_atomic(path, text)
 
 
 def write_csv_atomic(path: str | os.PathLike[str], rows: list[dict[str, Any]]) -> None:
@@ -269,7 +269,7 @@ def write_csv_atomic(path: str | os.PathLike[str], rows: list[dict[str, Any]]) -
         writer.writeheader()
     for row in rows:
         writer.writerow({k: _csv_cell(v) for k, v in row.items()})
-    _write_atomic(Path(path), buf.getvalue())
+    write_text_atomic(path, buf.getvalue())
 
 
 def _csv_cell(value: Any) -> Any:
@@ -278,30 +278,3 @@ def _csv_cell(value: Any) -> Any:
     if isinstance(value, (dict, list, tuple)):
         return json.dumps(to_jsonable(value))
     return value
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    """The text is complete before any file is touched; the rename is the commit point."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            # mkstemp makes the file 0600; keep the old file's mode, or the usual 0644.
-            os.fchmod(fh.fileno(), path.stat().st_mode & 0o777 if path.exists() else 0o644)
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    try:  # make the rename itself durable
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dir_fd)
-    except OSError:
-        pass
-    finally:
-        os.close(dir_fd)
