@@ -30,6 +30,9 @@ from infbench.commands.predict import (
     points_of,
 )
 from infbench.core.errors import UserError
+from infbench.plots.analytic import check_size
+
+SIZE_HELP = "column (3.5 in wide, 300 dpi, for a paper) | slide (16:9)."
 
 
 def kv_command(
@@ -45,7 +48,8 @@ def kv_command(
     kv_dtype: str = typer.Option("none", callback=opt.kv_quant,
                                  help=f"KV cache: {opt.choices(opt.KV_QUANT)}."),
     plot: Path | None = typer.Option(
-        None, callback=opt.output_file, help="Write a bar chart PNG here."),
+        None, callback=opt.output_file, help="Write a bar chart here (.png, .svg or .pdf)."),
+    size: str = typer.Option("column", "--size", help=SIZE_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print JSON on stdout."),
     results: list[Path] | None = typer.Option(
         None, "--results", help="Result files/directories of `infbench run`: measured "
@@ -55,8 +59,9 @@ def kv_command(
     from infbench.core.hardware import get_hardware
     from infbench.roofline.tables import kv_rows
 
+    check_size(size)
     if results:
-        kv_measured(results, get_hardware(hardware), as_json, plot)
+        kv_measured(results, get_hardware(hardware), as_json, plot, size)
         return
 
     check_positive("--context", context)
@@ -73,7 +78,7 @@ def kv_command(
     if plot is not None:
         from infbench.plots.analytic import kv_figure
 
-        kv_figure(rows, plot)
+        kv_figure(rows, plot, size=size)
         print(f"wrote {plot}", file=sys.stderr)
     if as_json:
         emit_json([r.to_dict() for r in rows])
@@ -114,8 +119,10 @@ def roofline_command(
     kv_dtype: str = typer.Option("none", callback=opt.kv_quant,
                                  help=f"KV cache: {opt.choices(opt.KV_QUANT)}."),
     set_: list[str] | None = typer.Option(None, "--set", help=SET_HELP),
-    out: Path = typer.Option(Path("roofline.png"), callback=opt.output_file, help="PNG to write."),
+    out: Path = typer.Option(Path("roofline.png"), callback=opt.output_file,
+                             help="Figure to write (.png, .svg or .pdf)."),
     with_ops: bool = typer.Option(True, "--ops/--no-ops", help="Plot every operator too."),
+    size: str = typer.Option("column", "--size", help=SIZE_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print JSON on stdout."),
 ) -> None:
     """Plot prefill, decode and every operator on the hardware's roofline."""
@@ -125,8 +132,9 @@ def roofline_command(
     from infbench.roofline.tables import roofline_points
 
     check_figure_path(out, "--out")  # before any work: a typo'd extension fails at once
+    check_size(size)
     if results:
-        measured_roofline(results, hardware, steps, out, as_json)
+        measured_roofline(results, hardware, steps, out, as_json, size)
         return
     hardware = hardware or DEFAULT_HARDWARE
     check_positive("--prompt", prompt)
@@ -147,8 +155,8 @@ def roofline_command(
     predictions = [predict(cfg, hw, batch=b, prompt_len=prompt, gen_len=gen, dtype=dtype,
                            quant=qcfg) for b in parse_sizes(batch, "--batch")]
     points = roofline_points(predictions, include_ops=with_ops)
-    drawn = roofline_figure(hw, dtype, points, out,
-                            title=f"{cfg.name} on {hw.name}: prompt {prompt}, gen {gen}")
+    drawn = roofline_figure(hw, dtype, points, out, size=size,
+                            title=f"Roofline, prompt {prompt} / gen {gen} tokens", model=cfg.name)
     if as_json:
         emit_json({
             "hardware": hw.name,
@@ -235,7 +243,7 @@ def register(app: typer.Typer) -> None:
 
 
 def measured_roofline(paths: list[Path], hardware: str | None, steps: bool, out: Path,
-                      as_json: bool) -> None:
+                      as_json: bool, size: str = "column") -> None:
     """`infbench roofline RESULTS...`: measured points and their predicted twins."""
     from rich.table import Table
 
@@ -245,7 +253,7 @@ def measured_roofline(paths: list[Path], hardware: str | None, steps: bool, out:
 
     runs = load_results([str(p) for p in paths])
     hw = get_hardware(hardware) if hardware else None
-    drawn = measured_roofline_figure(runs, out, hardware=hw, include_steps=steps)
+    drawn = measured_roofline_figure(runs, out, hardware=hw, include_steps=steps, size=size)
     hw_name = hw.name if hw else (runs[0].get("hardware") or {}).get("name", "?")
     ridge = drawn["ridge_point"]["intensity"]
     if as_json:
@@ -266,7 +274,8 @@ def measured_roofline(paths: list[Path], hardware: str | None, steps: bool, out:
     make_console().print(table)
 
 
-def kv_measured(paths: list[Path], hw: Any, as_json: bool, plot: Path | None = None) -> None:
+def kv_measured(paths: list[Path], hw: Any, as_json: bool, plot: Path | None = None,
+                size: str = "column") -> None:
     """`infbench kv --results`: allocated KV and state next to the analytic values."""
     from rich.table import Table
 
@@ -277,7 +286,7 @@ def kv_measured(paths: list[Path], hw: Any, as_json: bool, plot: Path | None = N
     if plot is not None:
         from infbench.plots.analytic import kv_measured_figure
 
-        kv_measured_figure(rows, plot)
+        kv_measured_figure(rows, plot, size=size, hardware=hw.name)
         print(f"wrote {plot}", file=sys.stderr)
     if as_json:
         emit_json(rows)

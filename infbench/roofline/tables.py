@@ -150,6 +150,7 @@ def kv_measured_rows(results: Sequence[dict[str, Any]], hw: HardwareSpec) -> lis
         rows.append({
             "label": r.get("label", ""),
             "model": cfg.name,
+            "dtype": dtype,
             "attention": cfg.attention.kind,
             "scheme": scheme_name(cfg),
             "kv_bytes_per_token_predicted": kv_bytes_per_token(cfg, dtype, quant),
