@@ -152,8 +152,14 @@ def test_gate_fraction_and_percent(tmp_path: Path) -> None:
     gate = sc.points()[0].gate
     assert gate is not None and gate.max_regression == pytest.approx(0.05)
     assert gate.baseline == "b.json" and gate.metric == "output_tokens_per_s"
-    assert "gate.max_regression: must be <= 1 (got 5.0)" in error_of(
+    assert "gate.max_regression: must be in [0, 1)" in error_of(
         write(tmp_path, base + "{max_regression: 500%}\n"))
+    # the same parser as `compare --max-regression`: 1.0 (100%) passes any regression
+    assert "gate.max_regression: must be in [0, 1)" in error_of(
+        write(tmp_path, base + "{max_regression: 1.0}\n"))
+    for bad in ("true", ".nan", "'abc%'"):
+        assert "gate.max_regression" in error_of(
+            write(tmp_path, base + f"{{max_regression: {bad}}}\n"))
     msg = error_of(write(tmp_path, base + "{metric: speed}\n"))
     assert "gate.metric: unknown value 'speed'; allowed: output_tokens_per_s" in msg
     for metric in ("ttft_s.p99", "ttft_s.p95", "e2e_s.p99.9", "ttft_s", "decode.mbu"):

@@ -92,13 +92,24 @@ def _as_list(value: Any) -> Any:
     return value if isinstance(value, list) or value is None else [value]
 
 
-def _percent(value: Any) -> Any:
-    if isinstance(value, str) and value.strip().endswith("%"):
-        try:
-            return float(value.strip()[:-1]) / 100.0
-        except ValueError:
-            raise ValueError(f"must be a fraction like 0.05 or '5%' (got {value!r})") from None
-    return value
+def parse_fraction(value: Any) -> float:
+    """The one parser of regression thresholds: '5%' -> 0.05, 0.05 -> 0.05, in [0, 1).
+
+    A bare number of 1 or more is refused as ambiguous (is 5 meant as 5% or 500%?), and a
+    threshold of 100% or more would pass any regression.  Raises ValueError with the reason.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"must be a fraction like 0.05 or a percentage like '5%' (got {value!r})")
+    text = str(value).strip()
+    try:
+        frac = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise ValueError(f"must be a fraction like 0.05 or a percentage like '5%' "
+                         f"(got {value!r})") from None
+    if not 0 <= frac < 1:  # also refuses NaN
+        raise ValueError(f"must be in [0, 1) as a fraction or [0%, 100%) as a percentage "
+                         f"(got {value!r})")
+    return frac
 
 
 # Sanity limits: larger values are typos or overflows, not workloads (same bound as the
@@ -295,7 +306,7 @@ class GateSection(_Section):
     metric: str = "output_tokens_per_s"
     baseline: str | None = None
     """Result file (JSON) to compare with."""
-    max_regression: Annotated[Fraction, BeforeValidator(_percent)] = 0.05
+    max_regression: Annotated[float, BeforeValidator(parse_fraction)] = 0.05
     """Largest tolerated regression as a fraction (0.05) or a percentage string ("5%")."""
     normalize: NormalizeMode = "none"
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from infbench.core.errors import ResultSchemaError, UserError
+from infbench.core.scenario import parse_fraction
 from infbench.results.accessor import section_metric, with_default_statistic
 
 NORMALIZE_MODES = ("none", "mbu", "roofline_fraction", "reference")
@@ -71,17 +72,12 @@ class GateResult:
         return 0 if self.passed else 1
 
 
-def parse_threshold(value: str | float) -> float:
-    """'5%' -> 0.05, '0.05' -> 0.05; bare numbers above 1 are refused as ambiguous."""
-    text = str(value).strip()
+def parse_threshold(value: str | float, key: str = "--max-regression") -> float:
+    """The scenario's parser (`parse_fraction`: '5%' or 0.05, in [0, 1)) with a CLI error."""
     try:
-        frac = float(text[:-1]) / 100 if text.endswith("%") else float(text)
-    except ValueError:
-        raise UserError(f"--max-regression: {value!r} is not a number; use 5% or 0.05") from None
-    if not 0 <= frac < 1:
-        raise UserError(f"--max-regression: {value!r} out of range; use a percentage like 5% "
-                        "or a fraction like 0.05")
-    return frac
+        return parse_fraction(value)
+    except ValueError as exc:
+        raise UserError(f"{key}: {exc}") from None
 
 
 def is_lower_better(metric: str) -> bool:
