@@ -26,9 +26,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import infbench
 from infbench.core.errors import ResultSchemaError
 from infbench.core.io import write_text_atomic
+from infbench.core.version import __version__
 from infbench.results.schema import (
     RESULT_KIND,
     SCHEMA_VERSION,
@@ -59,7 +59,7 @@ def env_info(device: str) -> dict[str, Any]:
         "host": socket.gethostname(),
         "cpu_count": os.cpu_count(),
         "packages": {name: _version(name) for name in _PACKAGES},
-        "infbench_version": infbench.__version__,
+        "infbench_version": __version__,
         **_git_info(),
         "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
