@@ -13,12 +13,11 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+from infbench.core.config import DEVICES  # the allowed devices, defined once
 from infbench.core.errors import UserError
 
 if TYPE_CHECKING:
     import torch
-
-DEVICES = ("auto", "cpu", "cuda")
 
 
 def guess_device(device: str) -> str:

@@ -27,12 +27,13 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from infbench.core.config import DTYPES as MODEL_DTYPES
 from infbench.core.errors import UserError
 from infbench.core.hardware import HardwareSpec
 from infbench.measure.timing import calls_per_sample, time_op
 
 SCHEMA_VERSION = 1
-DTYPES = ("auto", "float32", "float16", "bfloat16")
+DTYPES = ("auto", *MODEL_DTYPES)
 
 
 @dataclass(frozen=True)
