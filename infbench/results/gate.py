@@ -30,10 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from infbench.core.errors import ResultSchemaError, UserError
-from infbench.core.scenario import parse_fraction
+from infbench.core.scenario import NORMALIZE_MODES, parse_fraction
 from infbench.results.accessor import section_metric, with_default_statistic
 
-NORMALIZE_MODES = ("none", "mbu", "roofline_fraction", "reference")
 # Scenario keys that may differ between runs of the same benchmark.
 VOLATILE_SCENARIO_KEYS = frozenset({"gate", "measure", "source", "out", "out_dir"})
 DEFAULT_METRIC = "output_tokens_per_s"
