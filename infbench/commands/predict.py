@@ -281,19 +281,20 @@ def fmt_si(value: float) -> str:
     return f"{value:.3g}"
 
 
-def make_console() -> Any:
-    """A rich console at least 120 columns wide: tables stay readable when piped."""
+def make_console(min_width: int = 120) -> Any:
+    """A rich console at least `min_width` columns wide: tables stay readable when piped."""
     from rich.console import Console
 
     width = Console().width
-    return Console(width=max(width, 120))
+    return Console(width=max(width, min_width))
 
 
 def print_predictions(predictions: list[Any], show_ops: bool,
                       labels: list[str] | None = None) -> None:
     from rich.table import Table
 
-    console = make_console()
+    # 11 columns, 12 with the sweep labels: wide enough that none is cropped or squeezed away
+    console = make_console(160)
     table = Table(title="Roofline prediction (ms; GB; bound: prefill/decode)",
                   caption="decode tok/s = batch / TPOT (decode steps only); "
                           "e2e tok/s = batch x gen / E2E (prefill included, as in run)")
