@@ -35,6 +35,7 @@ docs: $(STAMP)
 	$(BIN)/mkdocs build --strict -d site
 
 bench: $(STAMP)
+	$(BIN)/python -m infbench.benchmarks.host_loop
 	$(BIN)/python -m infbench.benchmarks.cpu_vs_transformers
 
 bench-gpu: $(STAMP)
