@@ -313,3 +313,46 @@ def test_modules_do_not_import_torch() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=REPO, check=True)
     assert out.stdout.strip() == "False"
+
+
+# ------------------------------------------------------------------ one --set parser, model.weights
+def test_apply_sets_is_the_parser_of_every_command(tmp_path: Path) -> None:
+    from infbench.core.scenario import apply_sets, scenario_from_document
+
+    doc: dict = {"name": "flags", "model": {"preset": "tiny"}}
+    apply_sets(doc, ["model.overrides.num_layers=3", "model.attention.kind=mqa",
+                     "workload.batch_size=[1, 8]", "engine.block_size=32"], "command line")
+    points = scenario_from_document(doc, "command line").points()
+    assert [p.workload.batch_size for p in points] == [1, 8]
+    cfg = points[0].model_config()
+    assert (cfg.num_layers, cfg.attention.kind, points[0].engine.block_size) == (3, "mqa", 32)
+    base = write(tmp_path, "name: f\nmodel: {preset: tiny}\n")
+    from_file = load_scenario(base, ["model.overrides.num_layers=3", "model.attention.kind=mqa"])
+    assert from_file.points()[0].model_config() == cfg
+
+
+@pytest.mark.parametrize("item, hint", [
+    ("num_layers=2", "did you mean model.overrides.num_layers?"),
+    ("attention.kind=mla", "did you mean model.attention.kind?"),
+    ("quant.kv=fp8", "did you mean model.quant.kv?"),
+])
+def test_set_of_a_bare_model_field_names_the_scenario_key(tmp_path: Path, item: str,
+                                                          hint: str) -> None:
+    path = write(tmp_path, "name: f\nmodel: {preset: tiny}\n")
+    assert hint in error_of(path, (item,))
+
+
+def test_set_of_a_group_to_a_scalar_names_the_key(tmp_path: Path) -> None:
+    path = write(tmp_path, "name: f\nmodel: {preset: tiny}\n")
+    assert "model.attention: must be a mapping" in error_of(path, ("model.attention=3",))
+    assert "model.overrides.moe: must be a mapping" in error_of(path, ("model.overrides.moe=3",))
+    assert "model.name: must not be null" in error_of(path, ("model.overrides.name=null",))
+
+
+def test_model_weights_is_recorded_only_when_written(tmp_path: Path) -> None:
+    path = write(tmp_path, "name: f\nmodel: {preset: smollm2-135m}\n")
+    assert "weights" not in load_scenario(path).points()[0].model
+    random = load_scenario(path, ["model.weights=random"]).points()[0]
+    assert random.model["weights"] == "random" and random.to_dict()["model"]["weights"] == "random"
+    assert "model.weights: unknown value 'real'; allowed: auto, random" in error_of(
+        path, ("model.weights=real",))
