@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
-from infbench.engine.sequence import Sequence
+from infbench.engine.sequence import BlockTable, Sequence
 
 RELEASED = -1  # block-table entry of a block freed by a sliding window
 
@@ -108,7 +108,7 @@ class BlockManager:
         for block in hits:
             self._incref(block)
         num_hit_tokens = len(hits) * self.block_size
-        seq.block_table = list(hits)
+        seq.block_table = BlockTable(hits)
         seq.num_computed_tokens = num_hit_tokens
         if seq.num_preemptions == 0:
             seq.num_cached_tokens = num_hit_tokens
@@ -185,13 +185,13 @@ class BlockManager:
         for block in reversed(seq.block_table):
             if block != RELEASED:
                 self._decref(block)
-        seq.block_table = []
+        seq.block_table = BlockTable()
         self._seq_hashes.pop(seq.seq_id, None)
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         if child.block_table:
             raise ValueError(f"fork: child seq {child.seq_id} already holds blocks")
-        child.block_table = list(parent.block_table)
+        child.block_table = BlockTable(parent.block_table)
         for block in child.block_table:
             if block != RELEASED:
                 self._incref(block)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from infbench.core.config import LayerSpec
@@ -22,15 +23,31 @@ from infbench.engine.cuda_graphs import DecodeGraphs
 from infbench.engine.kv_cache import KVCache, StatePool
 from infbench.engine.sampler import Sampler
 from infbench.engine.scheduler import ScheduledSeq, SchedulerOutput
+from infbench.engine.sequence import table_array
 from infbench.model.context import LanguageModel, LayerState
 from infbench.model.ops import Ops
 
 
-def _block_table_tensor(tables: list[list[int]], device: torch.device) -> torch.Tensor:
-    """(B, max_blocks) int32; released (-1) and padding entries point at block 0."""
-    width = max((len(t) for t in tables), default=1) or 1
-    rows = [[b if b >= 0 else 0 for b in t] + [0] * (width - len(t)) for t in tables]
-    return torch.tensor(rows, dtype=torch.int32, device=device)
+def _padded(tables: list[np.ndarray]) -> np.ndarray:
+    """(B, max_blocks) int64 of the tables' raw block ids, right-padded with 0."""
+    width = max((t.shape[0] for t in tables), default=1) or 1
+    out = np.zeros((len(tables), width), dtype=np.int64)
+    for b, table in enumerate(tables):
+        out[b, : table.shape[0]] = table
+    return out
+
+
+def _table_tensor(padded: np.ndarray, tables: list[np.ndarray], first: int,
+                  device: torch.device) -> torch.Tensor:
+    """(len(tables), their max_blocks) int32 from rows first.. of `padded`.
+
+    Released (-1) and padding entries point at block 0; no tables gives shape (0,).
+    """
+    if not tables:
+        return torch.zeros(0, dtype=torch.int32, device=device)
+    width = max(t.shape[0] for t in tables) or 1
+    rows = np.maximum(padded[first:first + len(tables), :width], 0).astype(np.int32)
+    return torch.from_numpy(rows).to(device)
 
 
 @dataclass
@@ -190,68 +207,84 @@ class ModelRunner:
         self.sampler = Sampler(seed)
 
     def prepare(self, out: SchedulerOutput) -> StepInputs:
+        """The step's tensors, in O(B) Python plus vectorized numpy (no per-token loops).
+
+        Block tables come from each BlockTable's incremental array copy, and slot mapping
+        and positions are computed from them with numpy, so a decode step costs a few
+        microseconds per sequence whatever its context length.
+        """
         bs = self.kv.block_size
         order = sorted(out.scheduled, key=lambda s: s.is_prefill)  # stable: decodes first
+        num_seqs = len(order)
         ids: list[int] = []
-        pos: list[int] = []
-        slots: list[int] = []
-        dec_tables, dec_lens, pre_tables, pre_lens = [], [], [], []
-        cu = [0]
         logits_rows: list[int] = []
         sampled: list[ScheduledSeq] = []
-        num_decode = 0
-        seq_cu, seq_start, state_slots = [0], [], []
+        starts = np.empty(num_seqs, dtype=np.int64)
+        lens = np.empty(num_seqs, dtype=np.int64)
+        state_slots = np.empty(num_seqs, dtype=np.int64)
         num_groups = len(self.kv.group_num_blocks)
-        # KV groups 1..: slots, decode tables, prefill tables
-        extra: list[tuple[list[int], list[list[int]], list[list[int]]]] = [
-            ([], [], []) for _ in range(1, num_groups)]
-        for s in order:
+        tables: list[list[np.ndarray]] = [[] for _ in range(num_groups)]  # per group, per seq
+        num_decode = 0
+        for b, s in enumerate(order):
             seq, start, n = s.seq, s.start_pos, s.num_new_tokens
-            seq_cu.append(seq_cu[-1] + n)
-            seq_start.append(start)
-            state_slots.append(seq.state_slot)
-            table = seq.block_table
-            ids.extend(seq.token_ids[start:start + n])
-            pos.extend(range(start, start + n))
-            slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
-            for g, (g_slots, g_dec, g_pre) in enumerate(extra, start=1):
-                g_table = seq.group_tables[g]
-                g_slots.extend(g_table[p // bs] * bs + p % bs for p in range(start, start + n))
-                (g_pre if s.is_prefill else g_dec).append(g_table)
-            if s.is_prefill:
-                pre_tables.append(table)
-                pre_lens.append(start + n)
-                cu.append(cu[-1] + n)
+            starts[b], lens[b], state_slots[b] = start, n, seq.state_slot
+            tokens = seq.token_ids
+            if n == 1:
+                ids.append(tokens[start])
             else:
+                ids.extend(tokens[start:start + n])
+            tables[0].append(table_array(seq.block_table))
+            for g in range(1, num_groups):
+                tables[g].append(table_array(seq.group_tables[g]))
+            if not s.is_prefill:
                 num_decode += 1
-                dec_tables.append(table)
-                dec_lens.append(start + n)
             if s.num_samples > 0:
                 logits_rows.append(len(ids) - 1)
                 sampled.append(s)
+        ends = starts + lens  # context length of each sequence after this step
+        seq_cu = np.zeros(num_seqs + 1, dtype=np.int64)
+        np.cumsum(lens, out=seq_cu[1:])
+        num_tokens = int(seq_cu[-1])
+        if num_tokens == num_seqs:  # every sequence computes one token (decodes)
+            positions, token_seq = starts.copy(), np.arange(num_seqs)
+        else:
+            token_seq = np.repeat(np.arange(num_seqs), lens)  # (T,) sequence of each token
+            positions = np.arange(num_tokens) + np.repeat(starts - seq_cu[:-1], lens)
+        block_col, block_off = np.divmod(positions, bs)
+        nd = num_decode
         dev = self.device
 
-        def i32(x: list[int]) -> torch.Tensor:
-            return torch.tensor(x, dtype=torch.int32, device=dev)
+        def i32(x: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(x.astype(np.int32)).to(dev)
 
+        def i64(x: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(np.ascontiguousarray(x, dtype=np.int64)).to(dev)
+
+        # Per group: the slot of every token, and the decode and prefill block tables.
+        paged: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        for group_tables in tables:
+            padded = _padded(group_tables)  # (B, max_blocks) int64, raw ids (-1 kept)
+            slots = padded[token_seq, block_col] * bs + block_off  # (T,)
+            paged.append((i64(slots), _table_tensor(padded, group_tables[:nd], 0, dev),
+                          _table_tensor(padded, group_tables[nd:], nd, dev)))
+        pre_cu = np.zeros(num_seqs - nd + 1, dtype=np.int64)
+        np.cumsum(lens[nd:], out=pre_cu[1:])
         return StepInputs(
             input_ids=torch.tensor(ids, dtype=torch.long, device=dev),
-            positions=torch.tensor(pos, dtype=torch.long, device=dev),
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
+            positions=i64(positions),
+            slot_mapping=paged[0][0],
             num_decode=num_decode,
-            decode_tables=_block_table_tensor(dec_tables, dev),
-            decode_context_lens=i32(dec_lens),
-            prefill_cu_seqlens=i32(cu),
-            prefill_tables=_block_table_tensor(pre_tables, dev),
-            prefill_context_lens=i32(pre_lens),
+            decode_tables=paged[0][1],
+            decode_context_lens=i32(ends[:nd]),
+            prefill_cu_seqlens=i32(pre_cu),
+            prefill_tables=paged[0][2],
+            prefill_context_lens=i32(ends[nd:]),
             logits_rows=logits_rows,
             sampled_seqs=sampled,
-            seq_cu_seqlens=torch.tensor(seq_cu, dtype=torch.long, device=dev),
-            seq_start_pos=torch.tensor(seq_start, dtype=torch.long, device=dev),
-            state_slots=torch.tensor(state_slots, dtype=torch.long, device=dev),
-            groups=[(torch.tensor(g_slots, dtype=torch.long, device=dev),
-                     _block_table_tensor(g_dec, dev), _block_table_tensor(g_pre, dev))
-                    for g_slots, g_dec, g_pre in extra],
+            seq_cu_seqlens=i64(seq_cu),
+            seq_start_pos=i64(starts),
+            state_slots=i64(state_slots),
+            groups=paged[1:],
         )
 
     def graph_context(self, buf: dict[str, torch.Tensor]) -> PagedAttentionContext:
