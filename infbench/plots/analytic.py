@@ -329,7 +329,12 @@ def kv_measured_figure(rows: Sequence[dict[str, Any]], out_path: str | Path,
     """
     import numpy as np
 
-    labels = [f"{r['scheme']}\n{r['context_len']}" for r in rows]
+    def context(tokens: int) -> str:
+        return f"{tokens / 1024:.0f}k" if tokens >= 1024 else str(tokens)
+
+    many = len(rows) > 6  # a 24-run sweep: one rotated line per bar, or labels collide
+    labels = [f"{r['scheme']}{' ' if many else chr(10)}{context(r['context_len'])}"
+              for r in rows]
     with figure_style(size):
         fig = new_figure(size)
         (w, h) = FIGURE_SIZES[size][0]
@@ -350,9 +355,9 @@ def kv_measured_figure(rows: Sequence[dict[str, Any]], out_path: str | Path,
                              color="#D55E00")
         speed.set_ylabel("decode tok/s")
         speed.set_ylim(bottom=0)
-        speed.set_xticks(x, labels, fontsize="x-small",
-                         rotation=45 if len(rows) > 4 else 0,
-                         ha="right" if len(rows) > 4 else "center")
+        speed.set_xticks(x, labels, fontsize="xx-small" if many else "x-small",
+                         rotation=90 if many else 0)
+        speed.set_xlabel("scheme, context (tokens)")
         for a in (ax, speed):
             a.grid(True, axis="y", alpha=0.25)
         models = list(dict.fromkeys(str(r.get("model")) for r in rows))
