@@ -78,7 +78,7 @@ def kv_command(
     if plot is not None:
         from infbench.plots.analytic import kv_figure
 
-        kv_figure(rows, plot, size=size)
+        kv_figure(rows, plot, size=size, dtype=dtype, hardware=hardware)
         print(f"wrote {plot}", file=sys.stderr)
     if as_json:
         emit_json([r.to_dict() for r in rows])

@@ -282,7 +282,8 @@ def _link_pairs(ax: Any, points: Sequence[RooflinePoint]) -> list[dict[str, Any]
 
 
 def kv_figure(rows: Sequence[KVRow], out_path: str | Path, title: str | None = None,
-              size: str = "column") -> dict[str, Any]:
+              size: str = "column", dtype: str | None = None,
+              hardware: str | None = None) -> dict[str, Any]:
     """Bars: KV cache (+ constant state) of each model next to its MHA equivalent, in GB."""
     import numpy as np
 
@@ -303,9 +304,10 @@ def kv_figure(rows: Sequence[KVRow], out_path: str | Path, title: str | None = N
                       rotation=30 if len(rows) > 3 else 0, ha="right" if len(rows) > 3
                       else "center")
         ax.set_ylabel("KV cache (GB)")
+        ax.set_xlabel("model (attention)")
         first = rows[0] if rows else None
-        sub = (caption(f"{first.context_len} tokens x batch {first.batch}",
-                       getattr(first, "kv_dtype", None)) if first else "")
+        sub = caption(dtype, hardware,
+                      f"{first.context_len} tokens x batch {first.batch}" if first else None)
         ax.set_title(f"{title or 'KV cache per model'}\n{sub}")
         ax.legend(fontsize="x-small")
         path = save_figure(fig, out_path)
