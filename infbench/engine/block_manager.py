@@ -125,7 +125,18 @@ class BlockManager:
 
     # ------------------------------------------------------------------ growth
     def can_append(self, seq: Sequence, num_new_tokens: int) -> bool:
+        if self._fits_own_last_block(seq, num_new_tokens):
+            return True
         return self._num_blocks_to_append(seq, num_new_tokens) <= self.num_free_blocks
+
+    def _fits_own_last_block(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """The new tokens all go into the table's last block, which no one else holds.
+
+        What almost every sequence of a decode step does, so it is checked first.
+        """
+        table, start, bs = seq.block_table, seq.num_computed_tokens, self.block_size
+        return (start + num_new_tokens <= len(table) * bs and start // bs == len(table) - 1
+                and self._ref_counts[table[-1]] == 1)
 
     def append_slots(self, seq: Sequence, num_new_tokens: int) -> list[tuple[int, int]]:
         """Ensure blocks for positions < num_computed + num_new_tokens.
@@ -133,6 +144,8 @@ class BlockManager:
         A shared block about to be written is copied first (copy-on-write): the
         returned (src, dst) pairs must be copied by the runner before the forward.
         """
+        if self._fits_own_last_block(seq, num_new_tokens):
+            return []
         if not self.can_append(seq, num_new_tokens):
             raise RuntimeError(f"seq {seq.seq_id}: out of KV blocks (check can_append first)")
         table = seq.block_table
@@ -167,8 +180,12 @@ class BlockManager:
         """Make every block now full of computed tokens findable by its chained hash."""
         if not self.enable_prefix_caching:
             return
-        record = self._seq_hashes.setdefault(seq.seq_id, _SeqHashes())
         num_full = seq.num_computed_tokens // self.block_size
+        record = self._seq_hashes.get(seq.seq_id)
+        if record is None:
+            record = self._seq_hashes[seq.seq_id] = _SeqHashes()
+        elif record.num_committed >= num_full:
+            return  # no block filled up since the last commit (most decode steps)
         self._extend_hashes(seq, record, num_full)
         for i in range(record.num_committed, num_full):
             block, h = seq.block_table[i], record.hashes[i]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 import numpy as np
 import torch
@@ -28,25 +29,25 @@ from infbench.model.context import LanguageModel, LayerState
 from infbench.model.ops import Ops
 
 
-def _padded(tables: list[np.ndarray]) -> np.ndarray:
-    """(B, max_blocks) int64 of the tables' raw block ids, right-padded with 0."""
-    width = max((t.shape[0] for t in tables), default=1) or 1
-    out = np.zeros((len(tables), width), dtype=np.int64)
-    for b, table in enumerate(tables):
-        out[b, : table.shape[0]] = table
-    return out
+def _padded(tables: list[np.ndarray]) -> tuple[np.ndarray, list[int]]:
+    """(B, max_blocks) int64 of the tables' raw block ids, right-padded with 0; lengths."""
+    lengths = [t.shape[0] for t in tables]
+    out = np.zeros((len(tables), max(lengths, default=1) or 1), dtype=np.int64)
+    for b, (table, n) in enumerate(zip(tables, lengths, strict=True)):
+        out[b, :n] = table
+    return out, lengths
 
 
-def _table_tensor(padded: np.ndarray, tables: list[np.ndarray], first: int,
+def _table_tensor(padded: np.ndarray, lengths: list[int], first: int,
                   device: torch.device) -> torch.Tensor:
-    """(len(tables), their max_blocks) int32 from rows first.. of `padded`.
+    """(len(lengths), their max) int32 from rows first.. of `padded`.
 
-    Released (-1) and padding entries point at block 0; no tables gives shape (0,).
+    Released (-1) and padding entries point at block 0; no rows gives shape (0,).
     """
-    if not tables:
+    if not lengths:
         return torch.zeros(0, dtype=torch.int32, device=device)
-    width = max(t.shape[0] for t in tables) or 1
-    rows = np.maximum(padded[first:first + len(tables), :width], 0).astype(np.int32)
+    width = max(lengths) or 1
+    rows = np.maximum(padded[first:first + len(lengths), :width], 0).astype(np.int32)
     return torch.from_numpy(rows).to(device)
 
 
@@ -216,35 +217,33 @@ class ModelRunner:
         bs = self.kv.block_size
         order = sorted(out.scheduled, key=lambda s: s.is_prefill)  # stable: decodes first
         num_seqs = len(order)
+        seqs = [s.seq for s in order]
+        start_list = [s.start_pos for s in order]
+        len_list = [s.num_new_tokens for s in order]
         ids: list[int] = []
-        logits_rows: list[int] = []
-        sampled: list[ScheduledSeq] = []
-        starts = np.empty(num_seqs, dtype=np.int64)
-        lens = np.empty(num_seqs, dtype=np.int64)
-        state_slots = np.empty(num_seqs, dtype=np.int64)
-        num_groups = len(self.kv.group_num_blocks)
-        tables: list[list[np.ndarray]] = [[] for _ in range(num_groups)]  # per group, per seq
-        num_decode = 0
-        for b, s in enumerate(order):
-            seq, start, n = s.seq, s.start_pos, s.num_new_tokens
-            starts[b], lens[b], state_slots[b] = start, n, seq.state_slot
-            tokens = seq.token_ids
-            if n == 1:
-                ids.append(tokens[start])
+        for seq, start, n in zip(seqs, start_list, len_list, strict=True):
+            if n == 1:  # one token, read in place: no token_ids list needed
+                num_prompt = len(seq.prompt_ids)
+                ids.append(seq.prompt_ids[start] if start < num_prompt
+                           else seq.output_ids[start - num_prompt])
             else:
-                ids.extend(tokens[start:start + n])
-            tables[0].append(table_array(seq.block_table))
-            for g in range(1, num_groups):
-                tables[g].append(table_array(seq.group_tables[g]))
-            if not s.is_prefill:
-                num_decode += 1
-            if s.num_samples > 0:
-                logits_rows.append(len(ids) - 1)
-                sampled.append(s)
+                ids.extend(seq.token_ids[start:start + n])
+        num_decode = sum(1 for s in order if not s.is_prefill)
+        sampled = [s for s in order if s.num_samples > 0]
+        starts = np.array(start_list, dtype=np.int64)
+        lens = np.array(len_list, dtype=np.int64)
+        state_slots = np.array([seq.state_slot for seq in seqs], dtype=np.int64)
+        # Per group, per sequence: the block table as an array (incremental for a BlockTable).
+        tables = [[table_array(seq.block_table) for seq in seqs]]
+        tables += [[table_array(seq.group_tables[g]) for seq in seqs]
+                   for g in range(1, len(self.kv.group_num_blocks))]
         ends = starts + lens  # context length of each sequence after this step
         seq_cu = np.zeros(num_seqs + 1, dtype=np.int64)
         np.cumsum(lens, out=seq_cu[1:])
         num_tokens = int(seq_cu[-1])
+        # The last token of each sampled sequence needs logits.
+        ends_of_seq = list(accumulate(len_list))
+        logits_rows = [ends_of_seq[b] - 1 for b, s in enumerate(order) if s.num_samples > 0]
         if num_tokens == num_seqs:  # every sequence computes one token (decodes)
             positions, token_seq = starts.copy(), np.arange(num_seqs)
         else:
@@ -263,10 +262,10 @@ class ModelRunner:
         # Per group: the slot of every token, and the decode and prefill block tables.
         paged: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         for group_tables in tables:
-            padded = _padded(group_tables)  # (B, max_blocks) int64, raw ids (-1 kept)
+            padded, lengths = _padded(group_tables)  # (B, max_blocks) int64, raw ids (-1 kept)
             slots = padded[token_seq, block_col] * bs + block_off  # (T,)
-            paged.append((i64(slots), _table_tensor(padded, group_tables[:nd], 0, dev),
-                          _table_tensor(padded, group_tables[nd:], nd, dev)))
+            paged.append((i64(slots), _table_tensor(padded, lengths[:nd], 0, dev),
+                          _table_tensor(padded, lengths[nd:], nd, dev)))
         pre_cu = np.zeros(num_seqs - nd + 1, dtype=np.int64)
         np.cumsum(lens[nd:], out=pre_cu[1:])
         return StepInputs(

@@ -25,7 +25,7 @@ from infbench.engine.kv_groups import GroupedBlockManager
 from infbench.engine.sequence import SeqStatus, Sequence
 
 
-@dataclass
+@dataclass(slots=True)
 class ScheduledSeq:
     """Tokens [start_pos, start_pos + num_new_tokens) of `seq` are computed this step."""
 
@@ -153,24 +153,30 @@ class Scheduler:
         return out
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
-        bm = self.block_manager
+        # Runs once per running sequence per step: the host loop's hot path, so methods
+        # are bound to locals and the one-token case skips _chunk_size.
+        bm, running, scheduled = self.block_manager, self.running, out.scheduled
+        can_append, append_slots = bm.can_append, bm.append_slots
         i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
-            num_new = self._chunk_size(seq.num_tokens - seq.num_computed_tokens, budget)
+        while i < len(running) and budget > 0:
+            seq = running[i]
+            num_remaining = len(seq.prompt_ids) + len(seq.output_ids) - seq.num_computed_tokens
+            num_new = 1 if num_remaining == 1 else self._chunk_size(num_remaining, budget)
             if num_new == 0:
                 i += 1
                 continue
-            while not bm.can_append(seq, num_new):
-                victim = self.running.pop()  # latest admitted first; possibly seq itself
+            while not can_append(seq, num_new):
+                victim = running.pop()  # latest admitted first; possibly seq itself
                 self._preempt(victim)
                 out.preempted.append(victim)
                 if victim is seq:
                     break
             if seq.status is not SeqStatus.RUNNING:
                 break  # seq was the last running sequence
-            out.block_copies.extend(bm.append_slots(seq, num_new))
-            out.scheduled.append(self._scheduled(seq, num_new))
+            copies = append_slots(seq, num_new)
+            if copies:
+                out.block_copies.extend(copies)
+            scheduled.append(self._scheduled(seq, num_new))
             budget -= num_new
             i += 1
         return budget
@@ -217,16 +223,16 @@ class Scheduler:
         return num_new
 
     def _scheduled(self, seq: Sequence, num_new: int) -> ScheduledSeq:
-        start = seq.num_computed_tokens
-        completes = start + num_new == seq.num_tokens
+        start, num_prompt = seq.num_computed_tokens, len(seq.prompt_ids)
+        completes = start + num_new == num_prompt + len(seq.output_ids)
         if not completes:
             num_samples = 0
         elif seq.n > 1 and not seq.output_ids:
             num_samples = seq.n
         else:
             num_samples = 1
-        is_decode = completes and num_new == 1 and start >= seq.num_prompt_tokens
-        return ScheduledSeq(seq, start, num_new, num_samples, is_prefill=not is_decode)
+        is_decode = completes and num_new == 1 and start >= num_prompt
+        return ScheduledSeq(seq, start, num_new, num_samples, not is_decode)
 
     def _preempt(self, seq: Sequence) -> None:
         self._release(seq)
@@ -248,13 +254,15 @@ class Scheduler:
         """Advance the scheduled sequences, fork, append sampled tokens; return finished ones."""
         self.forked = []
         finished: list[Sequence] = []
+        bm, window = self.block_manager, self.window
+        commit = bm.commit
         for item in out.scheduled:
             seq = item.seq
             seq.num_computed_tokens += item.num_new_tokens
-            self.block_manager.commit(seq)
-            if self.window is not None:
-                self.block_manager.release_outside_window(seq, self.window)
-            tokens = sampled.get(seq.seq_id, [])
+            commit(seq)
+            if window is not None:
+                bm.release_outside_window(seq, window)
+            tokens = sampled.get(seq.seq_id, ())
             if len(tokens) != item.num_samples:
                 raise ValueError(
                     f"seq {seq.seq_id}: expected {item.num_samples} sampled tokens, "
@@ -262,7 +270,8 @@ class Scheduler:
                 )
             if not tokens:
                 continue
-            group = [seq, *self._fork(seq, len(tokens) - 1)]
+            # Only a prompt that completes with n > 1 forks (_fork is O(running)).
+            group = [seq, *self._fork(seq, len(tokens) - 1)] if len(tokens) > 1 else (seq,)
             for member, token in zip(group, tokens, strict=True):
                 member.output_ids.append(token)
                 member.token_times_s.append(now_s)
