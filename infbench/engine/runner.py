@@ -24,7 +24,7 @@ from infbench.engine.cuda_graphs import DecodeGraphs
 from infbench.engine.kv_cache import KVCache, StatePool
 from infbench.engine.sampler import Sampler
 from infbench.engine.scheduler import ScheduledSeq, SchedulerOutput
-from infbench.engine.sequence import table_array
+from infbench.engine.sequence import BlockTable, table_array
 from infbench.model.context import LanguageModel, LayerState
 from infbench.model.ops import Ops
 
@@ -234,7 +234,8 @@ class ModelRunner:
         lens = np.array(len_list, dtype=np.int64)
         state_slots = np.array([seq.state_slot for seq in seqs], dtype=np.int64)
         # Per group, per sequence: the block table as an array (incremental for a BlockTable).
-        tables = [[table_array(seq.block_table) for seq in seqs]]
+        tables = [[t.as_array() if type(t) is BlockTable else table_array(t)
+                   for t in [seq.block_table for seq in seqs]]]
         tables += [[table_array(seq.group_tables[g]) for seq in seqs]
                    for g in range(1, len(self.kv.group_num_blocks))]
         ends = starts + lens  # context length of each sequence after this step
