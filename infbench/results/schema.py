@@ -331,8 +331,11 @@ def upgrade(data: dict[str, Any]) -> dict[str, Any]:
     """A result of an older schema_version as the current one (a new dict; `data` is kept).
 
     1 -> 2: the keys version 2 always writes are added empty: `engine_disabled` (version 1
-    writers recorded no disabled features), `telemetry` and `requests`.  Numbers are not
-    touched, so report, compare and the gate read a version 1 file exactly as before.
+    writers recorded no disabled features), `telemetry` and `requests`; and
+    `scenario.model.weights` says which weights ran, as version 1 ran them: random for a
+    preset (version 1 had no real-weight presets), real for an HF directory or a GGUF file.
+    Numbers are not touched, so report, compare and the gate read a version 1 file exactly
+    as before.
     Other versions are returned unchanged: `validate` then refuses them.
     """
     if data.get("schema_version") == 1:
@@ -340,6 +343,10 @@ def upgrade(data: dict[str, Any]) -> dict[str, Any]:
         data.setdefault("engine_disabled", [])
         data.setdefault("telemetry", {})
         data.setdefault("requests", [])
+        model = (data.get("scenario") or {}).get("model")
+        if isinstance(model, dict) and "weights" not in model:
+            weights = "random" if "preset" in model else "real"
+            data["scenario"] = {**data["scenario"], "model": {**model, "weights": weights}}
     return data
 
 

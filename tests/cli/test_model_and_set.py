@@ -182,8 +182,32 @@ def test_loader_picks_real_weights_for_a_released_preset() -> None:
     assert random.weights == "random (seed 3)"
     shaped = load_model({"preset": "smollm2-135m"}, overrides={"num_layers": 1})
     assert shaped.weights.startswith("random (seed 0); overrides change its shape")
-    with pytest.raises(UserError, match="model.weights: unknown value 'real'"):
+    assert load_model({"preset": "smollm2-135m"}, weights="real").weights == f"real: {gguf}"
+    with pytest.raises(UserError, match="model.weights: preset 'tiny' has no released weights"):
         load_model({"preset": "tiny"}, weights="real")
+    with pytest.raises(UserError, match="cannot be used: overrides change its shape"):
+        load_model({"preset": "smollm2-135m"}, weights="real", overrides={"num_layers": 1})
+
+
+def test_scenario_points_and_v1_results_say_which_weights_run(tmp_path: Path) -> None:
+    """The scenario echo records real | random (never this machine's file path), resolved as
+    the loader will, so a baseline and a new run compare on another checkout too."""
+    from infbench.core.scenario import load_scenario
+    from infbench.results.schema import upgrade
+
+    _smollm2_gguf()
+    cases = {"{preset: tiny}": "random", "{preset: smollm2-135m}": "real",
+             "{preset: smollm2-135m, weights: random}": "random",
+             "{preset: smollm2-135m, overrides: {num_layers: 2}}": "random"}
+    for model, expected in cases.items():
+        path = tmp_path / "s.yaml"
+        path.write_text(f"name: s\nmodel: {model}\n")
+        assert load_scenario(path).points()[0].to_dict()["model"]["weights"] == expected, model
+    v1 = {"schema_version": 1, "scenario": {"model": {"preset": "tiny"}}}
+    assert upgrade(v1)["scenario"]["model"]["weights"] == "random"
+    assert "weights" not in v1["scenario"]["model"]  # the input is not modified
+    v1_file = {"schema_version": 1, "scenario": {"model": {"gguf": "/x/m.gguf"}}}
+    assert upgrade(v1_file)["scenario"]["model"]["weights"] == "real"
 
 
 # ------------------------------------------------------------------ allowed values

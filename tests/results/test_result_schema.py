@@ -56,8 +56,13 @@ def test_version_1_upgrades_in_memory_without_touching_numbers(tmp_path: Path) -
     assert old["schema_version"] == 1  # the input is not modified
     assert new["schema_version"] == 2
     assert new["engine_disabled"] == [] and new["requests"] == [] and new["telemetry"] == {}
-    for key in ("metrics", "prediction", "repeats", "spread", "steps", "scenario"):
+    for key in ("metrics", "prediction", "repeats", "spread", "steps"):
         assert new[key] == old[key]
+    # the scenario gains only which weights ran (version 1 ran presets with random weights)
+    assert "weights" not in old["scenario"]["model"]
+    assert new["scenario"]["model"] == {**old["scenario"]["model"], "weights": "random"}
+    assert {k: v for k, v in new["scenario"].items() if k != "model"} == {
+        k: v for k, v in old["scenario"].items() if k != "model"}
     validate(new)
     assert load_result(_write(tmp_path, old))["schema_version"] == 2
 
