@@ -145,8 +145,12 @@ def cpu_info() -> dict[str, Any]:
 
 
 def build_engine(batch: int, prompt_len: int, gen_len: int, seed: int = 0,
-                 max_num_batched_tokens: int = 16384) -> tuple[Engine, NullModel]:
-    """An engine over NullModel with `batch` requests of `prompt_len` random tokens queued."""
+                 max_num_batched_tokens: int = 16384,
+                 num_threads: int | None = None) -> tuple[Engine, NullModel]:
+    """An engine over NullModel with `batch` requests of `prompt_len` random tokens queued.
+
+    `num_threads` sets torch's intra-op threads for the whole process (None: unchanged).
+    """
     from infbench.core.config import EngineConfig, ModelConfig
     from infbench.engine.engine import Engine, KVSizing
     from infbench.engine.request import Request, SamplingParams
@@ -155,10 +159,8 @@ def build_engine(batch: int, prompt_len: int, gen_len: int, seed: int = 0,
     cfg = ModelConfig.from_name("tiny", num_layers=1, num_heads=1, num_kv_heads=1,
                                 hidden_size=16, max_seq_len=prompt_len + gen_len + 16)
     model = NullModel(cfg.hidden_size, cfg.vocab_size)
-    # One intra-op thread: the host loop is single-threaded Python, and idle torch threads
-    # would only contend with it.
     engine_cfg = EngineConfig(max_num_seqs=batch, max_num_batched_tokens=max_num_batched_tokens,
-                              backend="torch", num_threads=1)
+                              backend="torch", num_threads=num_threads)
     rng = random.Random(seed)
     reqs = [Request(f"r{i}", tuple(rng.randrange(cfg.vocab_size) for _ in range(prompt_len)),
                     SamplingParams(max_tokens=gen_len, ignore_eos=True))
@@ -172,15 +174,15 @@ def build_engine(batch: int, prompt_len: int, gen_len: int, seed: int = 0,
     return engine, model
 
 
-def measure(batch: int, prompt_len: int = 4000, num_steps: int = 60,
-            num_warmup: int = 5) -> dict[str, Any]:
+def measure(batch: int, prompt_len: int = 4000, num_steps: int = 60, num_warmup: int = 5,
+            num_threads: int | None = None) -> dict[str, Any]:
     """Prefill `batch` prompts, then time `num_steps` decode steps after `num_warmup`."""
     # Sequences whose prompt completes early decode while later ones still prefill: room
     # for those steps too, so that no sequence finishes inside the measured window.
     max_batched = 16384
     num_prefill_steps = -(-batch * prompt_len // max_batched) + 1
     engine, model = build_engine(batch, prompt_len, num_prefill_steps + num_warmup + num_steps + 1,
-                                 max_num_batched_tokens=max_batched)
+                                 max_num_batched_tokens=max_batched, num_threads=num_threads)
     split = StepSplit()
     split.install(engine, model)
     while engine.scheduler.waiting or any(
@@ -211,17 +213,20 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from infbench.core.errors import UserError
     from infbench.results.store import env_info, write_json_atomic
 
-    if args.steps < 1 or args.prompt < 1:
-        raise UserError("--steps and --prompt must be >= 1")
     try:
         batches = [int(b) for b in args.batches.split(",")]
     except ValueError:
-        raise UserError(f"--batches: comma-separated integers, got {args.batches!r}") from None
+        batches = []
+    if args.steps < 1 or args.prompt < 1 or not batches or min(batches) < 1:
+        print("error: --steps, --prompt and every --batches entry must be integers >= 1, got "
+              f"{args.steps}, {args.prompt}, {args.batches!r}", file=sys.stderr)
+        return 2
     cpu = cpu_info()
-    rows = [measure(b, args.prompt, args.steps) for b in batches]
+    # One intra-op thread: the host loop is single-threaded Python, and idle torch threads
+    # would only contend with it on a shared machine.
+    rows = [measure(b, args.prompt, args.steps, num_threads=1) for b in batches]
     table = Table(title=f"host loop per decode step, NullModel, ~{args.prompt}-token contexts "
                         f"(median of {args.steps} steps, us)",
                   caption=f"{cpu['model_name']}; flags: {' '.join(cpu['flags']) or 'none'}")

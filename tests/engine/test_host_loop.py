@@ -59,8 +59,13 @@ def test_step_split_parts_add_up_to_the_step() -> None:
 
 def test_main_prints_cpu_flags_and_writes_json(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "host.json"
-    assert host_loop.main(["--batches", "1,2", "--prompt", "24", "--steps", "2",
-                           "--json", str(out)]) == 0
+    threads = torch.get_num_threads()  # main runs torch on one thread; the suite does not
+    try:
+        code = host_loop.main(["--batches", "1,2", "--prompt", "24", "--steps", "2",
+                               "--json", str(out)])
+    finally:
+        torch.set_num_threads(threads)
+    assert code == 0
     data = json.loads(out.read_text())
     assert [r["batch"] for r in data["rows"]] == [1, 2]
     assert set(data["cpu"]["flags"]) <= set(host_loop.RELEVANT_FLAGS)
