@@ -280,7 +280,7 @@ def kv_measured(paths: list[Path], hw: Any, as_json: bool, plot: Path | None = N
     from rich.table import Table
 
     from infbench.results.gate import load_results
-    from infbench.roofline.tables import kv_measured_rows
+    from infbench.results.kv_report import kv_measured_rows
 
     rows = kv_measured_rows(load_results([str(p) for p in paths]), hw)
     if plot is not None:

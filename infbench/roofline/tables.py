@@ -126,49 +126,6 @@ def scheme_name(cfg: ModelConfig) -> str:
     return name
 
 
-def kv_measured_rows(results: Sequence[dict[str, Any]], hw: HardwareSpec) -> list[dict[str, Any]]:
-    """`infbench kv --results`: what each run allocated next to what the model predicts.
-
-    Predicted KV at the run's context (prompt + gen) and batch, measured peak KV
-    allocated by the paged cache (whole blocks, so it rounds up), exact bytes per
-    token and per-sequence state, and measured decode speed and TTFT.
-    """
-    rows = []
-    for r in results:
-        cfg = ModelConfig.from_dict(r["model_config"])
-        sc, m = r["scenario"], r["metrics"]
-        w = sc["workload"]
-        dtype = sc["dtype"]
-        quant = QuantConfig(**(sc["model"].get("quant") or {}))
-        context = int(w["prompt_len"]) + int(w["gen_len"])
-        batch = int(w["batch_size"]) if w["kind"] == "static" else int(w["num_requests"])
-        decode = m.get("decode") or {}
-        # Results arrive validated by results.store.load_result; a latency may be null (no
-        # samples) and p50 absent (measure.percentiles), so TTFT p50 is read as missing
-        # rather than indexed.  results.accessor sits above this layer: not importable here.
-        ttft = m.get("ttft_s") or {}
-        rows.append({
-            "label": r.get("label", ""),
-            "model": cfg.name,
-            "dtype": dtype,
-            "attention": cfg.attention.kind,
-            "scheme": scheme_name(cfg),
-            "kv_bytes_per_token_predicted": kv_bytes_per_token(cfg, dtype, quant),
-            "kv_bytes_per_token_measured": m["kv_bytes_per_token"],
-            "state_bytes_per_seq_predicted": state_bytes_per_seq(cfg, dtype),
-            "state_bytes_per_seq_measured": m.get("state_bytes_per_seq", 0),
-            "kv_cache_bytes_predicted": kv_cache_bytes(cfg, dtype, quant, context, batch),
-            "peak_kv_bytes_measured": m["peak_kv_bytes"],
-            "max_batch_predicted": max_batch(cfg, hw, dtype, quant, context),
-            "decode_tokens_per_s_measured": (batch / decode["time_per_token_s"]
-                                             if decode.get("time_per_token_s") else None),
-            "ttft_p50_s_measured": ttft.get("p50"),
-            "context_len": context,
-            "batch": batch,
-        })
-    return rows
-
-
 def model_rows() -> list[dict[str, Any]]:
     rows = []
     for name, cfg in PRESETS.items():

@@ -10,7 +10,7 @@ import pytest
 from infbench.commands.predict_views import kv_measured
 from infbench.core.hardware import get_hardware
 from infbench.results.gate import load_results
-from infbench.roofline.tables import kv_measured_rows
+from infbench.results.kv_report import kv_measured_rows
 
 BASELINE = Path(__file__).resolve().parents[2] / "results/baselines/ci/ci_gate_000.json"
 
