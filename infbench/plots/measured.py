@@ -28,22 +28,12 @@ from typing import Any
 
 from infbench.core.errors import ResultSchemaError, UserError
 from infbench.core.hardware import HardwareSpec
+from infbench.results.accessor import metric as result_metric
+from infbench.results.accessor import scenario_number, value_at
 from infbench.results.report import short_label
 from infbench.roofline.tables import RooflinePoint
 
 _STAGES = ("prefill", "decode")
-
-
-def _get(tree: Any, path: str) -> float | None:
-    """A number at a dotted path, or None (missing, null, non-numeric)."""
-    node = tree
-    for part in path.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    if isinstance(node, bool) or not isinstance(node, (int, float)):
-        return None
-    return float(node)
 
 
 def _where(result: dict[str, Any]) -> str:
@@ -121,13 +111,13 @@ def point_labels(results: list[dict[str, Any]]) -> list[str]:
 
 def _predicted_flops_per_s(stage: dict[str, Any], hw: HardwareSpec | None,
                            dtype: str) -> float | None:
-    flops = _get(stage, "flops")
+    flops = value_at(stage, ["flops"])
     # Stage FLOPs are per step (decode: the mean step), so divide by the step time.
-    time_s = _get(stage, "time_s") or _get(stage, "step_time_s") or _get(stage,
-                                                                          "time_per_token_s")
+    time_s = (value_at(stage, ["time_s"]) or value_at(stage, ["step_time_s"])
+              or value_at(stage, ["time_per_token_s"]))
     if flops is not None and time_s:
         return flops / time_s
-    intensity = _get(stage, "intensity")
+    intensity = value_at(stage, ["intensity"])
     if intensity is not None and hw is not None:  # no predicted time: the attainable roof
         return min(hw.peak(dtype), intensity * hw.bandwidth)
     return None
@@ -139,31 +129,29 @@ def measured_roofline_points(results: list[dict[str, Any]], hardware: HardwareSp
     points: list[RooflinePoint] = []
     for r, run in zip(results, point_labels(results), strict=True):
         hw = hardware or (_result_hardware(r) if r.get("hardware") else None)
-        bs = _get(_section(r, "scenario"), "workload.batch_size")
+        bs = scenario_number(r, "workload.batch_size")
         batch = None if bs is None else int(bs)
         dtype = _dtype(r)
-        metrics = _section(r, "metrics")
         prediction = _section(r, "prediction")
         for stage in _STAGES:
-            measured = metrics.get(stage) or {}
-            intensity = _get(measured, "intensity")
-            achieved = _get(measured, "achieved_flops_per_s")
+            intensity = result_metric(r, f"{stage}.intensity")
+            achieved = result_metric(r, f"{stage}.achieved_flops_per_s")
             # group pairs a stage with its predicted twin (the figure links them);
             # series keeps one colour per run.
             if intensity and achieved:
                 points.append(RooflinePoint(f"{run} {stage}", intensity, achieved, "measured",
                                             f"{run} {stage}", run, stage, batch))
             predicted = prediction.get(stage) or {}
-            p_intensity = _get(predicted, "intensity")
+            p_intensity = result_metric(r, f"prediction.{stage}.intensity")
             p_flops = _predicted_flops_per_s(predicted, hw, dtype)
             if p_intensity and p_flops:
                 points.append(RooflinePoint(f"{run} {stage} (predicted)", p_intensity, p_flops,
                                             "predicted", f"{run} {stage}", run, stage, batch))
         if include_steps:
             for step in _steps(r):
-                duration = _get(step, "duration_s")
-                flops = _get(step, "flops")
-                intensity = _get(step, "intensity")
+                duration = value_at(step, ["duration_s"])
+                flops = value_at(step, ["flops"])
+                intensity = value_at(step, ["intensity"])
                 if duration and flops and intensity:
                     points.append(RooflinePoint(
                         f"{run} step {step.get('index')}", intensity, flops / duration,
@@ -215,7 +203,7 @@ def swept_labels(results: list[dict[str, Any]]) -> list[str]:
         if label:  # batch_size=8 -> b=8: annotations sit next to 2 mm markers
             labels.append(short_label(label).replace("batch_size=", "b="))
             continue
-        bs = _get(_section(r, "scenario"), "workload.batch_size")
+        bs = scenario_number(r, "workload.batch_size")
         labels.append(f"b={int(bs)}" if bs is not None else str(r.get("name")))
     names = {str(r.get("name")) for r in results}
     if len(names) > 1 or len(set(labels)) < len(labels):
@@ -278,15 +266,16 @@ def latency_throughput_figure(results: list[dict[str, Any]], out: str | os.PathL
     measured: list[dict[str, Any]] = []
     predicted: list[dict[str, Any]] = []
     for r, label in zip(results, swept, strict=True):
-        bs = _get(_section(r, "scenario"), "workload.batch_size")
+        bs = scenario_number(r, "workload.batch_size")
         base = {"name": r.get("name"), "label": r.get("label"), "swept": label,
                 "batch_size": None if bs is None else int(bs)}
-        m, p = _section(r, "metrics"), _section(r, "prediction")
-        x, y, t = _get(m, "output_tokens_per_s"), _get(m, "tpot_s.p50"), _get(m, "ttft_s.p50")
+        x, y, t = (result_metric(r, "output_tokens_per_s"), result_metric(r, "tpot_s.p50"),
+                   result_metric(r, "ttft_s.p50"))
         if x is not None and y is not None:
             measured.append({**base, "x": x, "y": y * 1e3,
                              "ttft_ms": None if t is None else t * 1e3})
-        px, py, pt = _get(p, "output_tokens_per_s"), _get(p, "tpot_s"), _get(p, "ttft_s")
+        px, py, pt = (result_metric(r, "prediction.output_tokens_per_s"),
+                      result_metric(r, "prediction.tpot_s"), result_metric(r, "prediction.ttft_s"))
         if px is not None and py is not None:
             predicted.append({**base, "x": px, "y": py * 1e3,
                               "ttft_ms": None if pt is None else pt * 1e3})
@@ -346,7 +335,7 @@ def decode_step_ms(result: dict[str, Any]) -> list[float]:
             is_decode = not s.get("num_prefill_tokens") and bool(s.get("num_decode_tokens"))
         else:
             is_decode = stage == "decode"
-        duration = _get(s, "duration_s")
+        duration = value_at(s, ["duration_s"])
         if is_decode and duration is not None:
             out.append(duration * 1e3)
     return sorted(out)
@@ -401,9 +390,8 @@ def distributions_figure(results: list[dict[str, Any]], out: str | os.PathLike[s
             itl[label] = {"x": xs, "y": ys, "source": source}
             if xs:
                 ax_cdf.step(xs, ys, where="post", color=colour, label=name)
-            m = _section(r, "metrics")
             pct[label] = {
-                f"{metric}_ms": {q: (None if (v := _get(m, f"{metric}_s.{q}")) is None
+                f"{metric}_ms": {q: (None if (v := result_metric(r, f"{metric}_s.{q}")) is None
                                      else v * 1e3) for q in ("p50", "p90", "p99")}
                 for metric in METRIC_STYLES}
         if sources == {"itl"}:

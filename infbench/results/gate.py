@@ -32,6 +32,7 @@ from typing import Any
 from infbench.core.errors import ResultSchemaError, UserError
 from infbench.core.scenario import NORMALIZE_MODES, parse_fraction
 from infbench.results.accessor import section_metric, with_default_statistic
+from infbench.results.schema import upgrade
 
 # Scenario keys that may differ between runs of the same benchmark.
 VOLATILE_SCENARIO_KEYS = frozenset({"gate", "measure", "source", "out", "out_dir"})
@@ -208,7 +209,10 @@ def _compare_into(out: GateResult, baseline: dict[str, Any], new: dict[str, Any]
                         f"allowed: {', '.join(NORMALIZE_MODES)}")
     for r in (baseline, new):
         _check_schema(r)
-    diff = scenario_difference(baseline.get("scenario") or {}, new.get("scenario") or {})
+    # Both sides as the current schema (a no-op for results read by load_result): a result
+    # built in memory by an older writer compares like its file would.
+    diff = scenario_difference(upgrade(baseline).get("scenario") or {},
+                               upgrade(new).get("scenario") or {})
     if diff:
         raise UserError(f"{_result_id(new)} and baseline {_result_id(baseline)} ran different "
                         f"scenarios: {diff} differs; compare runs of the same scenario point")
