@@ -15,6 +15,7 @@ from pathlib import Path
 
 import typer
 
+from infbench.core.checkpoint_config import model_source  # noqa: F401  (opt.model_source)
 from infbench.core.config import (
     ATTENTION_KINDS,
     BACKENDS,
@@ -22,10 +23,8 @@ from infbench.core.config import (
     DTYPES,
     FEATURE_MAPS,
     KV_QUANT,
-    PRESETS,
     WEIGHT_QUANT,
 )
-from infbench.core.errors import UserError
 
 
 def _int_at_least(minimum: int) -> Callable[[int | None], int | None]:
@@ -191,20 +190,3 @@ def choices(allowed: tuple[str, ...]) -> str:
 
 
 MODEL_HELP = "A preset name, a Hugging Face model directory (config.json) or a .gguf file."
-
-
-def model_source(model: str) -> dict[str, str]:
-    """Map a --model value to a source: {"preset": NAME} | {"path": HF_DIR} | {"gguf": FILE}.
-
-    The same three kinds as a scenario's `model:` section.  A preset name wins over a file
-    of the same name in the working directory; write ./NAME for the file.
-    """
-    path = Path(model)
-    if model.lower() in PRESETS and not (model.startswith(".") or "/" in model):
-        return {"preset": model}
-    if path.is_dir():
-        return {"path": model}
-    if path.is_file() or model.lower().endswith(".gguf"):
-        return {"gguf": model}  # a missing .gguf file gets the loader's "does not exist" error
-    raise UserError(f"unknown model preset {model!r}; allowed: {', '.join(PRESETS)}, "
-                    "an existing Hugging Face model directory or a .gguf file")

@@ -69,7 +69,7 @@ def kv_command(
     names = [m.strip() for m in models.split(",") if m.strip()]
     if not names:
         raise UserError("--models: expected at least one model preset")
-    sources = [opt.model_source(name) for name in names]  # as predict's --model
+    sources = [opt.model_source(name, "--models") for name in names]  # as predict's --model
     for source in sources:
         note_source(source)
     rows = kv_rows([base_config(source) for source in sources], context_len=context, batch=batch,

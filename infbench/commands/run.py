@@ -13,6 +13,7 @@ from typing import Any
 import typer
 
 from infbench.commands import _options as opt
+from infbench.core.checkpoint_config import model_source
 from infbench.core.errors import UserError
 
 
@@ -313,13 +314,6 @@ def generate(
     print(f"{len(ids)} prompt tokens, {len(toks)} generated ({out.outputs[0].finish_reason}); "
           f"TTFT {ttft * 1e3:.1f} ms, decode {tps:.1f} tokens/s, backend {llm.engine.ops.name}, "
           f"device {dev}", file=sys.stderr)
-
-
-def model_source(model: str) -> dict[str, str]:
-    """Map --model to a loader source: a preset name, an HF directory or a GGUF file."""
-    from infbench.model.loader import source_from_name
-
-    return source_from_name(model, "--model")
 
 
 def schema(

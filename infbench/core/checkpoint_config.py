@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from infbench.core.config import REAL_WEIGHTS, AttentionConfig, ModelConfig
+from infbench.core.config import PRESETS, REAL_WEIGHTS, AttentionConfig, ModelConfig
 from infbench.core.errors import ConfigError, DamagedFileError, UserError
 
 if TYPE_CHECKING:
@@ -309,6 +309,25 @@ def _mamba(root: Path, raw: dict[str, Any]) -> ModelConfig:
 
 
 # ---------------------------------------------------------------------- GGUF files
+def model_source(model: str, key: str = "--model") -> dict[str, str]:
+    """The one mapping of a model name to a source, for every command, scenarios' callers
+    and `LLM`: {"preset": NAME} | {"path": HF_DIR} | {"gguf": FILE}.
+
+    A preset name wins over a file of the same name in the working directory (write ./NAME
+    for the file); a preset naming a released model (smollm2-135m) runs its real weights
+    when they are installed (`weights_kind`).  `key` names the setting in the error.
+    """
+    path = Path(model)
+    if model.lower() in PRESETS and not (model.startswith(".") or "/" in model):
+        return {"preset": model}
+    if path.is_dir():
+        return {"path": model}
+    if path.is_file() or model.lower().endswith(".gguf"):
+        return {"gguf": model}  # a missing .gguf file gets the loader's "does not exist" error
+    raise UserError(f"{key}: unknown model {model!r}; allowed: a preset ({', '.join(PRESETS)}), "
+                    "an existing Hugging Face model directory or a .gguf file")
+
+
 def weights_kind(source: dict[str, Any], weights: str, overrides: dict[str, Any] | None) -> str:
     """'real' or 'random': which weights a model source runs with `model.weights` (the same
     decision the loader makes, without torch, so a scenario point and its result say it).

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from infbench.core.checkpoint_config import model_source
 from infbench.core.config import DTYPES, EngineConfig, ModelConfig
 from infbench.core.device import available_memory_bytes, resolve_device
 from infbench.core.errors import UserError
@@ -108,7 +109,7 @@ class LLM:
                                 f"got {model!r}")
             self.device = resolve_device(device, "device")
             self.dtype = _resolve_dtype(dtype, self.device)
-            source = loader.source_from_name(model)  # fail on a bad name before loading
+            source = model_source(model, "model")  # fail on a bad name before loading
             self._loaded = loader.load_model(source, dtype=self.dtype, device=self.device,
                                              seed=seed)
         cfg = self._loaded.config

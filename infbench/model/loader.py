@@ -29,7 +29,7 @@ from infbench.core.checkpoint_config import (
     reading,
     resolve_gguf,
 )
-from infbench.core.config import MODEL_WEIGHTS, PRESETS, REAL_WEIGHTS, ModelConfig
+from infbench.core.config import MODEL_WEIGHTS, REAL_WEIGHTS, ModelConfig
 from infbench.core.device import available_memory_bytes
 from infbench.core.errors import ConfigError, DamagedFileError, DoesNotFitError, UserError
 from infbench.model import dtypes
@@ -52,22 +52,6 @@ class LoadedModel:
     weight_bytes: int  # bytes of all parameters as loaded (a tied embedding counted once)
     source: str  # e.g. "preset tiny", "hf /ckpt", "gguf /x.gguf (Q4_1 x210, F32 x61)"
     weights: str = ""  # "real: <file or dir>" or "random (seed N)", for notes and results
-
-
-def source_from_name(model: str, key: str = "model") -> dict[str, str]:
-    """A preset name, an HF directory, a GGUF file or smollm2-135m -> a `load_model` source.
-
-    `key` names the setting in the error (`--model` for the CLI, `model` for `LLM`).
-    """
-    # smollm2-135m is also a preset (its shapes, random weights); by name the real model wins.
-    if model.lower() == "smollm2-135m" or model.endswith(".gguf"):
-        return {"gguf": model}
-    if model.lower() in PRESETS:
-        return {"preset": model}
-    if Path(model).is_dir():
-        return {"path": model}
-    raise UserError(f"{key} {model!r}: not a preset ({', '.join(PRESETS)}), an existing HF "
-                    "directory, a .gguf file or smollm2-135m")
 
 
 def load_model(

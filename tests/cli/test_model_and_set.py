@@ -158,7 +158,7 @@ def test_predict_takes_a_gguf_file(capsys: pytest.CaptureFixture[str]) -> None:
 def test_unknown_model_names_the_three_kinds(capsys: pytest.CaptureFixture[str]) -> None:
     for command in ("predict", "kv"):
         line = one_error([command, "--model", "llama9"], capsys)
-        assert "unknown model preset 'llama9'; allowed: llama2-7b" in line
+        assert "unknown model 'llama9'; allowed: a preset (llama2-7b" in line
         assert "Hugging Face model directory or a .gguf file" in line
 
 

@@ -122,7 +122,7 @@ def test_predict_scenario_file(tmp_path, monkeypatch, capsys) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["predict", "--model", "llama9"], "unknown model preset 'llama9'; allowed: llama2-7b"),
+        (["predict", "--model", "llama9"], "--model: unknown model 'llama9'; allowed: a preset (llama2-7b"),
         (["predict", "--hardware", "tpu9"], "unknown hardware 'tpu9'; allowed: h100-sxm"),
         (["predict", "--batch", "0"], "--batch: each size must be >= 1"),
         (["predict", "--batch", "-4"], "--batch: each size must be >= 1"),
@@ -139,7 +139,7 @@ def test_predict_scenario_file(tmp_path, monkeypatch, capsys) -> None:
         (["predict", "--set", "model.overrides.num_layerz=3"],
          "model.overrides.num_layerz: unknown key (did you mean num_layers?)"),
         (["predict", "--spec-tokens", "3"], "--spec-acceptance"),
-        (["kv", "--models", "llama2-13b,nope"], "unknown model preset 'nope'"),
+        (["kv", "--models", "llama2-13b,nope"], "--models: unknown model 'nope'"),
         (["kv", "--context", "0"], "--context: must be >= 1 (got 0)"),
         (["roofline", "--batch", "0"], "--batch: each size must be >= 1"),
     ],
@@ -156,7 +156,7 @@ def test_subprocess_error_has_no_traceback() -> None:
     proc = subprocess.run([sys.executable, "-m", "infbench.cli", "predict", "--model", "nope"],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
-    assert proc.stderr.startswith("error: unknown model preset 'nope'")
+    assert proc.stderr.startswith("error: --model: unknown model 'nope'")
     assert "Traceback" not in proc.stderr and proc.stdout == ""
 
 

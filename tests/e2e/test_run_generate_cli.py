@@ -103,7 +103,7 @@ def test_generate_prints_only_the_completion_ids_on_stdout() -> None:
 @pytest.mark.parametrize("args,needle", [
     (["--model", "tiny", "--prompt", "hi"], "no tokenizer"),
     (["--model", "tiny", "--prompt-ids", "1,x"], "--prompt-ids"),
-    (["--model", "/nonexistent", "--prompt", "hi"], "not a preset"),
+    (["--model", "/nonexistent", "--prompt", "hi"], "unknown model '/nonexistent'"),
 ])
 def test_generate_bad_input_is_one_line_exit_2(args: list[str], needle: str) -> None:
     res = _cli("generate", *args)

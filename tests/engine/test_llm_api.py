@@ -120,7 +120,7 @@ def test_engine_create_sizes_for_requests_like_the_benchmarks():
     (lambda: SamplingParams(n=0), "sampling.n must be > 0"),
     (lambda: LLM("tiny", dtype="float64"), "dtype 'float64' unknown; allowed: auto, float32"),
     (lambda: LLM("tiny", device="tpu"), "device: unknown value 'tpu'"),
-    (lambda: LLM("no-such-model"), "model 'no-such-model': not a preset"),
+    (lambda: LLM("no-such-model"), "model: unknown model 'no-such-model'; allowed: a preset"),
     (lambda: LLM("tiny", max_model_len=4096), "max_model_len=4096 exceeds the model context"),
     (lambda: LLM("tiny", max_model_len=0), "max_model_len must be an integer >= 1"),
     (lambda: LLM("tiny", kv_cache_memory=0.5, num_kv_blocks=4), "not both"),
