@@ -80,7 +80,8 @@ def test_report_writes_markdown_and_csv(monkeypatch, capsys, result_file, tmp_pa
     code, out, _ = run_cli(monkeypatch, capsys, "report", str(a), str(b), "--markdown", str(md),
                            "--csv", str(csv))
     assert code == 0
-    assert "measured / predicted" in out and "decode step" in out
+    assert "measured / predicted" in out and "TPOT p50" in " ".join(out.split())
+    assert "decode" in out and "step" in out
     lines = md.read_text().splitlines()
     assert lines[0].startswith("| label |") and len(lines) == 4
     assert csv.read_text().count("\n") == 3
