@@ -167,9 +167,10 @@ def output_file(value: Path | None) -> Path | None:
 def one_of(allowed: tuple[str, ...]) -> Callable[[str | None], str | None]:
     """A name from `allowed` (the tuples of core/config.py, the same the scenario schema uses)."""
     def check(value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise typer.BadParameter(f"must not be empty; allowed: {', '.join(allowed)}")
         if value is not None and value not in allowed:
-            shown = repr(value) if value.strip() else "an empty value"
-            raise typer.BadParameter(f"unknown value {shown}; allowed: {', '.join(allowed)}")
+            raise typer.BadParameter(f"unknown value {value!r}; allowed: {', '.join(allowed)}")
         return value
 
     return check
