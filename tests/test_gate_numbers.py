@@ -11,15 +11,14 @@ from __future__ import annotations
 import copy
 import io
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_helpers import run_cli
 from measure.conftest import make_result  # tests/ is on pythonpath (pyproject)
 from rich.console import Console
 
-from infbench import cli
 from infbench.core.errors import ResultSchemaError, UserError
 from infbench.results.gate import compare, gate_from_scenario
 
@@ -46,15 +45,6 @@ def _with(value: float, metric: str = "output_tokens_per_s", repeats: bool = Fal
 def _write(path: Path, result: dict[str, Any]) -> Path:
     path.write_text(json.dumps(result))  # json writes NaN / Infinity literals, as Python reads
     return path
-
-
-def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["infbench", *args])
-    with pytest.raises(SystemExit) as exc:
-        cli.main()
-        raise SystemExit(0)
-    out = capsys.readouterr()
-    return int(exc.value.code or 0), out.out, out.err
 
 
 @pytest.mark.parametrize("value", BAD, ids=BAD_IDS)

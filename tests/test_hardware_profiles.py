@@ -11,12 +11,11 @@ from __future__ import annotations
 import copy
 import json
 import math
-import sys
 from typing import Any
 
 import pytest
+from cli_helpers import run_cli
 
-from infbench import cli
 from infbench.core.errors import ConfigError, UserError
 from infbench.core.hardware import HARDWARE, HardwareSpec, get_hardware, load_profile
 
@@ -30,15 +29,6 @@ GOOD: dict[str, Any] = {
               "gemm_flops_per_s": {"float32": {"128": 50e9}}, "gemv_shape": [2048, 4096],
               "torch_threads": 2, "timestamp": "2026-11-30T00:00:00+0000"},
 }
-
-
-def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["infbench", *args])
-    with pytest.raises(SystemExit) as exc:
-        cli.main()
-        raise SystemExit(0)
-    out = capsys.readouterr()
-    return int(exc.value.code or 0), out.out, out.err
 
 
 def _profile(**changes: Any) -> dict[str, Any]:

@@ -9,29 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from infbench import cli
+from cli_helpers import run_cli, tiny_scenario
 
 BASELINES = Path(__file__).resolve().parents[2] / "results" / "baselines" / "ci"
-TINY = """
-name: tiny_json
-device: cpu
-dtype: float32
-hardware: cpu
-model: {preset: tiny, overrides: {max_seq_len: 64}}
-workload: {kind: static, batch_size: [1, 2], prompt_len: 8, gen_len: 4, seed: 0}
-engine: {block_size: 4, max_num_batched_tokens: 32}
-measure: {warmup: 0, repeats: 1}
-"""
-
-
-def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["infbench", *args])
-    with pytest.raises(SystemExit) as exc:
-        cli.main()
-        raise SystemExit(0)  # main() returns normally on success
-    out = capsys.readouterr()
-    return int(exc.value.code or 0), out.out, out.err
+TINY = tiny_scenario("tiny_json", batch_size="[1, 2]", prompt_len=8, gen_len=4)
 
 
 def test_report_json_is_the_rows(monkeypatch, capsys, tmp_path):

@@ -122,7 +122,8 @@ def test_predict_scenario_file(tmp_path, monkeypatch, capsys) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["predict", "--model", "llama9"], "--model: unknown model 'llama9'; allowed: a preset (llama2-7b"),
+        (["predict", "--model", "llama9"],
+         "--model: unknown model 'llama9'; allowed: a preset (llama2-7b"),
         (["predict", "--hardware", "tpu9"], "unknown hardware 'tpu9'; allowed: h100-sxm"),
         (["predict", "--batch", "0"], "--batch: each size must be >= 1"),
         (["predict", "--batch", "-4"], "--batch: each size must be >= 1"),

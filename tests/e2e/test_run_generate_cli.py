@@ -9,17 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_helpers import tiny_scenario
 
-TINY = """
-name: tiny_run
-device: cpu
-dtype: float32
-hardware: cpu
-model: {preset: tiny, overrides: {max_seq_len: 64}}
-workload: {kind: static, batch_size: [1, 3], prompt_len: 10, gen_len: 6, seed: 0}
-engine: {block_size: 4, max_num_batched_tokens: 32}
-measure: {warmup: 1, repeats: 2}
-"""
+TINY = tiny_scenario(warmup=1, repeats=2)
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -21,31 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_helpers import run_cli, tiny_scenario
 
-from infbench import cli
 from infbench.results.gate import load_results
 from infbench.results.rundir import LOCK_NAME, MANIFEST_NAME, read_manifest, safe_name
 
-TINY = """
-name: tiny_run
-device: cpu
-dtype: float32
-hardware: cpu
-model: {preset: tiny, overrides: {max_seq_len: 64}}
-workload: {kind: static, batch_size: [1, 3], prompt_len: 10, gen_len: 6, seed: 0}
-engine: {block_size: 4, max_num_batched_tokens: 32}
-measure: {warmup: 0, repeats: 1}
-"""
-
-
-def run_cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
-            *args: str) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["infbench", *args])
-    with pytest.raises(SystemExit) as exc:
-        cli.main()
-        raise SystemExit(0)  # main() returns normally on success
-    out = capsys.readouterr()
-    return int(exc.value.code or 0), out.out, out.err
+TINY = tiny_scenario()
 
 
 def scenario(tmp: Path, text: str = TINY, name: str = "s.yaml") -> Path:
@@ -237,9 +218,9 @@ def test_report_reads_only_the_points_the_manifest_lists_as_done(
     doc["points"][1]["status"] = "running"  # complete file, but not recorded as done
     (out / MANIFEST_NAME).write_text(json.dumps(doc))
     assert [Path(r["_path"]).name for r in load_results([out])] == ["tiny_run_000.json"]
-    code, stdout, err = run_cli(monkeypatch, capsys, "report", str(out))
+    code, stdout, err = run_cli(monkeypatch, capsys, "report", str(out), "--json")
     assert code == 0, err
-    assert "batch_size=1" in stdout and "batch_size=3" not in stdout
+    assert [row["label"] for row in json.loads(stdout)] == ["batch_size=1"]
     # an older run directory without a manifest: every result JSON, as before
     (out / MANIFEST_NAME).unlink()
     assert len(load_results([out])) == 3

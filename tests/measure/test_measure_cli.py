@@ -6,19 +6,9 @@ import json
 import subprocess
 import sys
 
-import pytest
+from cli_helpers import run_cli
 
-from infbench import cli
 from infbench.core.hardware import get_hardware
-
-
-def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["infbench", *args])
-    with pytest.raises(SystemExit) as exc:
-        cli.main()
-        raise SystemExit(0)  # main() returns normally on success
-    out = capsys.readouterr()
-    return int(exc.value.code or 0), out.out, out.err
 
 
 def test_compare_identical_passes(monkeypatch, capsys, result_file):

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_helpers import tiny_scenario
 
 from infbench.core.errors import ResultSchemaError
 from infbench.results.schema import SCHEMA_VERSION, RunResult, json_schema, upgrade, validate
@@ -199,16 +200,7 @@ def test_schema_command_prints_and_writes_the_result_schema(tmp_path: Path) -> N
     assert bad.returncode == 2 and bad.stderr.startswith("error:")
 
 
-TINY = """
-name: tiny_schema
-device: cpu
-dtype: float32
-hardware: cpu
-model: {preset: tiny, overrides: {max_seq_len: 64}}
-workload: {kind: static, batch_size: 3, prompt_len: 10, gen_len: 6, seed: 0}
-engine: {block_size: 4, max_num_batched_tokens: 32}
-measure: {warmup: 1, repeats: 2}
-"""
+TINY = tiny_scenario("tiny_schema", batch_size="3", warmup=1, repeats=2)
 
 
 def test_a_fresh_result_validates_against_the_exported_schema(tmp_path: Path) -> None:
