@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from cli_helpers import run_cli, tiny_scenario
 
-BASELINES = Path(__file__).resolve().parents[2] / "results" / "baselines" / "ci"
+# the version-1 CI baseline (fixed numbers the assertions name)
+BASELINES = Path(__file__).resolve().parents[1] / "results" / "data" / "v1_ci_baseline"
 TINY = tiny_scenario("tiny_json", batch_size="[1, 2]", prompt_len=8, gen_len=4)
 
 

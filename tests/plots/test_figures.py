@@ -30,7 +30,8 @@ from infbench.results.gate import load_results
 from infbench.roofline.analysis import predict
 from infbench.roofline.tables import roofline_points
 
-BASELINES = Path(__file__).resolve().parents[2] / "results" / "baselines" / "ci"
+# the version-1 CI baseline (fixed numbers; no per-request rows)
+BASELINES = Path(__file__).resolve().parents[1] / "results" / "data" / "v1_ci_baseline"
 MAGIC = {"png": b"\x89PNG", "svg": b"<?xml", "pdf": b"%PDF"}
 
 

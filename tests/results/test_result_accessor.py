@@ -17,7 +17,8 @@ from infbench.results.accessor import (
 )
 from infbench.results.store import load_result
 
-BASELINE = Path(__file__).resolve().parents[2] / "results/baselines/ci/ci_gate_000.json"
+# a version-1 result (no per-request rows, no decode/e2e prediction split)
+BASELINE = Path(__file__).resolve().parent / "data" / "v1_ci_baseline" / "ci_gate_000.json"
 
 
 @pytest.fixture(scope="module")

@@ -17,8 +17,11 @@ from infbench.results.schema import SCHEMA_VERSION, RunResult, json_schema, upgr
 from infbench.results.store import build_result, load_result, write_json_atomic
 
 REPO = Path(__file__).resolve().parents[2]
-BASELINES = sorted((REPO / "results" / "baselines").rglob("*.json"))
-BASELINE = REPO / "results" / "baselines" / "ci" / "ci_gate_000.json"
+# Every committed result (the run manifests beside them are not results).
+BASELINES = sorted(p for p in (REPO / "results" / "baselines").rglob("*.json")
+                   if p.name != "manifest.json")
+# A version-1 result, as committed before the typed schema: the upgrade path's fixture.
+BASELINE = Path(__file__).resolve().parent / "data" / "v1_ci_baseline" / "ci_gate_000.json"
 
 
 def _baseline() -> dict[str, Any]:
