@@ -47,6 +47,8 @@ def kv_command(
                               help=f"Model dtype: {opt.choices(opt.DTYPES)}."),
     kv_dtype: str = typer.Option("none", callback=opt.kv_quant,
                                  help=f"KV cache: {opt.choices(opt.KV_QUANT)}."),
+    set_: list[str] | None = typer.Option(None, "--set", help=SET_HELP + " Applies to every "
+                                          "model of --models."),
     plot: Path | None = typer.Option(
         None, callback=opt.output_file, help="Write a bar chart here (.png, .svg or .pdf)."),
     size: str = typer.Option("column", "--size", help=SIZE_HELP),
@@ -72,9 +74,16 @@ def kv_command(
     sources = [opt.model_source(name, "--models") for name in names]  # as predict's --model
     for source in sources:
         note_source(source)
-    rows = kv_rows([base_config(source) for source in sources], context_len=context, batch=batch,
-                   hw=get_hardware(hardware), dtype=dtype,
-                   quant=build_quant(None, None, kv_dtype))
+    quant = build_quant(None, None, kv_dtype)
+    if set_:  # the same document and parser as predict, roofline and run, once per model
+        points = [points_of(model_document("kv", name, set_, hardware=hardware, dtype=dtype,
+                                           quant={"kv": kv_dtype}))[0] for name in names]
+        configs = model_configs(points)
+        hardware, dtype, quant = points[0].hardware, points[0].dtype, points[0].quant_config()
+    else:  # flags only, checked by their option validators: no schema to load
+        configs = [base_config(source) for source in sources]
+    rows = kv_rows(configs, context_len=context, batch=batch, hw=get_hardware(hardware),
+                   dtype=dtype, quant=quant)
     if plot is not None:
         from infbench.plots.analytic import kv_figure
 

@@ -265,3 +265,17 @@ def test_predict_labels_decode_and_e2e_rates(capsys: pytest.CaptureFixture[str])
     assert "decode tok/s" in out and "e2e tok/s" in out
     assert f"{row['decode_tokens_per_s']:,.0f}" in out
     assert f"{row['output_tokens_per_s']:,.0f}" in out
+
+
+def test_kv_takes_set_like_predict(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--set` means the same in kv: dotted scenario keys, applied to every model."""
+    code, out, err = run(["kv", "--models", "llama3-8b,llama2-13b", "--json"], capsys)
+    assert code == 0, err
+    base = {r["model"]: r["kv_bytes_per_token"] for r in json.loads(out)}
+    code, out, err = run(["kv", "--models", "llama3-8b,llama2-13b", "--json",
+                          "--set", "model.overrides.num_layers=8"], capsys)
+    assert code == 0, err
+    halved = {r["model"]: r["kv_bytes_per_token"] for r in json.loads(out)}
+    assert halved == {"llama3-8b": base["llama3-8b"] // 4, "llama2-13b": base["llama2-13b"] // 5}
+    line = one_error(["kv", "--models", "llama3-8b", "--set", "num_layers=2"], capsys)
+    assert "did you mean model.overrides.num_layers?" in line
