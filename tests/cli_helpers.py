@@ -37,3 +37,14 @@ workload: {{kind: static, batch_size: {batch_size}, prompt_len: {prompt_len},
 engine: {{block_size: 4, max_num_batched_tokens: 32}}
 measure: {{warmup: {warmup}, repeats: {repeats}}}
 """
+
+
+def run_args(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """`cli.main(args)` without touching sys.argv: (exit code, stdout, stderr)."""
+    try:
+        cli.main(args)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    out = capsys.readouterr()
+    return code, out.out, out.err

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_helpers import run_args as run
 
-from infbench.cli import main
 from infbench.commands import _options as opt
 from infbench.core import config, scenario
 from infbench.core.checkpoint_config import resolve_gguf
@@ -31,16 +31,6 @@ HF_CONFIG = {
     "num_key_value_heads": 2, "intermediate_size": 256, "max_position_embeddings": 2048,
     "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False,
 }
-
-
-def run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    try:
-        main(args)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def run_json(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[Any, str]:

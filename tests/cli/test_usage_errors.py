@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 import typer
+from cli_helpers import run_args as run_in_process
 
-from infbench.cli import app, main
+from infbench.cli import app
 
 # (command path, error kind) -> (args after the command, text the error line must contain).
 # None: the command has no option or argument of that kind.
@@ -188,16 +189,6 @@ def cases() -> list[object]:
     for args, needle in EXTRA:
         rows.append(pytest.param(args, needle, id=" ".join(args) or "empty"))
     return rows
-
-
-def run_in_process(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    try:
-        main(args)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def assert_one_error_line(code: int, out: str, err: str, needle: str) -> None:
