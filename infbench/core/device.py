@@ -57,5 +57,5 @@ def available_memory_bytes(device: torch.device) -> int:
                 if line.startswith("MemAvailable:"):
                     return int(line.split()[1]) * 1024
     except OSError:
-        pass
+        pass  # no /proc (not Linux): ask sysconf below
     return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))

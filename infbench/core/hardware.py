@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from infbench.core.errors import ConfigError, UserError
+from infbench.core.io import read_text
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -336,16 +337,7 @@ def _schema_message(err: Any) -> str:
 def read_profile(path: Path) -> dict[str, Any]:
     """The profile's JSON object, checked against `profile_schema()` (UserError naming the
     file)."""
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise UserError(f"{path}: cannot read hardware profile ({exc.strerror})") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{path}: not a hardware profile: not UTF-8 text (byte "
-                        f"0x{raw[exc.start]:02x} at offset {exc.start}); re-run "
-                        "`infbench calibrate` or fix the file") from None
+    text = read_text(path, "hardware profile")
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:

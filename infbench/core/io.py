@@ -62,3 +62,23 @@ def _fsync_dir(directory: Path) -> None:
         pass  # e.g. some network file systems refuse fsync on a directory
     finally:
         os.close(dir_fd)
+
+
+def read_text(path: str | os.PathLike[str], what: str,
+              error: type[UserError] = UserError) -> str:
+    """The UTF-8 text of a file every reader of user files starts from (scenarios, results,
+    hardware profiles): a missing, unreadable or non-UTF-8 file is one `error` naming the
+    file, what it should have been, and where the first bad byte is."""
+    file = Path(path)
+    try:
+        raw = file.read_bytes()
+    except FileNotFoundError:
+        raise error(f"{file}: no such {what}") from None
+    except OSError as exc:  # a directory, no permission, an I/O error
+        raise error(f"{file}: cannot read {what} ({exc.strerror or exc})") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise error(f"{file}:{line}: not a {what}: not UTF-8 text (byte "
+                    f"0x{raw[exc.start]:02x} at offset {exc.start})") from None

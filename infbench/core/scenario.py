@@ -60,6 +60,7 @@ from infbench.core.config import (
 )
 from infbench.core.device import guess_device
 from infbench.core.errors import ConfigError, DamagedFileError, UserError
+from infbench.core.io import read_text
 from infbench.core.metric_names import (
     DEFAULT_PERCENTILES,
     GATE_METRICS,
@@ -715,16 +716,7 @@ def _old_form_hint(key: str) -> str:
 
 def _read_yaml(file: Path, source: str) -> Any:
     """Parse one YAML file; every way it can fail is one DamagedFileError naming the file."""
-    try:
-        raw = file.read_bytes()
-    except OSError as exc:
-        raise UserError(f"{source}: cannot read ({exc.strerror or exc})") from exc
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        lineno = raw[: exc.start].count(b"\n") + 1
-        raise DamagedFileError(f"{source}:{lineno}: not UTF-8 text (byte 0x{raw[exc.start]:02x} "
-                               f"at offset {exc.start})") from exc
+    text = read_text(file, "scenario file", DamagedFileError)
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a safe loader)
     except yaml.MarkedYAMLError as exc:

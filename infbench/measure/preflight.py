@@ -46,10 +46,11 @@ def preflight(points: list[Any], out_dir: Path, device: str | None = None) -> li
         if key not in configs:
             configs[key] = point.model_config()
         cfg = configs[key]
-        longest = longest_request(point)
+        lengths = request_lengths(point.workload)  # drawn once, read by every check
+        longest = longest_request(lengths)
         check_context(point, cfg, longest)
         notes.extend(check_memory(point, cfg, longest, device, free))
-        check_host_memory(point)
+        check_host_memory(point, lengths)
     if points and points[0].gate is not None:
         check_gate(points[0].gate, points)
     return notes
@@ -59,14 +60,14 @@ def _where(point: Any) -> str:
     return f"{point.source}: point {point.index} ({point.label})"
 
 
-def longest_request(point: Any) -> tuple[int, int]:
+def longest_request(lengths: tuple[np.ndarray, np.ndarray]) -> tuple[int, int]:
     """(prompt, gen) of the request with the most tokens, drawn exactly as the run draws them.
 
     Text prompts take the lengths of random ones (the same seeded length streams); a
     chat template can still add a few tokens, which the engine checks when it runs.
     Only the lengths are drawn (vectorized), so a million-request point costs milliseconds.
     """
-    prompt_lens, gen_lens = request_lengths(point.workload)
+    prompt_lens, gen_lens = lengths
     i = int(np.argmax(prompt_lens + gen_lens))
     return int(prompt_lens[i]), int(gen_lens[i])
 
@@ -79,10 +80,10 @@ HOST_BYTES_PER_SEQUENCE = 2_000
 HOST_BYTES_PER_TOKEN = 40
 
 
-def check_host_memory(point: Any) -> None:
+def check_host_memory(point: Any, lengths: tuple[np.ndarray, np.ndarray]) -> None:
     """The workload's requests themselves must fit in host memory (a batch of millions of
     requests is valid YAML but would be OOM-killed while the requests are built)."""
-    prompt_lens, gen_lens = request_lengths(point.workload)
+    prompt_lens, gen_lens = lengths
     num_seqs = point.workload.num_sequences
     tokens = float(prompt_lens.sum() + gen_lens.sum()) * point.workload.samples_per_prompt
     need = num_seqs * HOST_BYTES_PER_SEQUENCE + tokens * HOST_BYTES_PER_TOKEN

@@ -47,13 +47,8 @@ def kv_measured_rows(results: Sequence[dict[str, Any]], hw: HardwareSpec) -> lis
             "peak_kv_bytes_measured": metric(r, "peak_kv_bytes"),
             "max_batch_predicted": max_batch(cfg, hw, dtype, quant, context),
             "decode_tokens_per_s_measured": batch / decode_time if decode_time else None,
-            "ttft_p50_s_measured": metric(r, "ttft_s.p50") if _has_p50(r) else None,
+            "ttft_p50_s_measured": metric(r, "ttft_s.p50"),  # None without p50
             "context_len": context,
             "batch": batch,
         })
     return rows
-
-
-def _has_p50(result: dict[str, Any]) -> bool:
-    """measure.percentiles may leave p50 out; the accessor names it, the run may not have it."""
-    return "p50" in ((result.get("metrics") or {}).get("ttft_s") or {})

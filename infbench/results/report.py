@@ -124,11 +124,6 @@ def _first(result: dict[str, Any], *names: str) -> float | None:
     return None
 
 
-def _has_stat(result: dict[str, Any], latency: str, stat: str) -> bool:
-    """measure.percentiles may leave a statistic out: a valid name with no value here."""
-    return stat in ((result.get("metrics") or {}).get(latency) or {})
-
-
 def report_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The rows of `report_frame` as plain dicts (None where a value is unknown)."""
     rows = []
@@ -140,8 +135,7 @@ def report_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
         # p50 measured, and the prediction of the same quantity.  The decode step time is a
         # different number (the mean decode-only step, and the decode stage's step time
         # predicted) and keeps its own name.
-        tpot_m = _scaled(metric(r, "tpot_s.p50") if _has_stat(r, "tpot_s", "p50") else None,
-                         1e3)
+        tpot_m = _scaled(metric(r, "tpot_s.p50"), 1e3)  # None when p50 was not measured
         tpot_p = _scaled(metric(r, "prediction.tpot_s"), 1e3)
         step_m = _scaled(_first(r, "decode.time_per_token_s", "tpot_s.p50"), 1e3)
         step_p = _scaled(_first(r, "prediction.decode.time_per_token_s",

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from infbench.core.errors import ResultSchemaError
-from infbench.core.io import write_text_atomic
+from infbench.core.io import read_text, write_text_atomic
 from infbench.core.version import __version__
 from infbench.results.schema import (
     RESULT_KIND,
@@ -88,7 +88,7 @@ def device_name(device: str) -> str:
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     except OSError:
-        pass
+        pass  # no /proc: the platform module's (coarser) name below
     return platform.processor() or platform.machine() or "cpu"
 
 
@@ -166,20 +166,7 @@ def load_result(path: str | os.PathLike[str]) -> dict[str, Any]:
     damaged file, another kind of file, an unknown version or a field that does not
     match the schema is a ResultSchemaError naming the file (and the field path).
     """
-    file = Path(path)
-    try:
-        raw = file.read_bytes()
-    except FileNotFoundError:
-        raise ResultSchemaError(f"{path}: no such result file") from None
-    except IsADirectoryError:
-        raise ResultSchemaError(f"{path}: is a directory, not a result file") from None
-    except OSError as exc:
-        raise ResultSchemaError(f"{path}: cannot read ({exc.strerror})") from exc
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ResultSchemaError(f"{path}: not a result file: not UTF-8 text (byte "
-                                f"0x{raw[exc.start]:02x} at offset {exc.start})") from exc
+    text = read_text(path, "result file", ResultSchemaError)
     if not text.strip():
         raise ResultSchemaError(f"{path}: empty file, not a result (a run cut short?)")
     try:

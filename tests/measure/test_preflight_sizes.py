@@ -34,7 +34,7 @@ def test_request_lengths_equal_the_generated_requests(tmp_path: Path, workload: 
     assert [len(r.prompt_ids) for r in requests] == prompt_lens.tolist()
     assert [r.sampling.max_tokens for r in requests] == gen_lens.tolist()
     i = int(np.argmax(prompt_lens + gen_lens))
-    assert pf.longest_request(point) == (int(prompt_lens[i]), int(gen_lens[i]))
+    assert pf.longest_request((prompt_lens, gen_lens)) == (int(prompt_lens[i]), int(gen_lens[i]))
 
 
 def test_millions_of_requests_are_refused_in_seconds(tmp_path: Path,
@@ -43,9 +43,10 @@ def test_millions_of_requests_are_refused_in_seconds(tmp_path: Path,
     monkeypatch.setattr(pf, "free_memory_bytes", lambda _dev: 16 * 10**9)
     start = time.perf_counter()
     with pytest.raises(UserError, match="host memory"):
-        pf.check_host_memory(point)
+        pf.check_host_memory(point, request_lengths(point.workload))
     assert time.perf_counter() - start < 10  # building the requests took minutes
 
 
 def test_a_normal_batch_passes_the_host_memory_check(tmp_path: Path) -> None:
-    pf.check_host_memory(_points(tmp_path, "{batch_size: 64, prompt_len: 128, gen_len: 32}")[0])
+    point = _points(tmp_path, "{batch_size: 64, prompt_len: 128, gen_len: 32}")[0]
+    pf.check_host_memory(point, request_lengths(point.workload))
