@@ -22,7 +22,9 @@ def test_matches_ref(shape, dtype):
 
 
 def test_ref_is_swiglu():
-    x = torch.randn(3, 8, dtype=torch.float64)
+    # float32 in: the reference computes in fp32 (like the kernel), so a float64 input was
+    # compared at float64 tolerance against an fp32 result and failed on some random draws.
+    x = torch.randn(3, 8, dtype=torch.float32, generator=torch.Generator().manual_seed(0))
     expected = F.silu(x[:, :4]) * x[:, 4:]
     torch.testing.assert_close(silu_and_mul_ref(x), expected)
 
