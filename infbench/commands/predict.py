@@ -245,8 +245,10 @@ def point_predictions(points: list[Any], speculative: Any = None) -> list[Any]:
     for point, cfg in zip(points, model_configs(points), strict=True):
         hw = get_hardware(point.hardware)
         dtype = point.dtype
-        if dtype == "auto":  # the engine's choice: float32 on a CPU, bfloat16 on a GPU
-            dtype = "float32" if hw.kind == "cpu" else "bfloat16"
+        if dtype == "auto":  # the engine's choice (core.device.auto_dtype)
+            from infbench.core.device import auto_dtype
+
+            dtype = auto_dtype("cpu" if hw.kind == "cpu" else "cuda")[0]
         w = point.workload
         predictions.append(predict(
             cfg, hw, batch=w.batch_size, prompt_len=w.prompt_len,

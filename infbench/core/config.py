@@ -28,7 +28,7 @@ AttentionKind = Literal["mha", "gqa", "mqa", "mla", "cla", "sliding", "linear", 
 FeatureMap = Literal["elu", "relu", "favor", "taylor"]
 WeightQuant = Literal["none", "int8", "int4"]
 KvQuant = Literal["none", "int8", "fp8"]
-Backend = Literal["auto", "torch", "triton"]
+Backend = Literal["auto", "torch", "triton", "cpu"]
 Device = Literal["auto", "cpu", "cuda"]
 ModelWeights = Literal["auto", "real", "random"]
 DTYPES: tuple[str, ...] = get_args(Dtype)
@@ -441,7 +441,7 @@ class EngineConfig:
     block_size: int = 16
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
-    backend: str = "auto"  # auto | torch | triton
+    backend: str = "auto"  # auto | cpu | torch | triton
     # KV memory budget: bytes if > 1, else a fraction of the device memory left after weights.
     kv_cache_memory: float = 0.9
     enable_prefix_caching: bool = True

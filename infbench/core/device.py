@@ -9,6 +9,7 @@ exception.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from typing import TYPE_CHECKING
@@ -42,6 +43,50 @@ def resolve_device(device: str, key: str = "device") -> str:
         raise UserError(f"{key}: 'cuda' requested but CUDA is not available here; "
                         "allowed: auto, cpu")
     return device
+
+
+# CPU features that make bf16 matmuls native rather than emulated through fp32 conversion.
+NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    return frozenset(value.split())
+    except OSError:
+        return frozenset()  # not Linux: no flags known, so auto stays on float32
+    return frozenset()
+
+
+# The flags that decide CPU kernel choices and speed, recorded with every CPU figure.
+PERF_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16",
+              "amx_int8", "asimd", "sve")
+
+
+def perf_flags() -> list[str]:
+    """The subset of PERF_FLAGS this CPU has, in PERF_FLAGS order."""
+    flags = cpu_flags()
+    return [f for f in PERF_FLAGS if f in flags]
+
+
+def auto_dtype(device: str) -> tuple[str, str]:
+    """What `dtype: auto` runs on `device` (cpu | cuda), and why, in a few words.
+
+    bfloat16 on a GPU; on a CPU bfloat16 where it is native (AVX-512 BF16 or AMX: half
+    the bytes of float32 per weight at full speed), float32 elsewhere (AVX2-only CPUs
+    emulate bf16 matmuls, about 50x slower than fp32).
+    """
+    if device == "cuda":
+        return "bfloat16", "GPU"
+    native = [flag for flag in NATIVE_BF16_FLAGS if flag in cpu_flags()]
+    if native:
+        return "bfloat16", f"CPU has native bf16: {', '.join(native)}"
+    return "float32", "CPU has no native bf16 (no avx512_bf16 or amx_bf16)"
 
 
 def available_memory_bytes(device: torch.device) -> int:

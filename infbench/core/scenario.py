@@ -58,7 +58,7 @@ from infbench.core.config import (
     WeightQuant,
     make_quant,
 )
-from infbench.core.device import guess_device
+from infbench.core.device import auto_dtype, guess_device
 from infbench.core.errors import ConfigError, DamagedFileError, UserError
 from infbench.core.io import read_text
 from infbench.core.metric_names import (
@@ -80,7 +80,7 @@ SWEEPABLE_WORKLOAD = (
 WorkloadKind = Literal["static", "offline", "poisson"]
 PromptSource = Literal["random", "text"]
 LengthDist = Literal["fixed", "uniform", "normal", "lognormal"]
-NormalizeMode = Literal["none", "mbu", "roofline_fraction", "reference"]
+NormalizeMode = Literal["none", "mbu", "roofline_fraction", "reference", "torch_reference"]
 WORKLOAD_KINDS: tuple[str, ...] = typing.get_args(WorkloadKind)
 PROMPT_SOURCES: tuple[str, ...] = typing.get_args(PromptSource)
 LENGTH_DISTS: tuple[str, ...] = typing.get_args(LengthDist)
@@ -293,6 +293,9 @@ class MeasureSection(_Section):
     percentiles: Annotated[list[Percentile], Field(min_length=1, max_length=100)] = Field(
         default_factory=lambda: list(DEFAULT_PERCENTILES))
     """Latency percentiles in (0, 100] reported next to the mean, keyed p50, p99.9."""
+    torch_reference: StrictBool = False
+    """Time a plain-torch forward of the same model shape between the repeats (the
+    `torch_reference` gate; measure/torch_reference.py).  About doubles the run time."""
 
     @field_validator("percentiles")
     @classmethod
@@ -354,6 +357,24 @@ class Scenario(_Section):
         if isinstance(data, dict):
             scenario._raw = copy.deepcopy(data)
         return scenario
+
+    @model_validator(mode="after")
+    def _torch_reference_is_measured(self) -> Scenario:
+        # The reference is timed during the run: without it the gate has nothing to divide by.
+        if self.measure.torch_reference and self.workload.kind == "poisson":
+            raise ValueError(
+                "measure.torch_reference: a poisson run's tokens/s follows its arrival rate, "
+                "not the engine's speed; allowed with workload.kind static or offline")
+        if (self.gate is not None and self.gate.normalize == "torch_reference"
+                and not self.measure.torch_reference):
+            raise ValueError("gate.normalize: torch_reference needs measure.torch_reference: "
+                             "true (the run times the reference only when asked)")
+        if (self.gate is not None and self.gate.normalize == "torch_reference"
+                and self.gate.metric != "output_tokens_per_s"):
+            raise ValueError(f"gate.metric: {self.gate.metric} cannot be normalized by the torch "
+                             "reference, which measures output tokens/s; allowed with "
+                             "normalize: torch_reference: output_tokens_per_s")
+        return self
 
     @model_validator(mode="after")
     def _gated_percentile_is_measured(self) -> Scenario:
@@ -443,8 +464,9 @@ class Scenario(_Section):
                 name=self.name,
                 index=index,
                 device=self.device,
-                dtype=self.dtype if self.dtype != "auto" else
-                ("float32" if device == "cpu" else "bfloat16"),
+                dtype=self.dtype if self.dtype != "auto" else auto_dtype(device)[0],
+                dtype_reason="" if self.dtype != "auto" else
+                f"dtype auto -> {auto_dtype(device)[0]} ({auto_dtype(device)[1]})",
                 hardware=self.hardware or ("cpu" if device == "cpu" else "h100-sxm"),
                 model={**self._model_source(),
                        "overrides": self.model.overrides.model_dump(exclude_unset=True),
@@ -541,6 +563,7 @@ class MeasureConfig:
     repeats: int = 3
     profile: str = "none"  # none | ncu
     percentiles: tuple[float, ...] = DEFAULT_PERCENTILES  # latency stats: mean + these
+    torch_reference: bool = False  # time measure/torch_reference.py between the repeats
 
     def __post_init__(self) -> None:
         # The section hands over a list; a tuple keeps the frozen point hashable.
@@ -552,7 +575,7 @@ class GateConfig:
     metric: str = "output_tokens_per_s"
     baseline: str | None = None
     max_regression: float = 0.05
-    normalize: str = "none"  # none | mbu | roofline_fraction | reference (see gate.py)
+    normalize: str = "none"  # none | mbu | roofline_fraction | reference | torch_reference
 
 
 @dataclass(frozen=True)
@@ -572,6 +595,7 @@ class ScenarioPoint:
     gate: GateConfig | None
     swept: dict[str, Any] = field(default_factory=dict)  # swept keys -> values at this point
     source: str = "<scenario>"  # the scenario file, for error messages
+    dtype_reason: str = ""  # with dtype: auto, what it resolved to and why (else empty)
 
     @property
     def label(self) -> str:

@@ -109,10 +109,10 @@ class Engine:
         if engine_cfg.num_threads is not None:
             torch.set_num_threads(engine_cfg.num_threads)  # CPU intra-op threads
         if device.type == "cpu":
-            from infbench.model.linear import use_cpu_split_linears
+            from infbench.model.linear import use_cpu_linears
 
             if isinstance(model, torch.nn.Module):
-                use_cpu_split_linears(model)
+                use_cpu_linears(model, self.ops.name)
         if hasattr(model, "set_ops"):
             model.set_ops(self.ops)
         elem = torch.empty(0, dtype=self.dtype).element_size()
@@ -193,7 +193,7 @@ class Engine:
         slots = StateSlots(self.states.num_slots) if self.states is not None else None
         self.scheduler = Scheduler(self.engine_cfg, self.block_manager, state_slots=slots,
                                    window=self.window, eos_token_id=self.eos_token_id)
-        self.runner.sampler = type(self.runner.sampler)(self.seed)
+        self.runner.reset()  # fresh sampler streams and persistent batch
         self._step_index = 0
 
     def add_request(self, request: Request) -> Seq:

@@ -20,7 +20,7 @@ import torch
 
 from infbench.core.checkpoint_config import model_source
 from infbench.core.config import DTYPES, EngineConfig, ModelConfig
-from infbench.core.device import available_memory_bytes, resolve_device
+from infbench.core.device import auto_dtype, available_memory_bytes, resolve_device
 from infbench.core.errors import UserError
 from infbench.engine.engine import Engine, KVSizing
 from infbench.engine.records import RequestRecord
@@ -268,9 +268,9 @@ def _check_int(key: str, value: object) -> None:
 
 
 def _resolve_dtype(dtype: str, device: str) -> str:
-    """auto: bfloat16 on a GPU, float32 on a CPU (the engine's CPU kernels are fp32)."""
+    """auto: bfloat16 on a GPU and on a CPU with native bf16, else float32 (`auto_dtype`)."""
     if dtype == "auto":
-        return "bfloat16" if device == "cuda" else "float32"
+        return auto_dtype(device)[0]
     if dtype not in DTYPES:
         raise UserError(f"dtype {dtype!r} unknown; allowed: auto, {', '.join(DTYPES)}")
     return dtype

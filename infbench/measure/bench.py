@@ -157,6 +157,7 @@ def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None
     steps = [{**dataclasses.asdict(s), **c} for s, c in zip(last_steps, last_costs, strict=True)]
     env = results_mod.env_info(dev)
     env["backend"] = engine.ops.name
+    env["dtype_choice"] = point.dtype_reason or f"dtype {point.dtype} (set by the scenario)"
     env["kv_budget_bytes"] = engine.kv_budget_bytes
     env["kv_num_blocks"] = engine.kv.num_blocks
     env["model_source"] = source

@@ -109,8 +109,10 @@ def resolve_device(device: str) -> str:
 def resolve_dtype(dtype: str, device: str) -> str:
     if dtype not in DTYPES:
         raise UserError(f"--dtype: unknown value {dtype!r}; allowed: {', '.join(DTYPES)}")
-    if dtype == "auto":  # bf16 matmul is emulated (about 50x slower) on x86 CPUs
-        return "bfloat16" if device == "cuda" else "float32"
+    if dtype == "auto":  # bf16 where native (GPU, AVX-512 BF16, AMX), else float32
+        from infbench.core.device import auto_dtype
+
+        return auto_dtype(device)[0]
     return dtype
 
 

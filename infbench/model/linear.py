@@ -69,6 +69,52 @@ def split_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     return out + bias if bias is not None else out
 
 
+def kernel_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                  out_float32: bool = False) -> torch.Tensor:
+    """The `cpu` backend's projection: the C++ GEMV/skinny GEMM (kernels/cpu_linear.py) up to
+    its MAX_ROWS activation rows, F.linear (MKL / oneDNN GEMM) above, where the BLAS wins."""
+    from kernels.cpu_linear import MAX_ROWS, cpu_linear
+
+    if (x.dim() == 2 and x.shape[0] <= MAX_ROWS and x.dtype == weight.dtype
+            and x.dtype in (torch.float32, torch.bfloat16)):
+        return cpu_linear(x, weight, bias, out_float32)
+    out = F.linear(x, weight, bias)
+    return out.float() if out_float32 else out
+
+
+class CpuKernelLinear(nn.Linear):
+    """nn.Linear whose forward is `kernel_linear` (same parameters, same state dict)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return kernel_linear(x, self.weight, self.bias)
+
+
+def use_cpu_linears(model: nn.Module, backend: str) -> int:
+    """Give every CPU nn.Linear of `model` the CPU path of `backend`; returns how many.
+
+    `cpu`: the C++ kernel (`CpuKernelLinear`); any other backend: `CpuSplitLinear`
+    (the torch row-splitting fallback).  Only the class changes: parameters, names and
+    views of them stay valid.  GPU modules are left alone; idempotent.
+    """
+    cls = CpuKernelLinear if backend == "cpu" else CpuSplitLinear
+    moved = 0
+    for module in model.modules():
+        if (type(module) in (nn.Linear, CpuKernelLinear, CpuSplitLinear)
+                and module.weight.device.type == "cpu"):
+            module.__class__ = cls
+            moved += 1
+    return moved
+
+
+def logits_linear(backend: str, device_type: str) -> Any:
+    """hidden (N, H) x weight (V, H) -> float32 logits (N, V) for a tied LM head."""
+    if device_type != "cpu":
+        return lambda h, w: F.linear(h, w).float()
+    if backend == "cpu":
+        return lambda h, w: kernel_linear(h, w, None, out_float32=True)
+    return lambda h, w: split_linear(h, w).float()
+
+
 class CpuSplitLinear(nn.Linear):
     """nn.Linear whose forward uses `split_linear` (same parameters, same state dict)."""
 
@@ -76,17 +122,3 @@ class CpuSplitLinear(nn.Linear):
         if x.dim() == 2:
             return split_linear(x, self.weight, self.bias)
         return super().forward(x)
-
-
-def use_cpu_split_linears(model: nn.Module) -> int:
-    """Switch every CPU nn.Linear of `model` to CpuSplitLinear in place; returns how many.
-
-    Only the class changes: parameters, names and views of them stay valid.  GPU
-    modules are left alone.  Idempotent.
-    """
-    moved = 0
-    for module in model.modules():
-        if type(module) is nn.Linear and module.weight.device.type == "cpu":
-            module.__class__ = CpuSplitLinear
-            moved += 1
-    return moved

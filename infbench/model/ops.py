@@ -1,7 +1,7 @@
 """The hot-path operations the model and the runner call, bound to one kernel backend.
 
-Each attribute is the Triton launcher or its torch reference from `kernels/` (the
-reference doubles as the CPU backend).  The attributes are assigned from the kernel
+Each attribute is the Triton launcher, the C++ CPU kernel or the torch reference from
+`kernels/` (the reference is also the portable CPU backend).  The attributes are assigned from the kernel
 functions themselves, so mypy knows every exact signature: a launcher whose signature
 drifts from its reference, or a call site that passes the wrong arguments, is a type
 error rather than a runtime surprise.  Which backend to use is the engine's decision
@@ -10,11 +10,13 @@ error rather than a runtime surprise.  Which backend to use is the engine's deci
 
 from __future__ import annotations
 
-BACKENDS = ("triton", "torch")
+BACKENDS = ("triton", "torch", "cpu")
 
 
 class Ops:
-    """Kernel functions of one backend: `triton` (launchers) or `torch` (references)."""
+    """Kernel functions of one backend: `triton` (launchers), `cpu` (the C++ CPU kernels of
+    kernels/csrc, built on first use, the torch references where a kernel has no C++
+    version) or `torch` (references)."""
 
     def __init__(self, backend: str) -> None:
         # Imported here, not at module top: the kernel modules read TRITON_INTERPRET when
@@ -35,6 +37,10 @@ class Ops:
             raise ValueError(f"Ops: backend must be one of {BACKENDS}, got {backend!r}")
         tri = backend == "triton"
         self.name = backend
+        if backend == "cpu":
+            from kernels.cpu_ops import load
+
+            load()  # CpuKernelsUnavailable says why not; the engine falls back before this
         self.store_kv = store_kv.store_kv if tri else store_kv.store_kv_ref
         self.decode_attention = (paged_decode_attention.paged_decode_attention if tri
                                  else paged_decode_attention.paged_decode_attention_ref)

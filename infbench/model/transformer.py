@@ -15,14 +15,13 @@ from __future__ import annotations
 from typing import Any, cast
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from infbench.core.config import LayerSpec, ModelConfig, QuantConfig
 from infbench.core.errors import ConfigError
 from infbench.model.context import AttentionContext
 from infbench.model.layers import RMSNorm, SwiGLUMLP, apply_rope, build_rope_cache
-from infbench.model.linear import make_linear, split_linear
+from infbench.model.linear import logits_linear, make_linear
 from infbench.model.ops import Ops
 from infbench.roofline.shapes import has_mlp
 
@@ -263,7 +262,6 @@ class Transformer(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden (N, H) -> logits (N, V) in float32."""
         if self.lm_head is None:  # tied (N, V)
-            if hidden.device.type == "cpu":
-                return split_linear(hidden, self.embed_tokens.weight).float()
-            return F.linear(hidden, self.embed_tokens.weight).float()
+            backend = self.ops.name if getattr(self, "ops", None) is not None else "torch"
+            return logits_linear(backend, hidden.device.type)(hidden, self.embed_tokens.weight)
         return self.lm_head(hidden).float()  # (N, V)

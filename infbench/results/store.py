@@ -26,6 +26,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from infbench.core.device import perf_flags
 from infbench.core.errors import ResultSchemaError
 from infbench.core.io import read_text, write_text_atomic
 from infbench.core.version import __version__
@@ -58,6 +59,7 @@ def env_info(device: str) -> dict[str, Any]:
         "platform": platform.platform(),
         "host": socket.gethostname(),
         "cpu_count": os.cpu_count(),
+        "cpu_flags": perf_flags(),  # what CPU kernels and speed depend on
         "packages": {name: _version(name) for name in _PACKAGES},
         "infbench_version": __version__,
         **_git_info(),
