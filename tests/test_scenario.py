@@ -51,15 +51,25 @@ def test_minimal_file_is_valid(tmp_path: Path) -> None:
     json.dumps(point.to_dict())  # JSON-able
 
 
-def test_hardware_and_dtype_defaults_follow_the_device(tmp_path: Path) -> None:
-    cpu = load_scenario(write(tmp_path, "name: x\ndevice: cpu\nmodel: {preset: tiny}\n"))
-    assert (cpu.points()[0].hardware, cpu.points()[0].dtype) == ("cpu", "float32")
+def test_hardware_and_dtype_defaults_follow_the_device(tmp_path: Path, monkeypatch) -> None:
+    from infbench.core import device
+
+    for flags, dtype in ((frozenset({"avx2", "fma"}), "float32"),
+                         (frozenset({"avx512f", "avx512_bf16"}), "bfloat16"),
+                         (frozenset({"amx_tile", "amx_bf16"}), "bfloat16")):
+        monkeypatch.setattr(device, "cpu_flags", lambda flags=flags: flags)
+        cpu = load_scenario(write(tmp_path, "name: x\ndevice: cpu\nmodel: {preset: tiny}\n"))
+        point = cpu.points()[0]
+        assert (point.hardware, point.dtype) == ("cpu", dtype)
+        assert point.dtype_reason.startswith(f"dtype auto -> {dtype} (CPU has ")
+        assert ("native bf16" in point.dtype_reason) == (dtype == "bfloat16")
     gpu = load_scenario(write(tmp_path, "name: x\ndevice: cuda\nmodel: {preset: tiny}\n"))
     assert (gpu.points()[0].hardware, gpu.points()[0].dtype) == ("h100-sxm", "bfloat16")
     assert gpu.hardware is None  # the raw value is kept; the point resolves it
     explicit = load_scenario(write(
         tmp_path, "name: x\ndevice: cpu\nhardware: l40s\ndtype: float16\nmodel: {preset: tiny}\n"))
     assert (explicit.points()[0].hardware, explicit.points()[0].dtype) == ("l40s", "float16")
+    assert explicit.points()[0].dtype_reason == ""  # nothing was chosen for the user
 
 
 def test_model_overrides_attention_and_quant(tmp_path: Path) -> None:

@@ -86,7 +86,7 @@ def auto_dtype(device: str) -> tuple[str, str]:
     native = [flag for flag in NATIVE_BF16_FLAGS if flag in cpu_flags()]
     if native:
         return "bfloat16", f"CPU has native bf16: {', '.join(native)}"
-    return "float32", "CPU has no native bf16 (no avx512_bf16 or amx_bf16)"
+    return "float32", "CPU has no avx512_bf16 or amx_bf16: bf16 matmuls would be emulated"
 
 
 def available_memory_bytes(device: torch.device) -> int:
