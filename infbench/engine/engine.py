@@ -15,6 +15,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from infbench.core.config import EngineConfig, ModelConfig
@@ -226,14 +227,21 @@ class Engine:
             self.states.copy_slots([(p.state_slot, c.state_slot)
                                     for p, c in self.scheduler.forked])
         bm = self.block_manager
+        # One pass per list over the scheduled sequences (this runs for every sequence
+        # every step): the prefill counts come from the prefill lengths, the decode
+        # counts are the rest.
+        scheduled = out.scheduled
+        query_lens = [s.num_new_tokens for s in scheduled]
+        prefill_lens = [s.num_new_tokens for s in scheduled if s.is_prefill]
+        num_prefill_tokens = sum(prefill_lens)
         record = StepRecord(
             index=self._step_index,
             start_s=start,
             duration_s=now - start,
-            num_prefill_tokens=out.num_prefill_tokens,
-            num_decode_tokens=out.num_decode_tokens,
-            num_prefill_seqs=sum(1 for s in out.scheduled if s.is_prefill),
-            num_decode_seqs=sum(1 for s in out.scheduled if not s.is_prefill),
+            num_prefill_tokens=num_prefill_tokens,
+            num_decode_tokens=sum(query_lens) - num_prefill_tokens,
+            num_prefill_seqs=len(prefill_lens),
+            num_decode_seqs=len(scheduled) - len(prefill_lens),
             num_running=self.scheduler.num_running,
             num_waiting=self.scheduler.num_waiting,
             kv_blocks_used=bm.num_used_blocks,
@@ -241,14 +249,17 @@ class Engine:
             kv_slots_used=used_slots(self.scheduler.running, bm),
             kv_bytes_used=self._kv_bytes_used(),
             num_preempted=len(out.preempted),
-            context_lens=[s.start_pos + s.num_new_tokens for s in out.scheduled],
-            query_lens=[s.num_new_tokens for s in out.scheduled],
-            logits_lens=[1 if s.num_samples > 0 else 0 for s in out.scheduled],
+            context_lens=[s.start_pos + s.num_new_tokens for s in scheduled],
+            query_lens=query_lens,
+            logits_lens=[1 if s.num_samples > 0 else 0 for s in scheduled],
             device_time_s=device_time,
         )
         self._step_index += 1
         for seq in finished:
             self.runner.sampler.release((seq.request_id, seq.sample_index))
+            self.runner.release(seq.seq_id)
+        for seq in out.preempted:  # recomputed later with new blocks: its rows can go
+            self.runner.release(seq.seq_id)
         return record, finished
 
     def _kv_bytes_used(self) -> int:
@@ -323,12 +334,12 @@ def used_slots(running: list[Seq], bm: BlockManager | GroupedBlockManager) -> in
     if isinstance(bm, GroupedBlockManager):
         return bm.used_slots(running)
     bs = bm.block_size
-    holes: dict[int, int] = {}
-    for seq in running:
-        if seq.block_table and seq.block_table[-1] >= 0:
-            fill = seq.num_computed_tokens - (len(seq.block_table) - 1) * bs
-            holes[seq.block_table[-1]] = bs - min(max(fill, 0), bs)
-    return bm.num_used_blocks * bs - sum(holes.values())
+    # Empty slots of each last block, len * bs - computed clipped to [0, bs]; one
+    # comprehension and one numpy clip (this runs over every sequence every step).
+    holes = {t[-1]: len(t) * bs - seq.num_computed_tokens
+             for seq in running if (t := seq.block_table) and t[-1] >= 0}
+    empty = np.clip(np.fromiter(holes.values(), dtype=np.int64, count=len(holes)), 0, bs)
+    return bm.num_used_blocks * bs - int(empty.sum())
 
 
 def fixed_num_blocks(cfg: ModelConfig, engine_cfg: EngineConfig, sizing: KVSizing,

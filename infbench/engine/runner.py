@@ -12,43 +12,21 @@ and block tables per group; each layer reads those of its group.
 
 from __future__ import annotations
 
+import functools
 import zlib
 from dataclasses import dataclass, field
-from itertools import accumulate
 
 import numpy as np
 import torch
 
 from infbench.core.config import LayerSpec
 from infbench.engine.cuda_graphs import DecodeGraphs
+from infbench.engine.input_batch import TableRows
 from infbench.engine.kv_cache import KVCache, StatePool
 from infbench.engine.sampler import Sampler
 from infbench.engine.scheduler import ScheduledSeq, SchedulerOutput
-from infbench.engine.sequence import BlockTable, table_array
 from infbench.model.context import LanguageModel, LayerState
 from infbench.model.ops import Ops
-
-
-def _padded(tables: list[np.ndarray]) -> tuple[np.ndarray, list[int]]:
-    """(B, max_blocks) int64 of the tables' raw block ids, right-padded with 0; lengths."""
-    lengths = [t.shape[0] for t in tables]
-    out = np.zeros((len(tables), max(lengths, default=1) or 1), dtype=np.int64)
-    for b, (table, n) in enumerate(zip(tables, lengths, strict=True)):
-        out[b, :n] = table
-    return out, lengths
-
-
-def _table_tensor(padded: np.ndarray, lengths: list[int], first: int,
-                  device: torch.device) -> torch.Tensor:
-    """(len(lengths), their max) int32 from rows first.. of `padded`.
-
-    Released (-1) and padding entries point at block 0; no rows gives shape (0,).
-    """
-    if not lengths:
-        return torch.zeros(0, dtype=torch.int32, device=device)
-    width = max(lengths) or 1
-    rows = np.maximum(padded[first:first + len(lengths), :width], 0).astype(np.int32)
-    return torch.from_numpy(rows).to(device)
 
 
 @dataclass
@@ -206,52 +184,57 @@ class ModelRunner:
         self.device = device
         self.seed = seed
         self.sampler = Sampler(seed)
+        self.table_rows: list[TableRows] = []  # the persistent batch's block tables
 
     def prepare(self, out: SchedulerOutput) -> StepInputs:
         """The step's tensors, in O(B) Python plus vectorized numpy (no per-token loops).
 
-        Block tables come from each BlockTable's incremental array copy, and slot mapping
-        and positions are computed from them with numpy, so a decode step costs a few
-        microseconds per sequence whatever its context length.
+        Per-sequence Python is a handful of list comprehensions over attributes: a step at
+        batch 256 has ~1 us per sequence for all of the host loop, so no per-sequence
+        function call or numpy call is affordable.  Block tables come from the persistent
+        rows (`TableRows`, written only where a table changed), and positions, slot
+        mapping and padded tables are numpy gathers over them, so a decode step costs the
+        same whatever the context length.
         """
         bs = self.kv.block_size
-        order = sorted(out.scheduled, key=lambda s: s.is_prefill)  # stable: decodes first
-        num_seqs = len(order)
+        # Decodes first, in scheduled order: the stable partition sorted(key=is_prefill) gives.
+        decodes = [s for s in out.scheduled if not s.is_prefill]
+        prefills = [s for s in out.scheduled if s.is_prefill]
+        order = decodes + prefills if prefills else decodes
+        nd, num_seqs = len(decodes), len(order)
         seqs = [s.seq for s in order]
-        start_list = [s.start_pos for s in order]
-        len_list = [s.num_new_tokens for s in order]
-        ids: list[int] = []
-        for seq, start, n in zip(seqs, start_list, len_list, strict=True):
+        # A decode computes the token it sampled last step: output_ids[-1], read in place.
+        ids = [s.seq.output_ids[-1] for s in decodes]
+        for s in prefills:
+            seq, start, n = s.seq, s.start_pos, s.num_new_tokens
             if n == 1:  # one token, read in place: no token_ids list needed
                 num_prompt = len(seq.prompt_ids)
                 ids.append(seq.prompt_ids[start] if start < num_prompt
                            else seq.output_ids[start - num_prompt])
             else:
                 ids.extend(seq.token_ids[start:start + n])
-        num_decode = sum(1 for s in order if not s.is_prefill)
-        sampled = [s for s in order if s.num_samples > 0]
-        starts = np.array(start_list, dtype=np.int64)
-        lens = np.array(len_list, dtype=np.int64)
-        state_slots = np.array([seq.state_slot for seq in seqs], dtype=np.int64)
-        # Per group, per sequence: the block table as an array (incremental for a BlockTable).
-        tables = [[t.as_array() if type(t) is BlockTable else table_array(t)
-                   for t in [seq.block_table for seq in seqs]]]
-        tables += [[table_array(seq.group_tables[g]) for seq in seqs]
-                   for g in range(1, len(self.kv.group_num_blocks))]
-        ends = starts + lens  # context length of each sequence after this step
+        starts = np.array([s.start_pos for s in order], dtype=np.int64)
+        # Decodes compute one token each; only prefill chunks need their lengths read.
+        lens = np.ones(num_seqs, dtype=np.int64)
+        if prefills:
+            lens[nd:] = [s.num_new_tokens for s in prefills]
         seq_cu = np.zeros(num_seqs + 1, dtype=np.int64)
         np.cumsum(lens, out=seq_cu[1:])
         num_tokens = int(seq_cu[-1])
-        # The last token of each sampled sequence needs logits.
-        ends_of_seq = list(accumulate(len_list))
-        logits_rows = [ends_of_seq[b] - 1 for b, s in enumerate(order) if s.num_samples > 0]
-        if num_tokens == num_seqs:  # every sequence computes one token (decodes)
-            positions, token_seq = starts.copy(), np.arange(num_seqs)
+        ends = starts + lens  # context length of each sequence after this step
+        # The last token of each sampled sequence needs logits: every decode's one token,
+        # and the last token of each prefill chunk that completes its sequence.
+        sampled = decodes + [s for s in prefills if s.num_samples > 0]
+        logits_rows = list(range(nd))
+        if prefills:
+            logits_rows += [int(seq_cu[nd + b + 1]) - 1 for b, s in enumerate(prefills)
+                            if s.num_samples > 0]
+        if num_tokens == num_seqs:  # every sequence computes one token
+            positions, token_seq = starts, None
         else:
             token_seq = np.repeat(np.arange(num_seqs), lens)  # (T,) sequence of each token
             positions = np.arange(num_tokens) + np.repeat(starts - seq_cu[:-1], lens)
         block_col, block_off = np.divmod(positions, bs)
-        nd = num_decode
         dev = self.device
 
         def i32(x: np.ndarray) -> torch.Tensor:
@@ -260,20 +243,33 @@ class ModelRunner:
         def i64(x: np.ndarray) -> torch.Tensor:
             return torch.from_numpy(np.ascontiguousarray(x, dtype=np.int64)).to(dev)
 
-        # Per group: the slot of every token, and the decode and prefill block tables.
+        def table_tensor(rows: np.ndarray, lengths: np.ndarray, array: np.ndarray
+                         ) -> torch.Tensor:
+            """(len(rows), their widest table) int32; no rows gives shape (0,)."""
+            if not len(rows):
+                return torch.zeros(0, dtype=torch.int32, device=dev)
+            return torch.from_numpy(array[rows, : int(lengths.max()) or 1]).to(dev)
+
+        # Per KV group: the slot of every token, and the decode and prefill block tables.
+        seq_ids = [seq.seq_id for seq in seqs]
         paged: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
-        for group_tables in tables:
-            padded, lengths = _padded(group_tables)  # (B, max_blocks) int64, raw ids (-1 kept)
-            slots = padded[token_seq, block_col] * bs + block_off  # (T,)
-            paged.append((i64(slots), _table_tensor(padded, lengths[:nd], 0, dev),
-                          _table_tensor(padded, lengths[nd:], nd, dev)))
-        pre_cu = np.zeros(num_seqs - nd + 1, dtype=np.int64)
-        np.cumsum(lens[nd:], out=pre_cu[1:])
+        for g, table_rows in enumerate(self._table_rows()):
+            group_tables = ([seq.block_table for seq in seqs] if g == 0
+                            else [seq.group_tables[g] for seq in seqs])
+            rows, lengths = table_rows.gather(seq_ids, group_tables)
+            array = table_rows.array  # (rows, max_blocks) int32
+            token_rows = rows if token_seq is None else rows[token_seq]  # (T,)
+            slots = array[token_rows, block_col].astype(np.int64) * bs + block_off  # (T,)
+            paged.append((torch.from_numpy(slots).to(dev),
+                          table_tensor(rows[:nd], lengths[:nd], array),
+                          table_tensor(rows[nd:], lengths[nd:], array)))
+        pre_cu = seq_cu[nd:] - seq_cu[nd]  # (num_prefill_seqs + 1,) offsets in the prefill part
+        state_slots = np.array([seq.state_slot for seq in seqs], dtype=np.int64)
         return StepInputs(
-            input_ids=torch.tensor(ids, dtype=torch.long, device=dev),
+            input_ids=torch.from_numpy(np.array(ids, dtype=np.int64)).to(dev),
             positions=i64(positions),
             slot_mapping=paged[0][0],
-            num_decode=num_decode,
+            num_decode=nd,
             decode_tables=paged[0][1],
             decode_context_lens=i32(ends[:nd]),
             prefill_cu_seqlens=i32(pre_cu),
@@ -286,6 +282,23 @@ class ModelRunner:
             state_slots=i64(state_slots),
             groups=paged[1:],
         )
+
+    def _table_rows(self) -> list[TableRows]:
+        """The persistent block-table rows, one `TableRows` per KV group (made on first use)."""
+        if not self.table_rows:
+            self.table_rows = [TableRows() for _ in self.kv.group_num_blocks]
+        return self.table_rows
+
+    def release(self, seq_id: int) -> None:
+        """A sequence left the batch (finished): hand its block-table rows back."""
+        for table_rows in self.table_rows:
+            table_rows.release(seq_id)
+
+    def reset(self) -> None:
+        """A new run: fresh sampler streams, no persistent rows (sequence ids restart)."""
+        self.sampler = type(self.sampler)(self.seed)
+        for table_rows in self.table_rows:
+            table_rows.clear()
 
     def graph_context(self, buf: dict[str, torch.Tensor]) -> PagedAttentionContext:
         """The attention context of a captured decode graph, over its static buffers."""
@@ -311,27 +324,44 @@ class ModelRunner:
                        PagedAttentionContext(self.kv, self.ops, inputs, self.states))
             return {}
         logits = None
-        is_plain_decode = (inputs.num_decode == len(inputs.sampled_seqs) == len(out.scheduled)
-                           and all(s.num_samples == 1 for s in inputs.sampled_seqs))
-        if self.graphs is not None and is_plain_decode:
+        sampled = inputs.sampled_seqs
+        if self.graphs is not None and (
+                inputs.num_decode == len(sampled) == len(out.scheduled)
+                and all(s.num_samples == 1 for s in sampled)):  # a plain decode step
             logits = self.graphs.run(inputs.input_ids, inputs.positions, inputs.slot_mapping,
                                      inputs.decode_tables, inputs.decode_context_lens)
         if logits is None:
             ctx = PagedAttentionContext(self.kv, self.ops, inputs, self.states)
             hidden = self.model(inputs.input_ids, inputs.positions, ctx)  # (T, H)
-            rows = torch.tensor(inputs.logits_rows, dtype=torch.long, device=self.device)
-            logits = self.model.compute_logits(hidden.index_select(0, rows))  # (N, V) float32
-        seqs = [s.seq for s in inputs.sampled_seqs]
+            if len(inputs.logits_rows) < hidden.shape[0]:
+                rows = torch.from_numpy(np.array(inputs.logits_rows, dtype=np.int64))
+                hidden = hidden.index_select(0, rows.to(self.device))
+            # else every row needs logits (a decode step): no gather of all T rows
+            logits = self.model.compute_logits(hidden)  # (N, V) float32
+        seqs = [s.seq for s in sampled]
+        params = [q.sampling for q in seqs]
+        if inputs.num_decode == len(sampled) and not any([p.temperature for p in params]):
+            # Only decodes (one sample each), all greedy: the argmax is the whole sampler,
+            # and no per-sequence key, seed or generator is looked at.
+            return {q.seq_id: [t] for q, t in zip(seqs, self.sampler.greedy(logits),
+                                                  strict=True)}
         tokens = self.sampler.sample(
             logits,
-            [q.sampling for q in seqs],
+            params,
             [(q.request_id, q.sample_index) for q in seqs],
-            [s.num_samples for s in inputs.sampled_seqs],
-            [self.sample_seed(q.request_id, q.sampling.seed) for q in seqs],
+            [s.num_samples for s in sampled],
+            [self.sample_seed(q.request_id, p.seed) for q, p in zip(seqs, params, strict=True)],
         )
         return {q.seq_id: t for q, t in zip(seqs, tokens, strict=True)}
 
     def sample_seed(self, request_id: str, seed: int | None) -> int:
+        """The request's seed, or one derived from the run seed and the request id."""
         if seed is not None:
             return seed
-        return (zlib.crc32(request_id.encode()) ^ (self.seed * 0x9E3779B1)) & 0x7FFFFFFF
+        return (_request_hash(request_id) ^ (self.seed * 0x9E3779B1)) & 0x7FFFFFFF
+
+
+@functools.lru_cache(maxsize=4096)
+def _request_hash(request_id: str) -> int:
+    """crc32 of a request id: computed once per request, not once per sequence per step."""
+    return zlib.crc32(request_id.encode())

@@ -16,6 +16,7 @@ only the entries changed since the last read are written into.
 from __future__ import annotations
 
 import enum
+import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, SupportsIndex
@@ -23,6 +24,10 @@ from typing import Any, SupportsIndex
 import numpy as np
 
 from infbench.engine.request import Request, SamplingParams
+
+# Versions of block tables: unique in the process, so a (version, length) pair read from
+# a table identifies its content even after the table object is gone.
+_table_versions = itertools.count()
 
 
 class BlockTable(list[int]):
@@ -32,14 +37,20 @@ class BlockTable(list[int]):
     sliding-window release); `as_array` copies only entries from the first one written
     since its last call, so a decode step that adds no block copies nothing.  Any other
     in-place change (pop, insert, slice assignment, ...) recopies the whole table.
+
+    `version` serves copies kept elsewhere (the runner's persistent batch): it is unique
+    per table and changes on every edit other than appending, so a copy that recorded
+    (version, len) at its last sync is still valid while both are unchanged, and needs
+    only the new tail when just the length grew.
     """
 
-    __slots__ = ("_array", "_num_synced")
+    __slots__ = ("_array", "_num_synced", "version")
 
     def __init__(self, blocks: Iterable[int] = ()) -> None:
         super().__init__(blocks)
         self._array = np.empty(max(16, 2 * len(self)), dtype=np.int64)
         self._num_synced = 0  # entries [0, _num_synced) of _array equal the list's
+        self.version = next(_table_versions)
 
     def as_array(self) -> np.ndarray:
         """The table as an int64 array view (valid until the table next changes)."""
@@ -55,6 +66,7 @@ class BlockTable(list[int]):
 
     def __setitem__(self, index: Any, value: Any) -> None:
         super().__setitem__(index, value)
+        self.version = next(_table_versions)
         if isinstance(index, int):
             index = index + len(self) if index < 0 else index
             self._num_synced = min(self._num_synced, index)
@@ -63,6 +75,12 @@ class BlockTable(list[int]):
 
     def _forget(self) -> None:
         self._num_synced = 0
+        self.version = next(_table_versions)
+
+    def __reduce__(self) -> tuple[type[BlockTable], tuple[list[int]]]:
+        # copy, deepcopy and pickle build a new table with a version of its own: two
+        # tables sharing a version could diverge by appends that a copy would not see.
+        return (BlockTable, (list(self),))
 
     # Mutators that can move or drop existing entries: recopy everything on the next read.
     def __delitem__(self, index: Any) -> None:
