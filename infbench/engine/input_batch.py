@@ -113,7 +113,7 @@ class TableRows:
             assert step_ids is not None
             for other in [s for s in self._row_of if s not in step_ids]:
                 self.release(other)
-            if len(self._free) < self.num_rows // 4:
+            if len(self._free) <= self.num_rows // 4:
                 self._grow(2 * self.num_rows, self.array.shape[1])
         row = self._free.pop()
         self._row_of[seq_id] = row

@@ -185,5 +185,8 @@ def test_incremental_state_equals_recomputation(seed: int) -> None:
             assert np.array_equal(table.as_array(), np.asarray(list(table), dtype=np.int64))
             checked["cached"] += seq.num_cached_tokens > 0
     assert checked["steps"] > 10
+    # Finished and preempted sequences handed their persistent block-table rows back.
+    rows = engine.runner.table_rows[0]
+    assert all(rows.row_of(i) is None for i in range(sched.next_seq_id()))
     assert checked["preempted"] > 0, "the run should exercise preemption"
     assert checked["cached"] > 0, "the run should exercise prefix-cache hits"
