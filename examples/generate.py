@@ -6,8 +6,9 @@ Run: .venv/bin/python examples/generate.py
 from infbench import LLM, SamplingParams
 
 # The packaged SmolLM2-135M; a preset name, an HF directory or a .gguf path work too.
-# A short max_model_len and few sequences keep the KV pool small on a CPU.
-llm = LLM("smollm2-135m", max_model_len=128, max_num_seqs=4)
+# A short max_model_len and few sequences keep the KV pool small on a CPU; float32 prints
+# the same text on every CPU (dtype="auto" picks bfloat16 where the CPU has native bf16).
+llm = LLM("smollm2-135m", dtype="float32", max_model_len=128, max_num_seqs=4)
 prompts = ["The capital of France is", "def fibonacci(n):"]
 greedy = SamplingParams(max_tokens=8)  # temperature 0: greedy
 for out in llm.generate(prompts, greedy):
