@@ -138,6 +138,22 @@ class BlockManager:
         return (start + num_new_tokens <= len(table) * bs and start // bs == len(table) - 1
                 and self._ref_counts[table[-1]] == 1)
 
+    def try_append_slots(self, seq: Sequence,
+                         num_new_tokens: int) -> list[tuple[int, int]] | None:
+        """`append_slots` when `can_append`, else None: one call per sequence per step.
+
+        The scheduler calls this for every running sequence every step; a decode into
+        its own unfilled last block (almost every one) is answered by the inline check
+        below without a further call.
+        """
+        table, start, bs = seq.block_table, seq.num_computed_tokens, self.block_size
+        if (start + num_new_tokens <= len(table) * bs and start // bs == len(table) - 1
+                and self._ref_counts[table[-1]] == 1):  # _fits_own_last_block, inlined
+            return []
+        if not self.can_append(seq, num_new_tokens):
+            return None
+        return self.append_slots(seq, num_new_tokens)
+
     def append_slots(self, seq: Sequence, num_new_tokens: int) -> list[tuple[int, int]]:
         """Ensure blocks for positions < num_computed + num_new_tokens.
 
@@ -177,7 +193,11 @@ class BlockManager:
 
     # ----------------------------------------------------------- after a step
     def commit(self, seq: Sequence) -> None:
-        """Make every block now full of computed tokens findable by its chained hash."""
+        """Make every block now full of computed tokens findable by its chained hash.
+
+        Called after every step that computed tokens of `seq`, so it acts only when a
+        block filled up since its last call (the scheduler skips the call otherwise).
+        """
         if not self.enable_prefix_caching:
             return
         num_full = seq.num_computed_tokens // self.block_size

@@ -181,6 +181,13 @@ class GroupedBlockManager:
         return [(off + s, off + d) for off, pairs in zip(self.offsets, copies, strict=True)
                 for s, d in pairs]
 
+    def try_append_slots(self, seq: Sequence,
+                         num_new_tokens: int) -> list[tuple[int, int]] | None:
+        """`append_slots` when `can_append`, else None (BlockManager.try_append_slots)."""
+        if not self.can_append(seq, num_new_tokens):
+            return None
+        return self.append_slots(seq, num_new_tokens)
+
     def commit(self, seq: Sequence) -> None:
         """After a step: windowed groups free the blocks behind their windows."""
         self.release_outside_window(seq)

@@ -16,6 +16,7 @@ back to the front of the queue; prefix caching may give their KV back).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from infbench.core.config import EngineConfig
@@ -148,40 +149,50 @@ class Scheduler:
         budget = self._schedule_running(out, self.config.max_num_batched_tokens)
         # Like vLLM v1: admitting new work in a step that had to preempt would thrash.
         if not out.preempted:
-            self._schedule_waiting(out, budget)
-        out.num_batched_tokens = sum(s.num_new_tokens for s in out.scheduled)
+            budget = self._schedule_waiting(out, budget)
+        # Every scheduled token was taken from the budget.
+        out.num_batched_tokens = self.config.max_num_batched_tokens - budget
         return out
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
-        # Runs once per running sequence per step: the host loop's hot path, so methods
-        # are bound to locals and the one-token case skips _chunk_size.
-        bm, running, scheduled = self.block_manager, self.running, out.scheduled
-        can_append, append_slots = bm.can_append, bm.append_slots
+        # Runs once per running sequence per step: the host loop's hot path (about 1 us
+        # per sequence is all a step at batch 256 may spend in total), so methods are
+        # bound to locals, the block manager is asked once (try_append_slots), and a
+        # plain decode builds its ScheduledSeq without _chunk_size and _scheduled.
+        running, scheduled = self.running, out.scheduled
+        try_append = self.block_manager.try_append_slots
+        running_status = SeqStatus.RUNNING
         i = 0
         while i < len(running) and budget > 0:
             seq = running[i]
-            num_remaining = len(seq.prompt_ids) + len(seq.output_ids) - seq.num_computed_tokens
+            start = seq.num_computed_tokens
+            num_remaining = len(seq.prompt_ids) + len(seq.output_ids) - start
+            # One token left after generated ones: a decode of the last sampled token.
+            is_decode = num_remaining == 1 and len(seq.output_ids) > 0
             num_new = 1 if num_remaining == 1 else self._chunk_size(num_remaining, budget)
             if num_new == 0:
                 i += 1
                 continue
-            while not can_append(seq, num_new):
+            copies = try_append(seq, num_new)
+            while copies is None:
                 victim = running.pop()  # latest admitted first; possibly seq itself
                 self._preempt(victim)
                 out.preempted.append(victim)
                 if victim is seq:
                     break
-            if seq.status is not SeqStatus.RUNNING:
+                copies = try_append(seq, num_new)
+            if seq.status is not running_status:
                 break  # seq was the last running sequence
-            copies = append_slots(seq, num_new)
             if copies:
                 out.block_copies.extend(copies)
-            scheduled.append(self._scheduled(seq, num_new))
+            scheduled.append(ScheduledSeq(seq, start, 1, 1, False) if is_decode
+                             else self._scheduled(seq, num_new))
             budget -= num_new
             i += 1
         return budget
 
-    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> int:
+        """Admit waiting sequences in FCFS order; returns the budget left."""
         bm, slots = self.block_manager, self.state_slots
         # Samples a running prompt will fork into hold their sequence and state slots.
         num_reserved = sum(s.n - 1 for s in self.running)
@@ -205,6 +216,7 @@ class Scheduler:
             num_reserved += seq.n - 1
             out.scheduled.append(self._scheduled(seq, num_new))
             budget -= num_new
+        return budget
 
     def _chunk_size(self, num_remaining: int, budget: int) -> int:
         """Tokens to compute now, 0 when they must wait for a step with more budget.
@@ -254,12 +266,25 @@ class Scheduler:
         """Advance the scheduled sequences, fork, append sampled tokens; return finished ones."""
         self.forked = []
         finished: list[Sequence] = []
-        bm, window = self.block_manager, self.window
-        commit = bm.commit
+        bm, window, eos = self.block_manager, self.window, self.eos_token_id
+        bs = bm.block_size
+        # BlockManager.commit hashes blocks that filled up since its last call: without
+        # prefix caching it does nothing, with it only when a block boundary was reached,
+        # so this loop (once per sequence per step) calls it only then.  The grouped
+        # manager's commit releases blocks behind windows, which move with every token.
+        commit: Callable[[Sequence], None] | None = bm.commit
+        commit_on_fill = isinstance(bm, BlockManager)
+        if commit_on_fill and not bm.enable_prefix_caching:
+            commit = None
         for item in out.scheduled:
             seq = item.seq
-            seq.num_computed_tokens += item.num_new_tokens
-            commit(seq)
+            end = seq.num_computed_tokens + item.num_new_tokens
+            if commit is not None and (not commit_on_fill
+                                       or end // bs > seq.num_computed_tokens // bs):
+                seq.num_computed_tokens = end
+                commit(seq)
+            else:
+                seq.num_computed_tokens = end
             if window is not None:
                 bm.release_outside_window(seq, window)
             tokens = sampled.get(seq.seq_id, ())
@@ -270,20 +295,34 @@ class Scheduler:
                 )
             if not tokens:
                 continue
+            if len(tokens) == 1:
+                # One token (every decode): _stop_reason's tests inline, the reason
+                # itself asked for only when one of them fires.
+                token = tokens[0]
+                seq.output_ids.append(token)
+                seq.token_times_s.append(now_s)
+                sp = seq.sampling
+                if (len(seq.output_ids) >= sp.max_tokens or token in sp.stop_token_ids
+                        or (token == eos and not sp.ignore_eos)):
+                    self._finish(seq, self._stop_reason(seq, token), finished)
+                continue
             # Only a prompt that completes with n > 1 forks (_fork is O(running)).
-            group = [seq, *self._fork(seq, len(tokens) - 1)] if len(tokens) > 1 else (seq,)
+            group = [seq, *self._fork(seq, len(tokens) - 1)]
             for member, token in zip(group, tokens, strict=True):
                 member.output_ids.append(token)
                 member.token_times_s.append(now_s)
                 reason = self._stop_reason(member, token)
                 if reason is not None:
-                    member.status = SeqStatus.FINISHED
-                    member.finish_reason = reason
-                    self._release(member)
-                    self.running.remove(member)
-                    self._live_ids.discard(member.seq_id)
-                    finished.append(member)
+                    self._finish(member, reason, finished)
         return finished
+
+    def _finish(self, seq: Sequence, reason: str | None, finished: list[Sequence]) -> None:
+        seq.status = SeqStatus.FINISHED
+        seq.finish_reason = reason
+        self._release(seq)
+        self.running.remove(seq)
+        self._live_ids.discard(seq.seq_id)
+        finished.append(seq)
 
     def _fork(self, parent: Sequence, num_children: int) -> list[Sequence]:
         """Children 1..num_children share the parent's blocks; they run right after it."""

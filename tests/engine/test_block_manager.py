@@ -264,6 +264,26 @@ def test_can_append_counts_the_copy() -> None:
     assert bm.can_append(parent, 1) and bm.append_slots(parent, 1) == []
 
 
+def test_try_append_slots_is_can_append_then_append_slots() -> None:
+    bm = BlockManager(2, BS)
+    parent = make_seq(0, [1, 2, 3, 4, 5, 6])
+    admit(bm, parent)
+    parent.output_ids.append(7)
+    child = fork_of(parent, 1)
+    bm.fork(parent, child)
+    before = (list(parent.block_table), bm.num_free_blocks)
+    assert bm.try_append_slots(parent, 1) is None  # the copy needs a block: nothing changes
+    assert (list(parent.block_table), bm.num_free_blocks) == before
+    bm.free(child)
+    assert bm.try_append_slots(parent, 1) == []  # its own last block now: written in place
+    parent.num_computed_tokens += 1
+    parent.output_ids.append(8)
+    assert bm.try_append_slots(parent, 1) == []  # position 7, still the last block
+    parent.num_computed_tokens += 1
+    assert bm.try_append_slots(parent, 1) is None  # position 8 needs a third block: none free
+    assert_consistent(bm, [parent])
+
+
 # ---------------------------------------------------------- sliding window
 def test_release_outside_window() -> None:
     bm = BlockManager(8, BS)

@@ -301,6 +301,20 @@ def test_prefix_cache_hits_are_counted(prefix: bool) -> None:
     assert run.outputs() == expected([a, b])
 
 
+@pytest.mark.parametrize("budget", [64, 3], ids=["whole-prompt", "chunks-of-3"])
+def test_blocks_filled_by_chunks_and_decodes_are_cached(budget: int) -> None:
+    """update commits a block whenever one fills up (it skips the call otherwise)."""
+    run = make_run(prefix=True, max_num_batched_tokens=budget)
+    a = req("a", prompt(3, 6), max_tokens=11)  # 16 computed tokens; blocks 1-3 fill decoding
+    run.add(a)
+    run.run({})
+    seq_a = run.added["a"]
+    seq_b = run.add(req("b", seq_a.prompt_ids + seq_a.output_ids + [1]))
+    run.step()
+    assert seq_b.num_cached_tokens == 16  # all four full blocks of a, found by hash
+    run.run({})
+
+
 @pytest.mark.parametrize("prompt_len, num_copies", [(6, 2), (8, 0)], ids=["mid-block", "boundary"])
 def test_n_samples_fork_and_copy_on_first_divergent_write(prompt_len: int, num_copies: int) -> None:
     run = make_run()
