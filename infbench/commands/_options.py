@@ -177,6 +177,7 @@ def one_of(allowed: tuple[str, ...]) -> Callable[[str | None], str | None]:
 
 
 dtype = one_of(DTYPES)
+dtype_or_auto = one_of(("auto", *DTYPES))
 attention_kind = one_of(ATTENTION_KINDS)
 feature_map = one_of(FEATURE_MAPS)
 weight_quant = one_of(WEIGHT_QUANT)

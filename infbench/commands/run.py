@@ -256,14 +256,15 @@ def generate(
     chat: bool = typer.Option(False, "--chat", help="Apply the model's chat template."),
     output_ids: bool = typer.Option(False, "--output-ids", help="Print token ids, not text."),
     device: str = typer.Option("auto", "--device", callback=opt.non_empty),
-    dtype: str = typer.Option("float32", "--dtype", callback=opt.dtype,
-                              help=opt.choices(opt.DTYPES)),
+    dtype: str = typer.Option("auto", "--dtype", callback=opt.dtype_or_auto,
+                              help="auto (bfloat16 on a GPU or a CPU with native bf16, else "
+                                   f"float32), {opt.choices(opt.DTYPES)}"),
     backend: str = typer.Option("auto", "--backend", callback=opt.backend,
                                 help=opt.choices(opt.BACKENDS)),
 ) -> None:
     """Complete one prompt: the completion on stdout, speed on stderr."""
     from infbench.core.config import EngineConfig
-    from infbench.core.device import resolve_device
+    from infbench.core.device import auto_dtype, resolve_device
     from infbench.engine.llm import LLM
     from infbench.engine.request import SamplingParams
     from infbench.model.loader import load_model
@@ -271,6 +272,9 @@ def generate(
     if (prompt is None) == (prompt_ids is None):
         raise UserError("give exactly one of --prompt TEXT or --prompt-ids 1,2,3")
     dev = resolve_device(device)
+    if dtype == "auto":
+        dtype, why = auto_dtype(dev)
+        print(f"note: dtype auto -> {dtype} ({why})", file=sys.stderr)
     loaded = load_model(model_source(model), dtype=dtype, device=dev, seed=seed,
                         weights="random" if random_weights else "auto")
     print(f"note: {model}: weights {loaded.weights}", file=sys.stderr)
@@ -315,7 +319,7 @@ def generate(
     tps = (len(toks) - 1) / decode_s if len(toks) > 1 and decode_s > 0 else float("nan")
     print(f"{len(ids)} prompt tokens, {len(toks)} generated ({out.outputs[0].finish_reason}); "
           f"TTFT {ttft * 1e3:.1f} ms, decode {tps:.1f} tokens/s, backend {llm.engine.ops.name}, "
-          f"device {dev}", file=sys.stderr)
+          f"device {dev}, dtype {dtype}", file=sys.stderr)
 
 
 def schema(
