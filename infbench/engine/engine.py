@@ -15,7 +15,6 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from infbench.core.config import EngineConfig, ModelConfig
@@ -334,12 +333,21 @@ def used_slots(running: list[Seq], bm: BlockManager | GroupedBlockManager) -> in
     if isinstance(bm, GroupedBlockManager):
         return bm.used_slots(running)
     bs = bm.block_size
-    # Empty slots of each last block, len * bs - computed clipped to [0, bs]; one
-    # comprehension and one numpy clip (this runs over every sequence every step).
-    holes = {t[-1]: len(t) * bs - seq.num_computed_tokens
-             for seq in running if (t := seq.block_table) and t[-1] >= 0}
-    empty = np.clip(np.fromiter(holes.values(), dtype=np.int64, count=len(holes)), 0, bs)
-    return bm.num_used_blocks * bs - int(empty.sum())
+    # This runs over every sequence every step, so the common case is plain list
+    # comprehensions and sums: every table ends in a live block of its own and every
+    # hole is within [0, bs].  Otherwise (forked samples sharing a last block, released
+    # or empty tables) the holes are keyed by block, as the docstring says.
+    tables = [seq.block_table for seq in running]
+    if all(tables):
+        lasts = [t[-1] for t in tables]
+        holes = [len(t) * bs - seq.num_computed_tokens
+                 for seq, t in zip(running, tables, strict=True)]
+        if (len(set(lasts)) == len(lasts) and min(lasts, default=0) >= 0
+                and min(holes, default=0) >= 0 and max(holes, default=0) <= bs):
+            return bm.num_used_blocks * bs - sum(holes)
+    by_block = {t[-1]: min(max(len(t) * bs - seq.num_computed_tokens, 0), bs)
+                for seq, t in zip(running, tables, strict=True) if t and t[-1] >= 0}
+    return bm.num_used_blocks * bs - sum(by_block.values())
 
 
 def fixed_num_blocks(cfg: ModelConfig, engine_cfg: EngineConfig, sizing: KVSizing,

@@ -162,7 +162,7 @@ def test_incremental_state_equals_recomputation(seed: int) -> None:
     for req in reqs:
         engine.add_request(req)
 
-    checked = {"steps": 0, "preempted": 0, "cached": 0}
+    checked = {"steps": 0, "preempted": 0, "cached": 0, "shared": 0}
     prepare = engine.runner.prepare
 
     def checked_prepare(out: SchedulerOutput) -> StepInputs:
@@ -177,7 +177,12 @@ def test_incremental_state_equals_recomputation(seed: int) -> None:
     engine.runner.prepare = checked_prepare  # type: ignore[method-assign]
     sched = engine.scheduler
     while sched.has_unfinished:
-        engine.step(lambda: 0.0)
+        record, _ = engine.step(lambda: 0.0)
+        # kv_slots_used against a count of the distinct slots holding computed tokens.
+        slots = {engine.block_manager.slot(s, p) for s in sched.running
+                 for p in range(s.num_computed_tokens)}
+        assert record.kv_slots_used == len(slots)
+        checked["shared"] += len(slots) < sum(s.num_computed_tokens for s in sched.running)
         for seq in [*sched.running, *sched.waiting]:
             assert seq.token_ids == list(seq.prompt_ids) + list(seq.output_ids)
             table = seq.block_table
@@ -190,3 +195,4 @@ def test_incremental_state_equals_recomputation(seed: int) -> None:
     assert all(rows.row_of(i) is None for i in range(sched.next_seq_id()))
     assert checked["preempted"] > 0, "the run should exercise preemption"
     assert checked["cached"] > 0, "the run should exercise prefix-cache hits"
+    assert checked["shared"] > 0, "the run should share blocks (prefix hits, forks)"
