@@ -8,16 +8,22 @@ weights, so a batch-size sweep loads SmolLM2 once.
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 import resource
 import sys
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infbench.core.device import resolve_device
 from infbench.core.errors import UserError
 from infbench.engine.records import StepRecord
+
+if TYPE_CHECKING:
+    from infbench.measure.torch_reference import SameRunReference
 
 
 @dataclass
@@ -48,6 +54,78 @@ def peak_memory_bytes(device: str) -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: KiB
 
 
+# Test-only: a fraction f in [0, 1) pads every measured engine step so that tokens/s drop
+# by f (docs/gate.md shows the gate failing on it).  Recorded in the result's env.
+SLOWDOWN_ENV = "INFBENCH_TEST_SLOWDOWN"
+
+
+def injected_slowdown() -> float:
+    """The fraction from INFBENCH_TEST_SLOWDOWN; 0 when unset or empty."""
+    raw = os.environ.get(SLOWDOWN_ENV, "").strip()
+    if not raw:
+        return 0.0
+    try:
+        fraction = float(raw)
+    except ValueError:
+        fraction = math.nan
+    if not 0 <= fraction < 1:  # NaN fails too
+        raise UserError(f"{SLOWDOWN_ENV}={raw!r}: must be a fraction in [0, 1) (0.15 slows the "
+                        "engine's tokens/s by 15%, for testing the gate); unset it to measure")
+    return fraction
+
+
+def slowed_down(on_step: Callable[[StepRecord], None] | None,
+                fraction: float) -> Callable[[StepRecord], None]:
+    """An on_step hook that burns fraction / (1 - fraction) of each step's CPU time.
+
+    The hook runs inside Engine.run's timed loop, so the run takes that much longer: as if
+    the engine's own code had become slower.  It spins on the calling thread's CPU clock
+    (the host thread's CPU time since the previous hook), not on the wall clock: on a
+    loaded machine a sleep or a wall-clock spin loses whole scheduler time slices at its
+    end (measured: 0.15 became 0.3), while extra work stretches with the load as the
+    step's own work does.
+    """
+    extra = fraction / (1 - fraction)
+    last = time.thread_time()
+
+    def hook(record: StepRecord) -> None:
+        nonlocal last
+        now = time.thread_time()
+        if record.index == 0:  # a new run: the CPU clock since the last hook spans more
+            last = now - min(record.duration_s, now - last)
+        until = now + (now - last) * extra
+        while time.thread_time() < until:
+            pass
+        last = time.thread_time()
+        if on_step is not None:
+            on_step(record)
+
+    return hook
+
+
+def build_torch_reference(point: Any, cfg: Any, device: str,
+                          requests: list[Any]) -> SameRunReference:
+    """The plain-torch reference of `point` (measure.torch_reference), or a UserError."""
+    from infbench.measure.torch_reference import (
+        SUPPORTED_ATTENTION,
+        ReferencePlan,
+        SameRunReference,
+        TorchReference,
+        unsupported_reason,
+    )
+    from infbench.model.dtypes import TORCH_DTYPES
+
+    reason = unsupported_reason(cfg)
+    if reason is not None:
+        raise UserError(f"measure.torch_reference: the plain-torch reference does not run "
+                        f"{reason}; it runs Llama-family models with attention.kind "
+                        f"{', '.join(SUPPORTED_ATTENTION)} (set measure.torch_reference: false "
+                        "and gate on another normalize mode)")
+    reference = TorchReference(cfg, TORCH_DTYPES[point.dtype], device, seed=point.workload.seed)
+    plan = ReferencePlan.for_requests(requests, point.engine.max_num_seqs)
+    return SameRunReference(reference, plan, seed=point.workload.seed)
+
+
 def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None = None,
               on_step: Callable[[StepRecord], None] | None = None,
               on_phase: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -76,6 +154,11 @@ def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None
             f"{point.source}: speculative.method={point.speculative.method!r} is priced by "
             "`infbench predict`, but the engine has no speculative decoding yet; allowed in "
             "`infbench run`: none")
+    slowdown = injected_slowdown()
+    if slowdown:
+        print(f"note: {point.name} point {point.index} ({point.label}): {SLOWDOWN_ENV}="
+              f"{slowdown:g}: every engine step is padded so tokens/s drop by that fraction "
+              "(a test of the gate, not a measurement)", file=sys.stderr)
     source = point.model_source()
     overrides = model_overrides(point.model)
     seed = point.workload.seed
@@ -91,6 +174,9 @@ def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None
     eos = tok.eos_token_id if tok is not None else None
     requests = generate_requests(point.workload, cfg.vocab_size, tokenizer=tok, eos_token_id=eos)
     engine_cfg = point.engine
+    # Built before the engine, so a GPU's KV budget already counts its weights.
+    reference = (build_torch_reference(point, cfg, dev, requests)
+                 if point.measure.torch_reference else None)
     if dev == "cuda":
         torch.cuda.reset_peak_memory_stats()
     with warnings.catch_warnings():  # reported below, once per point, from engine.disabled
@@ -107,15 +193,21 @@ def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None
         from infbench.measure.telemetry import NvmlSampler
 
         sampler = NvmlSampler(torch.cuda.current_device()).start()
+    step_hook = slowed_down(on_step, slowdown) if slowdown else on_step
     for i in range(point.measure.warmup):
         phase(f"warm-up {i + 1}/{point.measure.warmup}")
         engine.run(requests, realtime_arrivals=False)
     hw = get_hardware(point.hardware)
     runs: list[dict[str, Any]] = []
     last_steps: list[StepRecord] = []
+    ref_before = None
+    if reference is not None:  # warm once, then time the pass before repeat 1
+        phase("torch reference")
+        reference.time()
+        ref_before = reference.time()
     for i in range(point.measure.repeats):
         phase(f"repeat {i + 1}/{point.measure.repeats}")
-        out = engine.run(requests, realtime_arrivals=realtime, on_step=on_step)
+        out = engine.run(requests, realtime_arrivals=realtime, on_step=step_hook)
         m = metrics_mod.summarize(
             out.requests, out.steps, out.wall_s,
             kv_bytes_per_token=engine.kv.bytes_per_token, block_size=engine_cfg.block_size,
@@ -132,6 +224,14 @@ def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None
             "decode_bytes_per_s_over_reference": (
                 m["decode"]["achieved_bytes_per_s"] / ref if "decode" in m else None),
         }
+        if reference is not None and ref_before is not None:
+            # Bracketed: the passes just before and just after this repeat, so a machine
+            # that speeds up or slows down during the run moves both sides alike.
+            ref_after = reference.time()
+            m["torch_reference"] = reference.bracket(ref_before, ref_after)
+            m["normalized"]["output_tokens_per_s_over_torch_reference"] = (
+                m["output_tokens_per_s"] / m["torch_reference"]["output_tokens_per_s"])
+            ref_before = ref_after
         runs.append(m)
         # The stored steps and per-request rows both come from the last repeat.
         last_steps, last_costs = out.steps, step_costs
@@ -162,6 +262,8 @@ def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None
     env["kv_num_blocks"] = engine.kv.num_blocks
     env["model_source"] = source
     env["model_weights"] = loaded.weights  # "real: FILE" or "random (seed N)": this machine's
+    if slowdown:
+        env["test_slowdown"] = slowdown  # never silent: a result with it is not a measurement
     scenario = point.to_dict()  # model.weights: real | random (the path is this machine's)
     return results_mod.build_result(
         scenario, metrics=summary, prediction=prediction, steps=steps, env=env,

@@ -18,7 +18,10 @@ change, so neither may pass as "ok" or "+inf% improved".
 Normalized gating answers "is the code slower, or the machine busier?":
 - `mbu`: gate on decode MBU (achieved / peak bandwidth) instead of a raw metric;
 - `roofline_fraction`: measured / predicted value of the metric (tokens/s by default);
-- `reference`: tokens/s per GB/s of a read-bandwidth probe taken in the same run.
+- `reference`: tokens/s per GB/s of a read-bandwidth probe taken in the same run;
+- `torch_reference`: output tokens/s over the tokens/s of a plain-torch forward of the
+  same model shape, timed between the repeats (measure/torch_reference.py): it moves
+  with the machine (CPU, threads, bandwidth, load) and not with the engine's code.
 """
 
 from __future__ import annotations
@@ -144,6 +147,11 @@ def gated_values(result: dict[str, Any], metric: str, normalize: str) -> tuple[s
         metric = "decode.mbu"
     elif normalize == "reference":
         metric = f"normalized.{metric}_per_gbs"
+    elif normalize == "torch_reference":
+        if metric != DEFAULT_METRIC:
+            raise UserError(f"--metric {metric}: normalize torch_reference divides by the torch "
+                            f"reference's output tokens/s; allowed: {DEFAULT_METRIC}")
+        metric = f"normalized.{metric}_over_torch_reference"
     metric = with_default_statistic(metric)
     denom = 1.0
     if normalize == "roofline_fraction":
@@ -162,8 +170,10 @@ def gated_values(result: dict[str, Any], metric: str, normalize: str) -> tuple[s
         return shown, [v / denom for v in checked], f"median of {len(values)} repeats"
     value = section_metric(result.get("metrics") or {}, metric)
     if value is None:
-        hint = (" (the run took no same-run reference bandwidth)" if normalize == "reference"
-                else "")
+        hint = {"reference": " (the run took no same-run reference bandwidth)",
+                "torch_reference": " (the run timed no torch reference: it ran without "
+                "measure.torch_reference: true, or before infbench recorded one; re-run "
+                "it with that key)"}.get(normalize, "")
         raise ResultSchemaError(f"{_result_id(result)}: metric {metric!r} is missing{hint}")
     return shown, [_positive(result, f"metrics.{metric}", value) / denom], "metrics"
 
@@ -223,7 +233,7 @@ def _compare_into(out: GateResult, baseline: dict[str, Any], new: dict[str, Any]
     if not math.isfinite(change):
         raise ResultSchemaError(f"{_result_id(new)}: {name} changed from {b!r} to {n!r}, "
                                 "beyond what a relative change can express; check both files")
-    # mbu and reference gate rates; a roofline fraction keeps the metric's direction.
+    # mbu and the references gate rates; a roofline fraction keeps the metric's direction.
     lower = out.normalize in ("none", "roofline_fraction") and is_lower_better(out.metric)
     worse = change if lower else -change  # > 0 means worse
     threshold = out.max_regression * 100

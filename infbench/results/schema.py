@@ -18,7 +18,9 @@ Versions:
 - 2: this schema.  Every top-level key is declared; `engine_disabled`, `telemetry` and
   `requests` are always present.  `upgrade()` turns a version 1 file into version 2 in
   memory (those three keys default to empty), so committed baselines and older results
-  still load; any other version is refused.
+  still load; any other version is refused.  Fields added to version 2 later are optional
+  (`metrics.torch_reference`, `normalized.output_tokens_per_s_over_torch_reference`), so a
+  version 2 file written before them loads unchanged, with those fields None.
 """
 
 from __future__ import annotations
@@ -88,10 +90,22 @@ class StageTraffic(_Closed):
 
 
 class Normalized(_Closed):
-    """Measured rates over the same-run reference bandwidth (the `reference` gate)."""
+    """Measured rates over a same-run reference: the read-bandwidth probe (the `reference`
+    gate) or the plain-torch forward (the `torch_reference` gate; None when not timed)."""
 
     output_tokens_per_s_per_gbs: Number | None = None
     decode_bytes_per_s_over_reference: Number | None = None
+    output_tokens_per_s_over_torch_reference: Number | None = None
+
+
+class TorchReference(_Closed):
+    """The plain-torch forward of the same model shape timed next to a repeat
+    (measure/torch_reference.py): the mean of the passes before and after it."""
+
+    output_tokens_per_s: Number | None = None
+    wall_s: Number | None = None
+    num_output_tokens: int | None = None
+    num_threads: int | None = None
 
 
 class Noise(_Closed):
@@ -129,6 +143,7 @@ class Metrics(_Closed):
     decode: StageTraffic | None = None
     mixed: StageTraffic | None = None
     reference_bytes_per_s: Number | None = None
+    torch_reference: TorchReference | None = None
     normalized: Normalized | None = None
     noise: Noise | None = None
 
