@@ -264,7 +264,9 @@ class ModelRunner:
                           table_tensor(rows[:nd], lengths[:nd], array),
                           table_tensor(rows[nd:], lengths[nd:], array)))
         pre_cu = seq_cu[nd:] - seq_cu[nd]  # (num_prefill_seqs + 1,) offsets in the prefill part
-        state_slots = np.array([seq.state_slot for seq in seqs], dtype=np.int64)
+        # Without a state pool every sequence's state_slot is -1: no need to read them.
+        state_slots = (np.full(num_seqs, -1, dtype=np.int64) if self.states is None
+                       else np.array([seq.state_slot for seq in seqs], dtype=np.int64))
         return StepInputs(
             input_ids=torch.from_numpy(np.array(ids, dtype=np.int64)).to(dev),
             positions=i64(positions),
