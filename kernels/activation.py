@@ -14,6 +14,7 @@ import triton.language as tl
 
 from kernels._common import cdiv
 from kernels.cost import KernelCost
+from kernels.cpu_ops import module as cpu_module
 
 
 @triton.jit
@@ -54,6 +55,11 @@ def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
     inter_size = x.shape[-1] // 2
     xf = x.float()
     return (F.silu(xf[..., :inter_size]) * xf[..., inter_size:]).to(x.dtype)
+
+
+def silu_and_mul_cpu(x: torch.Tensor) -> torch.Tensor:
+    """C++ CPU kernel (kernels/csrc/activation.cpp, the `cpu` backend), fp32 math."""
+    return cpu_module().silu_and_mul(x)  # type: ignore[no-any-return]
 
 
 def silu_and_mul_cost(num_tokens: int, inter_size: int, dtype_bytes: int) -> KernelCost:

@@ -30,6 +30,7 @@ from kernels._paged_attention import (
     window_arg,
 )
 from kernels.cost import KernelCost
+from kernels.cpu_ops import module as cpu_module
 
 # Below this many context tokens per split the merge costs more than the parallelism buys.
 MIN_TOKENS_PER_SPLIT = 256
@@ -248,6 +249,25 @@ def paged_decode_attention_ref(
     out = attention_ref(q4, keys.transpose(1, 2), values.transpose(1, 2), q_pos, scale,
                         window)  # (B, Q, Hq, Dv)
     return out.squeeze(1) if is_single else out
+
+
+def paged_decode_attention_cpu(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    window: int | None = None,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """C++ CPU kernel (kernels/csrc/attention.cpp, the `cpu` backend): the same attention,
+    K/V read in place through the block table (no gather), fp32 online softmax, one work
+    item per (sequence, KV head).  `num_splits` is accepted for signature compatibility.
+    """
+    del num_splits
+    return cpu_module().paged_decode_attention(  # type: ignore[no-any-return]
+        q, k_cache, v_cache, block_tables, context_lens, scale, window)
 
 
 def paged_decode_attention_cost(

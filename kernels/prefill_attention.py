@@ -32,6 +32,7 @@ from kernels._paged_attention import (
     window_arg,
 )
 from kernels.cost import KernelCost
+from kernels.cpu_ops import module as cpu_module
 
 
 @triton.jit
@@ -179,6 +180,23 @@ def prefill_attention_ref(
             q[None, q_start:q_end], keys[None], values[None], q_pos[None], scale, window
         )[0]
     return out
+
+
+def prefill_attention_cpu(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    context_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+    window: int | None = None,
+) -> torch.Tensor:
+    """C++ CPU kernel (kernels/csrc/attention.cpp, the `cpu` backend): the same causal
+    attention, K/V read in place through the block table, work items of (sequence, KV
+    head, query tile)."""
+    return cpu_module().prefill_attention(  # type: ignore[no-any-return]
+        q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale, window)
 
 
 def prefill_attention_cost(

@@ -14,6 +14,7 @@ import triton.language as tl
 
 from kernels._common import cdiv
 from kernels.cost import KernelCost
+from kernels.cpu_ops import module as cpu_module
 
 
 @triton.jit
@@ -82,6 +83,16 @@ def rmsnorm_ref(
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     out = (weight * h.to(x.dtype)).to(x.dtype)
     return out if residual is None else (out, x)
+
+
+def rmsnorm_cpu(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """C++ CPU kernel (kernels/csrc/norm.cpp, the `cpu` backend), rounded as the reference."""
+    return cpu_module().rmsnorm(x, weight, eps, residual)  # type: ignore[no-any-return]
 
 
 def rmsnorm_cost(

@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from kernels.cost import KernelCost
+from kernels.cpu_ops import module as cpu_module
 
 
 @triton.jit
@@ -103,6 +104,19 @@ def rope_ref(
         x2 = x[..., half:rot_dim].to(torch.float32, copy=True)
         x[..., :half] = x1 * cos - x2 * sin
         x[..., half:rot_dim] = x2 * cos + x1 * sin
+    return q, k
+
+
+def rope_cpu(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    rotary_dim: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """C++ CPU kernel (kernels/csrc/rope.cpp, the `cpu` backend): in place on the strided
+    q/k views, fp32 math; returns (q, k)."""
+    cpu_module().rope(q, k, positions, cos_sin_cache, rotary_dim)
     return q, k
 
 

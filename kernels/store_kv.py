@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from kernels.cost import KernelCost
+from kernels.cpu_ops import module as cpu_module
 
 
 @triton.jit
@@ -103,6 +104,18 @@ def store_kv_ref(
     block_ids, offsets = slots // block_size, slots % block_size
     k_cache[block_ids, offsets] = key[valid]
     v_cache[block_ids, offsets] = value[valid]
+
+
+def store_kv_cpu(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """C++ CPU kernel (kernels/csrc/store_kv.cpp, the `cpu` backend): row copies, negative
+    slots skipped."""
+    cpu_module().store_kv(key, value, k_cache, v_cache, slot_mapping)
 
 
 def store_kv_cost(
