@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.cost import KernelCost
-from kernels.cpu_ops import load
+from kernels.cpu_ops import module
 
 # Up to this many activation rows the C++ kernel runs; above it F.linear (MKL / oneDNN)
 # wins because its GEMM blocks for the caches and its kernels reach the FLOP peak.
@@ -22,7 +22,7 @@ MAX_ROWS = 32
 def cpu_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
                out_float32: bool = False) -> torch.Tensor:
     """x (M, K) @ w (N, K)^T [+ bias (N,)] -> (M, N) in x's dtype (float32 if out_float32)."""
-    return load().linear(x, w, bias, out_float32)  # type: ignore[no-any-return]
+    return module().linear(x, w, bias, out_float32)  # type: ignore[no-any-return]
 
 
 def cpu_linear_ref(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
