@@ -35,6 +35,7 @@ import argparse
 import copy
 import gc
 import inspect
+import os
 import statistics
 import sys
 import time
@@ -82,7 +83,31 @@ FIELDS = {
                  "null when not installed",
     "targets": "issue 11's targets evaluated from rows: PASS, NOT MET, or NOT RUN (the row "
                "it needs was not measured)",
+    "load_average": "the machine's 1/5/15-minute load averages at the start and the end of the "
+                    "run, and its core count: a load above the cores means other processes "
+                    "competed for the CPU (absolute figures drop, ratios of one run hold better)",
 }
+
+
+def load_average() -> list[float] | None:
+    """The 1, 5 and 15-minute load averages (None where the OS does not say)."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def load_note(load: dict[str, Any]) -> str:
+    """One line on how busy the machine was, and a warning when it was oversubscribed."""
+    cores, before, after = load["cores"], load["before"], load["after"]
+    if before is None or after is None:
+        return "load average: not available on this OS"
+    line = (f"load average (1 min) {before[0]:.1f} at the start, {after[0]:.1f} at the end, "
+            f"on {cores} cores")
+    if cores and max(before[0], after[0]) > cores:
+        line += ("; other processes competed for the CPU: absolute figures are low, compare "
+                 "the ratios of this run")
+    return line
 
 
 # ---------------------------------------------------------------------- options
@@ -398,8 +423,9 @@ def _fmt(value: float | None, spec: str = ".1f", suffix: str = "") -> str:
 
 
 def render(data: dict[str, Any]) -> list[Any]:
-    """The tables to print: engines side by side, prefill-heavy case, targets."""
+    """What to print: engines side by side, prefill-heavy case, targets, machine load."""
     from rich.table import Table
+    from rich.text import Text
 
     a, cpu = data["args"], data["cpu"]
     flags = " ".join(cpu["perf_flags"]) or "none of the listed flags"
@@ -453,6 +479,8 @@ def render(data: dict[str, Any]) -> list[Any]:
         targets.add_row(f"{t['target']} ({t['detail']})", _fmt(measured, spec, suffix),
                         f">= {scale * t['needed']:{spec}}{suffix}", t["status"])
     tables.append(targets)
+    if "load_average" in data:
+        tables.append(Text(load_note(data["load_average"])))
     return tables
 
 
@@ -480,6 +508,7 @@ def run(opts: Options, log: Callable[[str], None]) -> dict[str, Any]:
     from infbench.results.store import device_name, env_info
 
     threads = torch.get_num_threads()
+    load_before = load_average()
     path = resolve_gguf("smollm2-135m")
     log(f"loading SmolLM2-135M from {path} (transformers, float32)")
     hf_base = _load_transformers(path)
@@ -555,6 +584,8 @@ def run(opts: Options, log: Callable[[str], None]) -> dict[str, Any]:
         "rows": rows,
         "llama_cpp": llama,
         "targets": evaluate_targets(rows),
+        "load_average": {"before": load_before, "after": load_average(),
+                         "cores": os.cpu_count()},
     }
 
 

