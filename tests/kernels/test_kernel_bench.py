@@ -56,7 +56,9 @@ def test_cli_writes_json_atomically(tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     doc = json.loads(out.read_text())
     assert doc["schema_version"] == kernel_bench.SCHEMA_VERSION and doc["quick"] is True
-    assert doc["device"] == "cpu" and doc["dtype"] == "float32"
+    from infbench.core.device import auto_dtype
+
+    assert doc["device"] == "cpu" and doc["dtype"] == auto_dtype("cpu")[0]  # --dtype auto
     assert doc["hardware"] == "h100-sxm" and doc["peak_bandwidth"] == 3.35e12
     assert {row["kernel"] for row in doc["rows"]} == KERNELS
     assert all(row["time_us"] > 0 for row in doc["rows"])
