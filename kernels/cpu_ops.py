@@ -65,8 +65,11 @@ def build_key() -> str:
     for path in sources() + sorted(CSRC.glob("*.h")):
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
+    # The source and torch paths too: ninja's build file names them, so two checkouts or
+    # two environments sharing one directory would rewrite it and rebuild each other's
+    # module from scratch on every first load (a minute on 2 cores, seen mid-test).
     for part in (*CFLAGS, *LDFLAGS, torch.__version__, platform.python_version(),
-                 _cpu_identity()):
+                 _cpu_identity(), str(CSRC), str(Path(torch.__file__).resolve().parent)):
         digest.update(part.encode())
     return digest.hexdigest()[:16]
 
