@@ -118,7 +118,8 @@ def compare(
                                     "decode.mbu"),
     max_regression: str = typer.Option("5%", "--max-regression", help="5% or 0.05"),
     normalize: str = typer.Option("none", "--normalize",
-                                  help="none | mbu | roofline_fraction | reference | torch_reference"),
+                                  help="none | mbu | roofline_fraction | reference | "
+                                  "torch_reference"),
     as_json: bool = typer.Option(False, "--json",
                                  help="Print the verdict as JSON on stdout (same exit codes)."),
 ) -> None:

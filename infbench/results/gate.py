@@ -161,7 +161,8 @@ def gated_values(result: dict[str, Any], metric: str, normalize: str) -> tuple[s
                 f"{_result_id(result)}: no prediction.{predicted_name} to normalize by "
                 "(the analytic model does not predict this workload); use --normalize none")
         denom = _positive(result, f"prediction.{predicted_name}", pred)
-    shown = f"{metric} / predicted" if normalize == "roofline_fraction" else metric
+    shown = {"roofline_fraction": f"{metric} / predicted",
+             "torch_reference": f"{predicted_name} / torch reference"}.get(normalize, metric)
     repeats = [section_metric(r, metric) for r in result.get("repeats") or []
                if isinstance(r, dict)]
     values = [v for v in repeats if v is not None]
@@ -244,9 +245,9 @@ def _compare_into(out: GateResult, baseline: dict[str, Any], new: dict[str, Any]
     if spread and b:
         noise = (spread["max"] - spread["min"]) / abs(b) * 100
         if noise > threshold:
+            hint = "" if out.normalize != "none" else " or --normalize torch_reference"
             out.notes.append(f"{out.rows[-1].point}: baseline repeats vary by {noise:.1f}% "
-                             f"(> threshold {threshold:.1f}%): consider more repeats or "
-                             "--normalize reference")
+                             f"(> threshold {threshold:.1f}%): consider more repeats{hint}")
 
 
 def compare_many(baselines: list[dict[str, Any]], news: list[dict[str, Any]],
