@@ -44,7 +44,8 @@ def test_a_slower_machine_cancels_a_slower_engine_does_not(fake_result):
     ratios = [r["output_tokens_per_s"] / t for r, t in zip(base["repeats"], [300, 310, 290],
                                                             strict=True)]
     res = compare(base, base, normalize="torch_reference", max_regression=0.10)
-    assert res.rows[0].metric == RATIO and res.rows[0].baseline == pytest.approx(
+    assert res.rows[0].metric == "output_tokens_per_s / torch reference"
+    assert res.rows[0].baseline == pytest.approx(
         statistics.median(ratios))
     # every time 40% longer, the reference's too: the machine, not the code
     machine = with_reference(fake_result(speed=0.6), [180.0, 186.0, 174.0])
@@ -229,3 +230,19 @@ def test_unset_or_empty_slowdown_is_off(monkeypatch):
     assert injected_slowdown() == 0.0
     monkeypatch.setenv(SLOWDOWN_ENV, "0.15")
     assert injected_slowdown() == 0.15
+
+
+def test_the_shipped_gate_and_its_committed_baseline_fit(monkeypatch):
+    """scenarios/ci_gate.yaml gates on the torch reference and results/baselines/ci carries
+    it for every point, with the same scenario (what `infbench run` checks before it
+    measures): a baseline re-recorded without the key fails here, not in CI."""
+    from infbench.core.scenario import load_scenario
+    from infbench.measure.preflight import check_gate
+
+    repo = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(repo)  # gate.baseline is relative to the repository root
+    points = load_scenario(repo / "scenarios" / "ci_gate.yaml").points()
+    gate = points[0].gate
+    assert gate is not None and gate.normalize == "torch_reference"
+    assert all(p.measure.torch_reference for p in points)
+    check_gate(gate, points)
