@@ -26,7 +26,7 @@ not absolute numbers across runs.
 
     python -m infbench.benchmarks.cpu_vs_transformers [--precisions float32,bfloat16]
         [--batches 1,16] [--rounds 3] [--prompt 128] [--gen 64]
-        [--out results/bench_cpu.json] [--quick]
+        [--threads N] [--out results/bench_cpu.json] [--quick]
 """
 
 from __future__ import annotations
@@ -120,6 +120,7 @@ class Options:
     gen: int
     out: str
     quick: bool
+    threads: int | None  # torch intra-op threads for both engines and llama.cpp (None: default)
     bandwidth_bytes: int
     bandwidth_s: float
 
@@ -137,6 +138,10 @@ def parse_args(argv: list[str] | None) -> Options:
     parser.add_argument("--prompt", type=int, help=f"prompt tokens (default {FULL['prompt']})")
     parser.add_argument("--gen", type=int, help=f"new tokens, >= 2 (default {FULL['gen']})")
     parser.add_argument("--out", default="results/bench_cpu.json", help="the JSON file")
+    parser.add_argument("--threads", type=int,
+                        help="CPU threads for both engines and llama.cpp (default: torch's, "
+                             "one per core); on a shared machine 1 avoids stalls on threads "
+                             "the OS has descheduled")
     parser.add_argument("--quick", action="store_true",
                         help=f"tiny sizes for a test: {QUICK['prompt']}-token prompts, "
                              f"{QUICK['gen']} new tokens, {QUICK['rounds']} round")
@@ -162,8 +167,11 @@ def parse_args(argv: list[str] | None) -> Options:
     for name, low in (("rounds", 1), ("prompt", 1), ("gen", 2)):
         if pick(name) < low:
             raise UserError(f"--{name} must be >= {low}, got {pick(name)}")
+    if args.threads is not None and args.threads < 1:
+        raise UserError(f"--threads must be >= 1, got {args.threads}")
     return Options(precisions=precisions, batches=batches, rounds=pick("rounds"),
                    prompt=pick("prompt"), gen=pick("gen"), out=args.out, quick=args.quick,
+                   threads=args.threads,
                    bandwidth_bytes=base["bandwidth_bytes"], bandwidth_s=base["bandwidth_s"])
 
 
@@ -407,7 +415,8 @@ def evaluate_targets(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         row = _find(rows, precision, TARGET_BATCH)
         tokens = row["prompt_tokens"] if row else None
         t = Target(f"prefill_{precision}",
-                   f"prefill, batch {TARGET_BATCH} ({tokens or '?'} prompt tokens), "
+                   f"prefill, batch {TARGET_BATCH}"
+                   f"{f' ({tokens} prompt tokens)' if tokens else ''}, "
                    f"{SHORT[precision]}: infbench / transformers", 1.5)
         if row is None:
             add(t, None, f"needs the {SHORT[precision]} batch-{TARGET_BATCH} row")
@@ -429,7 +438,8 @@ def render(data: dict[str, Any]) -> list[Any]:
 
     a, cpu = data["args"], data["cpu"]
     flags = " ".join(cpu["perf_flags"]) or "none of the listed flags"
-    main = Table(title=(f"SmolLM2-135M on {cpu['model']} ({flags}), {cpu['threads']} threads: "
+    main = Table(title=(f"SmolLM2-135M on {cpu['model']} ({flags}), {cpu['threads']} "
+                        f"thread{'s' if cpu['threads'] != 1 else ''}: "
                         f"{a['prompt']}-token prompts, {a['gen']} new tokens, greedy, median of "
                         f"{a['rounds']}"),
                  caption=("decode: tokens after the first / their time; prefill: prompt tokens "
@@ -507,6 +517,8 @@ def run(opts: Options, log: Callable[[str], None]) -> dict[str, Any]:
     from infbench.model.loader import load_model
     from infbench.results.store import device_name, env_info
 
+    if opts.threads is not None:
+        torch.set_num_threads(opts.threads)
     threads = torch.get_num_threads()
     load_before = load_average()
     path = resolve_gguf("smollm2-135m")
@@ -578,7 +590,8 @@ def run(opts: Options, log: Callable[[str], None]) -> dict[str, Any]:
                              "(both engines); llama.cpp runs them as Q4_1"},
         "args": {"precisions": opts.precisions, "batches": opts.batches,
                  "rounds": opts.rounds, "prompt": opts.prompt, "gen": opts.gen,
-                 "quick": opts.quick, "bandwidth_buffer_bytes": opts.bandwidth_bytes,
+                 "quick": opts.quick, "threads": opts.threads,
+                 "bandwidth_buffer_bytes": opts.bandwidth_bytes,
                  "bandwidth_seconds": opts.bandwidth_s},
         "infbench_backends": backends,
         "rows": rows,

@@ -131,8 +131,9 @@ def test_targets_without_their_rows_are_not_run() -> None:
     (["--batches", "0"], "--batches"),
     (["--gen", "1"], "--gen"),
     (["--rounds", "0"], "--rounds"),
+    (["--threads", "0"], "--threads"),
 ], ids=["unknown-precision", "repeated-precision", "not-a-number", "zero-batch", "gen-1",
-        "no-rounds"])
+        "no-rounds", "no-threads"])
 def test_bad_options_are_one_error_line(argv: list[str], word: str, capsys) -> None:  # type: ignore[no-untyped-def]
     assert bench.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -145,6 +146,7 @@ def test_quick_sizes_and_explicit_options_win() -> None:
     full = bench.parse_args([])
     assert (full.prompt, full.gen, full.batches) == (128, 64, [1, 16])
     assert full.precisions == ["float32", "bfloat16"] and full.bandwidth_bytes == 1 << 30
+    assert full.threads is None and bench.parse_args(["--threads", "1"]).threads == 1
 
 
 def test_llama_cpp_absent_is_no_row(monkeypatch) -> None:  # type: ignore[no-untyped-def]
