@@ -57,8 +57,10 @@ def sources() -> list[Path]:
     return sorted(CSRC.glob("*.cpp"))
 
 
+@functools.cache
 def build_key() -> str:
-    """A short hash of everything the built module depends on."""
+    """A short hash of everything the built module depends on (once per process: it reads
+    every source and /proc/cpuinfo, and is_built, build_dir and module_name all ask)."""
     import torch
 
     digest = hashlib.sha256()

@@ -455,6 +455,11 @@ class Scenario(_Section):
             values = wl[key]
             wl[key] = swept.get(key, values[0] if values else None)
         device = guess_device(self.device)
+        dtype: str = self.dtype
+        dtype_reason = ""
+        if dtype == "auto":
+            dtype, why = auto_dtype(device)
+            dtype_reason = f"dtype auto -> {dtype} ({why})"
         spec = self.speculative
         ratio = spec.draft_cost_ratio
         if ratio is None:
@@ -464,9 +469,8 @@ class Scenario(_Section):
                 name=self.name,
                 index=index,
                 device=self.device,
-                dtype=self.dtype if self.dtype != "auto" else auto_dtype(device)[0],
-                dtype_reason="" if self.dtype != "auto" else
-                f"dtype auto -> {auto_dtype(device)[0]} ({auto_dtype(device)[1]})",
+                dtype=dtype,
+                dtype_reason=dtype_reason,
                 hardware=self.hardware or ("cpu" if device == "cpu" else "h100-sxm"),
                 model={**self._model_source(),
                        "overrides": self.model.overrides.model_dump(exclude_unset=True),

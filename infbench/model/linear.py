@@ -14,6 +14,7 @@ from torch import nn
 
 from infbench.core.config import QuantConfig
 from infbench.core.errors import ConfigError
+from kernels.cpu_linear import MAX_ROWS, cpu_linear  # no build on import: first call builds
 
 
 def make_linear(
@@ -73,8 +74,6 @@ def kernel_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
                   out_float32: bool = False) -> torch.Tensor:
     """The `cpu` backend's projection: the C++ GEMV/skinny GEMM (kernels/cpu_linear.py) up to
     its MAX_ROWS activation rows, F.linear (MKL / oneDNN GEMM) above, where the BLAS wins."""
-    from kernels.cpu_linear import MAX_ROWS, cpu_linear
-
     if (x.dim() == 2 and x.shape[0] <= MAX_ROWS and x.dtype == weight.dtype
             and x.dtype in (torch.float32, torch.bfloat16)):
         return cpu_linear(x, weight, bias, out_float32)
@@ -106,13 +105,14 @@ def use_cpu_linears(model: nn.Module, backend: str) -> int:
     return moved
 
 
-def logits_linear(backend: str, device_type: str) -> Any:
-    """hidden (N, H) x weight (V, H) -> float32 logits (N, V) for a tied LM head."""
-    if device_type != "cpu":
-        return lambda h, w: F.linear(h, w).float()
+def tied_logits(hidden: torch.Tensor, weight: torch.Tensor, backend: str) -> torch.Tensor:
+    """hidden (N, H) x weight (V, H) -> float32 logits (N, V) for a tied LM head, through
+    the CPU path of `backend` (the C++ kernel for `cpu`, `split_linear` otherwise)."""
+    if hidden.device.type != "cpu":
+        return F.linear(hidden, weight).float()
     if backend == "cpu":
-        return lambda h, w: kernel_linear(h, w, None, out_float32=True)
-    return lambda h, w: split_linear(h, w).float()
+        return kernel_linear(hidden, weight, None, out_float32=True)
+    return split_linear(hidden, weight).float()
 
 
 class CpuSplitLinear(nn.Linear):

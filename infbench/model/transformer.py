@@ -21,7 +21,7 @@ from infbench.core.config import LayerSpec, ModelConfig, QuantConfig
 from infbench.core.errors import ConfigError
 from infbench.model.context import AttentionContext
 from infbench.model.layers import RMSNorm, SwiGLUMLP, apply_rope, build_rope_cache
-from infbench.model.linear import logits_linear, make_linear
+from infbench.model.linear import make_linear, tied_logits
 from infbench.model.ops import Ops
 from infbench.roofline.shapes import has_mlp
 
@@ -263,5 +263,5 @@ class Transformer(nn.Module):
         """hidden (N, H) -> logits (N, V) in float32."""
         if self.lm_head is None:  # tied (N, V)
             backend = self.ops.name if getattr(self, "ops", None) is not None else "torch"
-            return logits_linear(backend, hidden.device.type)(hidden, self.embed_tokens.weight)
+            return tied_logits(hidden, self.embed_tokens.weight, backend)
         return self.lm_head(hidden).float()  # (N, V)
