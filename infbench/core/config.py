@@ -26,7 +26,8 @@ from infbench.core.errors import ConfigError
 Dtype = Literal["float32", "float16", "bfloat16"]
 AttentionKind = Literal["mha", "gqa", "mqa", "mla", "cla", "sliding", "linear", "ssm"]
 FeatureMap = Literal["elu", "relu", "favor", "taylor"]
-WeightQuant = Literal["none", "int8", "int4"]
+WeightQuant = Literal["none", "int8", "int4", "native"]
+QuantMethod = Literal["rtn", "awq", "llm_int8"]
 KvQuant = Literal["none", "int8", "fp8"]
 Backend = Literal["auto", "torch", "triton", "cpu"]
 Device = Literal["auto", "cpu", "cuda"]
@@ -35,6 +36,8 @@ DTYPES: tuple[str, ...] = get_args(Dtype)
 ATTENTION_KINDS: tuple[str, ...] = get_args(AttentionKind)
 FEATURE_MAPS: tuple[str, ...] = get_args(FeatureMap)
 WEIGHT_QUANT: tuple[str, ...] = get_args(WeightQuant)
+QUANT_METHODS: tuple[str, ...] = get_args(QuantMethod)
+INT4_GROUP_SIZES: tuple[int, ...] = (32, 64, 128)
 KV_QUANT: tuple[str, ...] = get_args(KvQuant)
 BACKENDS: tuple[str, ...] = get_args(Backend)
 DEVICES: tuple[str, ...] = get_args(Device)
@@ -198,28 +201,51 @@ class MoEConfig:
 
 @dataclass(frozen=True)
 class QuantConfig:
-    """Weight-only quantization and KV-cache dtype.
+    """Weight quantization and KV-cache dtype (`model.quant`); the stored formats are
+    described in `kernels/quant_format.py`.
 
-    weights: none | int8 (per output channel scale) | int4 (group-wise scale+zero)
-    group_size: int4 group along the input dimension.
-    kv: none (the model dtype) | int8 | fp8 (one byte per value, per-token scales).
+    weights: none | int8 (symmetric, one fp16 scale per output channel) | int4 (groups of
+      `group_size` input columns, an fp16 scale and an fp16 minimum per group: Q4_1's
+      layout) | native (a GGUF file's own Q4_0/Q4_1/Q8_0 tensors, run without a float copy).
+    method: how int8/int4 weights are chosen: rtn (round to nearest) | awq (int4 with
+      activation-aware per-input-channel scales) | llm_int8 (int8 with the input columns
+      whose activations pass `outlier_threshold` kept in the model dtype).
+    calibration_tokens: tokens of calibration text that awq / llm_int8 measure on.
+    kv: none (the model dtype) | int8 | fp8 (one byte per value plus per-token scales).
     """
 
     weights: str = "none"
     group_size: int = 128
     kv: str = "none"
+    method: str = "rtn"
+    outlier_threshold: float = 6.0
+    calibration_tokens: int = 1024
 
     def __post_init__(self) -> None:
         _choice("quant", "weights", self.weights, WEIGHT_QUANT)
         _choice("quant", "kv", self.kv, KV_QUANT)
+        _choice("quant", "method", self.method, QUANT_METHODS)
         _check_positive("quant", group_size=self.group_size)
+        check_count("quant", "calibration_tokens", self.calibration_tokens, MAX_DIM)
+        check_real("quant", "outlier_threshold", self.outlier_threshold)
+        if self.weights == "int4" and self.group_size not in INT4_GROUP_SIZES:
+            raise ConfigError(f"quant.group_size={self.group_size}: int4 groups must be one of "
+                              f"{', '.join(map(str, INT4_GROUP_SIZES))}")
+        needs = {"awq": "int4", "llm_int8": "int8"}.get(self.method)
+        if needs is not None and self.weights != needs:
+            raise ConfigError(f"quant.method={self.method!r} needs quant.weights: {needs} "
+                              f"(got {self.weights!r})")
+        if self.method != "rtn" and self.weights in ("none", "native"):
+            raise ConfigError(f"quant.method={self.method!r} quantizes weights; allowed with "
+                              f"quant.weights: none|native: rtn")
 
     def weight_bits(self, in_features: int, dtype_bytes: int) -> float:
-        """Average bits per weight element, scales and zero points included."""
+        """Average stored bits per weight element of one projection, scales included,
+        exactly as `kernels/quant_format.py` stores them."""
         if self.weights == "int8":
-            return 8.0 + 8.0 * dtype_bytes / in_features  # one scale per output row
+            return 8.0 + 16.0 / in_features  # one fp16 scale per output row
         if self.weights == "int4":
-            return 4.0 + 2 * 16.0 / self.group_size  # fp16 scale + fp16 zero per group
+            return 4.0 + 2 * 16.0 / self.group_size  # fp16 scale + fp16 minimum per group
         return 8.0 * dtype_bytes
 
     def kv_bytes(self, dtype_bytes: int) -> int:
@@ -428,6 +454,32 @@ def make_attention(values: dict[str, Any], base: AttentionConfig | None = None) 
     """Build an AttentionConfig from a dict, starting from `base` when the kind is unchanged."""
     start = _asdict(base) if base is not None and values.get("kind", base.kind) == base.kind else {}
     return _make(AttentionConfig, "attention", {**start, **values})  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True)
+class PruneConfig:
+    """Structured pruning applied at load time (`model.prune`; `infbench prune` also
+    distills): drop `layers` whole decoder layers, remove `mlp_fraction` of every MLP's
+    intermediate channels."""
+
+    layers: int = 0
+    mlp_fraction: float = 0.0
+    calibration_tokens: int = 1024
+
+    def __post_init__(self) -> None:
+        check_count("prune", "layers", self.layers, MAX_LAYERS, minimum=0)
+        check_real("prune", "mlp_fraction", self.mlp_fraction, allow_zero=True)
+        if self.mlp_fraction >= 1:
+            raise ConfigError(f"prune.mlp_fraction must be in [0, 1), got {self.mlp_fraction}")
+        check_count("prune", "calibration_tokens", self.calibration_tokens, MAX_DIM)
+
+    @property
+    def active(self) -> bool:
+        return self.layers > 0 or self.mlp_fraction > 0
+
+
+def make_prune(values: dict[str, Any]) -> PruneConfig:
+    return _make(PruneConfig, "prune", values)  # type: ignore[no-any-return]
 
 
 def make_quant(values: dict[str, Any]) -> QuantConfig:

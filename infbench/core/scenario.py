@@ -55,6 +55,7 @@ from infbench.core.config import (
     ModelConfig,
     ModelWeights,
     QuantConfig,
+    QuantMethod,
     WeightQuant,
     make_quant,
 )
@@ -144,8 +145,29 @@ class _Section(BaseModel):
 
 class QuantSection(_Section):
     weights: WeightQuant = "none"
+    """none | int8 (per output channel) | int4 (groups of group_size) | native (a GGUF file's
+    own Q4_0/Q4_1/Q8_0 tensors)."""
     group_size: PosInt = 128
+    """int4: input columns per group (32, 64 or 128)."""
     kv: KvQuant = "none"
+    """KV cache: none (model dtype) | int8 | fp8 (CUDA only)."""
+    method: QuantMethod = "rtn"
+    """rtn (round to nearest) | awq (int4) | llm_int8 (int8 with outlier columns)."""
+    outlier_threshold: PosFloat = 6.0
+    """llm_int8: activation magnitude above which an input column stays in the model dtype."""
+    calibration_tokens: PosInt = 1024
+    """awq / llm_int8: calibration tokens (held-out from the eval text's test split)."""
+
+
+class PruneSection(_Section):
+    layers: Annotated[int, Field(ge=0, le=MAX_VALUE, strict=True)] = 0
+    """Whole decoder layers to drop, the least important first (importance measured on
+    calibration text)."""
+    mlp_fraction: Annotated[float, Field(ge=0, lt=1, strict=True, allow_inf_nan=False)] = 0.0
+    """Fraction of every MLP's intermediate width to remove, the channels with the smallest
+    activation magnitude on calibration text first."""
+    calibration_tokens: PosInt = 1024
+    """Calibration tokens (from the eval text's calibration split)."""
 
 
 class AttentionSection(_Section):
@@ -212,6 +234,7 @@ class ModelSection(_Section):
     """ModelConfig fields to replace, e.g. {num_layers: 2}."""
     attention: AttentionSection = Field(default_factory=AttentionSection)
     quant: QuantSection = Field(default_factory=QuantSection)
+    prune: PruneSection = Field(default_factory=PruneSection)
     weights: ModelWeights = "auto"
     """auto: a preset naming a released model (smollm2-135m) runs its real weights when they are
     installed; random: seeded random weights, enough for benchmarks of shapes."""

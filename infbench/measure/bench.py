@@ -144,11 +144,16 @@ def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None
 
     cache = cache or ModelCache()
     dev = resolve_device(device or point.device)
-    if point.quant_config().weights != "none":
+    quant = point.quant_config()
+    if quant.kv != "none":
         raise UserError(
-            f"{point.name}: model.quant.weights={point.quant_config().weights!r} is predicted by "
-            "`infbench predict` but the engine runs unquantized weights for now; allowed in "
-            "`infbench run`: none")
+            f"{point.source}: model.quant.kv={quant.kv!r} is priced by `infbench predict`, but "
+            "the engine's KV cache runs in the model dtype for now; allowed in `infbench run`: "
+            "none")
+    if quant.weights == "native":
+        raise UserError(
+            f"{point.source}: model.quant.weights=native is not available in `infbench run` yet;"
+            " allowed: none, int8, int4")
     if point.speculative.method != "none":
         raise UserError(
             f"{point.source}: speculative.method={point.speculative.method!r} is priced by "
@@ -164,11 +169,12 @@ def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None
     seed = point.workload.seed
     weights = point.model.get("weights", "auto")  # auto | random (model.weights)
     key = repr((sorted(source.items()), sorted(overrides.items(), key=str), point.dtype, dev,
-                weights))
+                weights, quant))
     phase = on_phase or (lambda _msg: None)
     phase("loading model")
     loaded = cache.get(key, lambda: load_model(source, dtype=point.dtype, device=dev, seed=seed,
-                                               overrides=overrides, weights=weights))
+                                               overrides=overrides, weights=weights,
+                                               quant=quant))
     cfg = loaded.config
     tok = loaded.tokenizer
     eos = tok.eos_token_id if tok is not None else None

@@ -1,7 +1,8 @@
-"""The one factory for every projection in the model.
+"""The one factory for every projection in the model, and the CPU paths of projections.
 
-Weight-only quantization swaps the implementation here and nowhere else: the
-attention, MLP and LM-head code only ever calls `make_linear`.
+The attention, MLP and LM-head code only ever calls `make_linear`.  Weight quantization
+replaces these modules after the checkpoint is read (`model/quant.quantize_model`), so the
+loaders always copy float checkpoint rows into plain nn.Linear weights first.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from infbench.core.config import QuantConfig
-from infbench.core.errors import ConfigError
 from kernels.cpu_linear import MAX_ROWS, cpu_linear  # no build on import: first call builds
 
 
@@ -31,13 +31,8 @@ def make_linear(
     The weight has nn.Linear's layout (out_features, in_features) so loaders can copy
     checkpoint rows into it.
     """
-    weights = quant.weights if quant is not None else "none"
-    if weights == "none":
-        return nn.Linear(in_features, out_features, bias=bias, dtype=dtype, device=device)
-    raise ConfigError(
-        f"quant.weights={weights!r}: weight-quantized linears are not implemented yet; "
-        "weight quantization runs come with the quantization work (use quant.weights: none)"
-    )
+    del quant  # weights are quantized after loading (model/quant.quantize_model)
+    return nn.Linear(in_features, out_features, bias=bias, dtype=dtype, device=device)
 
 
 
@@ -90,14 +85,21 @@ class CpuKernelLinear(nn.Linear):
 
 def use_cpu_linears(model: nn.Module, backend: str) -> int:
     """Give every CPU nn.Linear of `model` the CPU path of `backend`; returns how many.
+    Quantized projections (`model/quant.QuantLinear`) are told the backend instead.
 
     `cpu`: the C++ kernel (`CpuKernelLinear`); any other backend: `CpuSplitLinear`
     (the torch row-splitting fallback).  Only the class changes: parameters, names and
     views of them stay valid.  GPU modules are left alone; idempotent.
     """
+    from infbench.model.quant import QuantLinear
+
     cls = CpuKernelLinear if backend == "cpu" else CpuSplitLinear
     moved = 0
     for module in model.modules():
+        if isinstance(module, QuantLinear):
+            module.set_backend(backend)
+            moved += 1
+            continue
         if (type(module) in (nn.Linear, CpuKernelLinear, CpuSplitLinear)
                 and module.weight.device.type == "cpu"):
             module.__class__ = cls

@@ -29,11 +29,12 @@ from infbench.core.checkpoint_config import (
     reading,
     resolve_gguf,
 )
-from infbench.core.config import MODEL_WEIGHTS, REAL_WEIGHTS, ModelConfig
+from infbench.core.config import MODEL_WEIGHTS, REAL_WEIGHTS, ModelConfig, QuantConfig
 from infbench.core.device import available_memory_bytes
 from infbench.core.errors import ConfigError, DamagedFileError, DoesNotFitError, UserError
 from infbench.model import dtypes
 from infbench.model.layers import SwiGLUMLP
+from infbench.model.quant import quantize_model, stored_weight_bytes
 from infbench.model.tokenizer import Tokenizer
 from infbench.model.transformer import Attention, Transformer
 from infbench.roofline.shapes import weight_bytes
@@ -61,6 +62,7 @@ def load_model(
     seed: int = 0,
     overrides: dict[str, Any] | None = None,
     weights: str = "auto",
+    quant: QuantConfig | None = None,
 ) -> LoadedModel:
     """source: {"preset": NAME} | {"path": HF_DIR} | {"gguf": FILE or "smollm2-135m"}.
 
@@ -69,7 +71,28 @@ def load_model(
     are installed and no override changes its shape; "random" draws seeded random weights for
     the same shapes (a benchmark of shapes needs no checkpoint).  `LoadedModel.weights` says
     which one was used.
+
+    quant (`model.quant`): int8 / int4 weights are quantized here, after the float weights
+    are read, and the float copies dropped (`model/quant.py`).
     """
+    loaded = _load(source, dtype, device, seed, overrides, weights)
+    if quant is not None and quant.weights in ("int8", "int4"):
+        if quant.method != "rtn":
+            raise ConfigError(f"quant.method={quant.method!r} is not available yet; allowed: rtn")
+        count = quantize_model(loaded.model, quant)
+        loaded.weight_bytes = stored_weight_bytes(loaded.model)
+        loaded.source += f"; {quant.weights} {quant.method} x{count}"
+    return loaded
+
+
+def _load(
+    source: dict[str, str],
+    dtype: str,
+    device: str,
+    seed: int,
+    overrides: dict[str, Any] | None,
+    weights: str,
+) -> LoadedModel:
     if not isinstance(source, dict) or len(source) != 1 or next(iter(source)) not in SOURCE_KINDS:
         raise ConfigError(
             f"model source must be one of {{{', '.join(SOURCE_KINDS)}: ...}}, got {source!r}"
@@ -183,8 +206,7 @@ def _finish(
     model: Transformer, config: ModelConfig, tokenizer: Tokenizer | None, source: str,
     weights: str,
 ) -> LoadedModel:
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    return LoadedModel(model, config, tokenizer, weight_bytes, source, weights)
+    return LoadedModel(model, config, tokenizer, stored_weight_bytes(model), source, weights)
 
 
 def _init_random(model: Transformer, seed: int) -> None:

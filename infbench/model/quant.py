@@ -1,0 +1,154 @@
+"""Weight-quantized projections and the load-time pass that makes them.
+
+`quantize_model(model, quant)` replaces every projection inside the decoder layers (the
+attention / MLA / SSM projections and the MLP matrices) with a `QuantLinear` holding the
+packed weights of `kernels/quant_format.py`; the float weights are dropped, so the model
+holds only what `QuantConfig.weight_bits` prices.  The embedding, the LM head and the norms
+stay in the model dtype (as in AWQ/GPTQ checkpoints and `roofline/shapes.py`).
+
+A `QuantLinear` runs through the engine's backend (`set_backend`, called by
+`linear.use_cpu_linears`): `cpu` runs the C++ dequantize-in-GEMV kernels
+(`kernels/cpu_quant_linear.py`) up to their row limit; the reference path dequantizes
+the weight and calls F.linear (float math, the same values up to rounding).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from infbench.core.config import QuantConfig
+from infbench.core.errors import ConfigError
+from kernels.quant_format import Int4Weight, Int8Weight, quantize_int4, quantize_int8
+
+
+class QuantLinear(nn.Module):
+    """y = x @ dequantize(W)^T [+ bias] with W stored as int8 or int4 (kernels/quant_format).
+
+    `input_scales` (K,), when set, divides the activations before the product (AWQ folds
+    its per-input-channel scales into the quantized weight this way)."""
+
+    qweight: torch.Tensor  # int8 (N, K) or packed int4 (N, K // 2) uint8
+    scales: torch.Tensor
+    mins: torch.Tensor | None
+    input_scales: torch.Tensor | None
+
+    def __init__(self, weight: Int8Weight | Int4Weight, bias: torch.Tensor | None,
+                 dtype: torch.dtype, input_scales: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.kind = "int8" if isinstance(weight, Int8Weight) else "int4"
+        self.group_size = weight.group_size
+        self.dtype = dtype
+        if isinstance(weight, Int8Weight):
+            self.register_buffer("qweight", weight.q)
+            self.register_buffer("scales", weight.scales)
+            self.register_buffer("mins", None)
+        else:
+            self.register_buffer("qweight", weight.packed)
+            self.register_buffer("scales", weight.scales)
+            self.register_buffer("mins", weight.mins)
+        self.bias = None if bias is None else nn.Parameter(bias.detach().to(dtype),
+                                                           requires_grad=False)
+        self.register_buffer("input_scales",
+                             None if input_scales is None else input_scales.to(dtype))
+        self.backend = "torch"
+
+    # ---- format ----------------------------------------------------------------------
+    def weight_format(self) -> Int8Weight | Int4Weight:
+        if self.kind == "int8":
+            return Int8Weight(self.qweight, self.scales, self.group_size)
+        assert self.mins is not None
+        return Int4Weight(self.qweight, self.scales, self.mins, self.group_size)
+
+    def dequantized_weight(self) -> torch.Tensor:
+        """(N, K) float32, input scales folded back out (what the product multiplies by)."""
+        w = self.weight_format().dequantize()
+        if self.input_scales is not None:
+            w = w / self.input_scales.float()[None, :]
+        return w
+
+    @property
+    def stored_bytes(self) -> int:
+        """Bytes of the quantized weight, scales and input scales (bias not included)."""
+        extra = 0 if self.input_scales is None else self.input_scales.numel() * 2
+        return self.weight_format().nbytes + extra
+
+    def set_backend(self, backend: str) -> None:
+        self.backend = backend
+
+    # ---- product ---------------------------------------------------------------------
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.input_scales is not None:
+            x = x / self.input_scales
+        if x.device.type == "cpu" and self.backend == "cpu":
+            from kernels.cpu_quant_linear import MAX_ROWS, cpu_quant_linear
+            if x.dim() == 2 and x.shape[0] <= MAX_ROWS and x.dtype in (torch.float32,
+                                                                      torch.bfloat16):
+                return cpu_quant_linear(x, self.weight_format(), self.bias)
+        return self.reference(x)
+
+    def reference(self, x: torch.Tensor) -> torch.Tensor:
+        """Dequantize, then F.linear in x's dtype (the torch backend; prefill on `cpu`)."""
+        w = self.weight_format().dequantize().to(x.dtype)
+        return F.linear(x, w, self.bias)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"{self.kind}, group_size={self.group_size}")
+
+
+def quantizable_linears(model: nn.Module) -> Iterator[tuple[nn.Module, str, nn.Linear]]:
+    """(parent, attribute, linear) for every projection inside the decoder layers."""
+    layers = getattr(model, "layers", None)
+    if layers is None:
+        return
+    for layer in layers:
+        for parent in layer.modules():
+            for name, child in list(parent.named_children()):
+                if isinstance(child, nn.Linear):
+                    yield parent, name, child
+
+
+Quantizer = Callable[[nn.Linear, QuantConfig], QuantLinear]
+
+
+def rtn(linear: nn.Linear, quant: QuantConfig) -> QuantLinear:
+    """Round-to-nearest quantization of one projection."""
+    w = linear.weight
+    n, k = w.shape
+    if quant.weights == "int8":
+        fmt: Int8Weight | Int4Weight = quantize_int8(w)
+    else:
+        if k % quant.group_size:
+            raise ConfigError(f"quant.group_size={quant.group_size} does not divide the input "
+                              f"dimension {k} of a {n}x{k} projection")
+        fmt = quantize_int4(w, quant.group_size)
+    return QuantLinear(fmt, linear.bias, w.dtype)
+
+
+def quantize_model(model: nn.Module, quant: QuantConfig,
+                   quantizer: Quantizer | None = None) -> int:
+    """Replace the projections of `model` by QuantLinear (RTN unless `quantizer` is given);
+    returns how many.  `quant.weights` none/native does nothing here."""
+    if quant.weights not in ("int8", "int4"):
+        return 0
+    make = quantizer or rtn
+    count = 0
+    for parent, name, linear in list(quantizable_linears(model)):
+        setattr(parent, name, make(linear, quant))
+        count += 1
+    return count
+
+
+def stored_weight_bytes(model: nn.Module) -> int:
+    """Bytes the model holds for its weights: parameters (a tied embedding once) plus the
+    quantized buffers of every QuantLinear."""
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    for module in model.modules():
+        if isinstance(module, QuantLinear):
+            total += module.stored_bytes
+    return total
