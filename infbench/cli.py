@@ -25,7 +25,7 @@ app = typer.Typer(
 )
 
 # Sub-command modules, in the order their commands appear in --help.
-COMMAND_MODULES = ("predict", "predict_views", "run", "kernels", "measure")
+COMMAND_MODULES = ("predict", "predict_views", "run", "eval", "kernels", "measure")
 
 for _name in COMMAND_MODULES:
     try:
