@@ -22,6 +22,8 @@ from torch import nn
 
 from infbench.core.config import QuantConfig
 from infbench.core.errors import ConfigError
+from kernels.cpu_quant_linear import MAX_ROWS as CPU_MAX_ROWS
+from kernels.cpu_quant_linear import cpu_dequantize, cpu_quant_linear
 from kernels.quant_format import Int4Weight, Int8Weight, quantize_int4, quantize_int8
 
 
@@ -84,11 +86,12 @@ class QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.input_scales is not None:
             x = x / self.input_scales
-        if x.device.type == "cpu" and self.backend == "cpu":
-            from kernels.cpu_quant_linear import MAX_ROWS, cpu_quant_linear
-            if x.dim() == 2 and x.shape[0] <= MAX_ROWS and x.dtype in (torch.float32,
-                                                                      torch.bfloat16):
+        if (x.device.type == "cpu" and self.backend == "cpu" and x.dim() == 2
+                and x.dtype in (torch.float32, torch.bfloat16)):
+            if x.shape[0] <= CPU_MAX_ROWS:  # decode: dequantize inside the GEMV
                 return cpu_quant_linear(x, self.weight_format(), self.bias)
+            # prefill: rebuild the float matrix once (multi-threaded C++), then the BLAS GEMM
+            return F.linear(x, cpu_dequantize(self.weight_format(), x.dtype), self.bias)
         return self.reference(x)
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:

@@ -4,6 +4,8 @@
 
 #include "cpu_kernels.h"
 
+void bind_quant(pybind11::module_& m);  // bindings_quant.cpp
+
 namespace {
 
 void check_cpu(const torch::Tensor& t, const char* name) {
@@ -280,6 +282,7 @@ void store_kv(const torch::Tensor& key, const torch::Tensor& value, const torch:
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "infbench CPU kernels (built on first use with -march=native)";
+  bind_quant(m);
   m.def("linear", &linear, "x @ w.T [+ bias], fp32 accumulation", py::arg("x"), py::arg("w"),
         py::arg("bias") = py::none(), py::arg("out_float32") = false);
   m.def("paged_decode_attention", &paged_decode_attention,

@@ -1,0 +1,107 @@
+"""Weight quantization in the model: quantize_model, QuantLinear on each backend, the bytes
+the quantized model stores against what the analytic model prices, and a scenario run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from cli_helpers import run_cli
+from engine_helpers import greedy_recompute, make_engine, random_requests
+from torch import nn
+
+from infbench.core.config import QuantConfig
+from infbench.core.errors import ConfigError
+from infbench.model.loader import load_model
+from infbench.model.quant import QuantLinear, quantizable_linears, stored_weight_bytes
+from infbench.roofline.shapes import weight_bytes
+
+QUANTS = [QuantConfig(weights="int8"), QuantConfig(weights="int4", group_size=32),
+          QuantConfig(weights="int4", group_size=64)]
+
+
+@pytest.mark.parametrize("quant", QUANTS, ids=lambda q: f"{q.weights}-g{q.group_size}")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_stored_bytes_equal_predicted(quant, dtype):
+    loaded = load_model({"preset": "tiny"}, dtype=dtype, quant=quant)
+    linears = [m for m in loaded.model.modules() if isinstance(m, QuantLinear)]
+    assert len(linears) == 2 * 4  # qkv, o, gate_up, down per layer
+    assert not list(quantizable_linears(loaded.model))  # no float projection left
+    assert loaded.weight_bytes == stored_weight_bytes(loaded.model)
+    assert loaded.weight_bytes == weight_bytes(loaded.config, dtype, quant)
+    assert loaded.weight_bytes < weight_bytes(loaded.config, dtype)
+
+
+def test_real_model_bytes_and_logits():
+    """SmolLM2's shipped weights are Q4_1 (groups of 32): int4 RTN at group 32 finds the
+    same grid, so the logits match the float model's; int8 (one scale per row) moves them a
+    little and keeps the top token almost everywhere."""
+    ids = torch.arange(100, 132)
+    from infbench.model.context import DenseContext
+
+    def logits(loaded):
+        with torch.inference_mode():
+            hidden = loaded.model(ids, torch.arange(32), DenseContext.single(32, loaded.config))
+            return loaded.model.compute_logits(hidden)
+
+    ref = logits(load_model({"preset": "smollm2-135m"}))
+    g32 = load_model({"preset": "smollm2-135m"}, quant=QuantConfig(weights="int4",
+                                                                   group_size=32))
+    assert (logits(g32) - ref).abs().max().item() < 1e-3
+    int8 = QuantConfig(weights="int8")
+    loaded = load_model({"preset": "smollm2-135m"}, quant=int8)
+    assert loaded.weight_bytes == weight_bytes(loaded.config, "float32", int8)
+    got = logits(loaded)
+    assert 0 < (got - ref).abs().max().item() < 2.0
+    assert (got.argmax(-1) == ref.argmax(-1)).float().mean().item() >= 0.9
+
+
+@pytest.mark.parametrize("quant", QUANTS, ids=lambda q: f"{q.weights}-g{q.group_size}")
+def test_engine_cpu_backend_matches_recompute(quant):
+    loaded = load_model({"preset": "tiny"}, quant=quant)
+    requests = random_requests([5, 9, 3], gen=6, vocab=loaded.config.vocab_size)
+    engine = make_engine(loaded, requests, backend="cpu")
+    out = engine.run(requests, realtime_arrivals=False)
+    for layer in loaded.model.modules():
+        if isinstance(layer, QuantLinear):
+            assert layer.backend == "cpu"
+    for r in requests:
+        expect = greedy_recompute(loaded.model, r.prompt_ids, 6)
+        assert out.outputs[r.request_id] == expect
+
+
+def test_quant_linear_paths_agree():
+    lin = nn.Linear(64, 40, bias=True)
+    from infbench.model.quant import rtn
+    q = rtn(lin, QuantConfig(weights="int4", group_size=32))
+    x = torch.randn(40, 64)  # > 32 rows: the prefill path
+    ref = q.reference(x)
+    q.set_backend("cpu")
+    torch.testing.assert_close(q(x), ref, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(q(x[:3]), ref[:3], rtol=1e-5, atol=1e-4)
+
+
+def test_group_size_must_divide_the_input_dimension():
+    with pytest.raises(ConfigError, match="group_size=64 does not divide the input dimension 96"):
+        load_model({"preset": "tiny", },
+                   overrides={"intermediate_size": 96},
+                   quant=QuantConfig(weights="int4", group_size=64))
+
+
+def test_scenario_runs_quantized(tmp_path, monkeypatch, capsys):
+    scenario = tmp_path / "q.yaml"
+    scenario.write_text("""
+name: quant_tiny
+device: cpu
+dtype: float32
+hardware: cpu
+model: {preset: tiny, overrides: {max_seq_len: 64}, quant: {weights: int4, group_size: 32}}
+workload: {kind: static, batch_size: 2, prompt_len: 8, gen_len: 4, seed: 0}
+engine: {block_size: 4, max_num_batched_tokens: 32}
+measure: {warmup: 0, repeats: 1}
+""")
+    code, out, err = run_cli(monkeypatch, capsys, "run", str(scenario), "--out",
+                             str(tmp_path / "out"))
+    assert code == 0, err
+    import json
+    result = json.loads(next((tmp_path / "out").glob("quant_tiny_*.json")).read_text())
+    assert result["scenario"]["model"]["quant"]["weights"] == "int4"
