@@ -200,6 +200,7 @@ def _matmul_cases(sizes: BenchSizes, dtype: Any, device: str, triton: bool) -> I
     import torch
 
     from kernels import quant_matmul as qm
+    from kernels.quant_format import quantize_int4, quantize_int8
 
     nbytes = torch.empty(0, dtype=dtype).element_size()
     g = sizes.group_size
@@ -209,13 +210,11 @@ def _matmul_cases(sizes: BenchSizes, dtype: Any, device: str, triton: bool) -> I
         kind = "gemv" if m <= qm.GEMV_MAX_M else "gemm"
         x = torch.randn(m, k, dtype=dtype, device=device)
         w = torch.randn(n, k, dtype=dtype, device=device)
-        qweight, scales = qm.quantize_int8(w)
-        yield _Case(f"int8_{kind}", f"M={m} N={n} K={k}",
-                    partial(int8, x, qweight, scales),
+        w8 = quantize_int8(w)  # on w's device; one fp16 scale per output channel
+        yield _Case(f"int8_{kind}", f"M={m} N={n} K={k}", partial(int8, x, w8),
                     qm.int8_matmul_cost(m, n, k, nbytes))
-        packed, scales4, zeros4 = qm.quantize_int4(w, g)
-        yield _Case(f"int4_{kind}", f"M={m} N={n} K={k} g={g}",
-                    partial(int4, x, packed, scales4, zeros4, g),
+        w4 = quantize_int4(w, g)
+        yield _Case(f"int4_{kind}", f"M={m} N={n} K={k} g={g}", partial(int4, x, w4),
                     qm.int4_matmul_cost(m, n, k, g, nbytes))
 
 

@@ -71,14 +71,18 @@ def variants(dt: str):
     yield (f"silu_and_mul {dt}", activation._silu_and_mul_kernel, dict(x_ptr=p, out_ptr=p),
            dict(BLOCK_T=4, BLOCK_I=1024))
     for bits in (8, 4):
-        ptrs = dict(x_ptr=p, w_ptr="*i8" if bits == 8 else "*u8", scale_ptr=p, zero_ptr=p,
-                    out_ptr="*fp32")
+        ptrs = dict(x_ptr=p, w_ptr="*i8" if bits == 8 else "*u8", scale_ptr="*fp16",
+                    min_ptr="*fp16", out_ptr="*fp32")
         for block_m in (1, 8):
             yield (f"gemv int{bits} {dt} M={block_m}", qm._quant_gemv_kernel, ptrs,
-                   dict(BITS=bits, BLOCK_M=block_m, BLOCK_N=32, BLOCK_K=64 if block_m <= 2 else 32))
-        yield (f"gemm int{bits} {dt}", qm._quant_gemm_kernel, {**ptrs, "out_ptr": p},
-               dict(BITS=bits, BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, DOT_PRECISION=prec))
-
+                   dict(BITS=bits, BLOCK_M=block_m, BLOCK_N=32, BLOCK_K=64 if block_m <= 2 else 32,
+                        COL_SCALES=False))
+        col_scales = (False, True) if bits == 8 else (False,)
+        for col in col_scales:  # a scale per column: int8 groups narrower than 16
+            yield (f"gemm int{bits} {dt}" + (" col-scales" if col else ""), qm._quant_gemm_kernel,
+                   {**ptrs, "out_ptr": p},
+                   dict(BITS=bits, BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, COL_SCALES=col,
+                        DOT_PRECISION=prec))
 
 if __name__ == "__main__":
     dtypes = sys.argv[1:] or ["bf16"]
