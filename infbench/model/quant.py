@@ -86,6 +86,14 @@ class QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.input_scales is not None:
             x = x / self.input_scales
+        if x.is_cuda:  # Triton dequantize-in-GEMV / GEMM on this format
+            from kernels.quant_matmul import int4_matmul, int8_matmul
+            fmt = self.weight_format()
+            x2 = x.reshape(-1, self.in_features)
+            y = int8_matmul(x2, fmt) if isinstance(fmt, Int8Weight) else int4_matmul(x2, fmt)
+            if self.bias is not None:
+                y = y + self.bias
+            return y.view(*x.shape[:-1], self.out_features)
         if (x.device.type == "cpu" and self.backend == "cpu" and x.dim() == 2
                 and x.dtype in (torch.float32, torch.bfloat16)):
             if x.shape[0] <= CPU_MAX_ROWS:  # decode: dequantize inside the GEMV
