@@ -48,7 +48,7 @@ def run(
     from infbench.measure.bench import ModelCache, run_point
     from infbench.measure.preflight import preflight
     from infbench.results import store as results_mod
-    from infbench.results.report import run_summary, run_table
+    from infbench.results.report import accuracy_table, run_summary, run_table
     from infbench.results.rundir import RunDir, default_out_dir
 
     if resume and overwrite:
@@ -120,6 +120,9 @@ def run(
         }, indent=2))
     elif finished:
         Console(width=width).print(run_table(finished))
+        accuracy = accuracy_table(finished)  # quantized / pruned points: beside the speed
+        if accuracy is not None:
+            Console(width=width).print(accuracy)
     if finished:
         console.print(f"wrote {len(finished)} result file(s) and {csv_path} to {out_dir}")
     if failure is not None:

@@ -7,6 +7,8 @@ Names are dotted paths through the result schema (`schema.RunResult`):
   `decode.mbu`, `normalized.output_tokens_per_s_per_gbs`;
 - `prediction.<name>`: the analytic prediction of the same point (`prediction.tpot_s`,
   `prediction.decode.time_per_token_s`).
+- `accuracy.<name>`: the point's accuracy, present on quantized or pruned points
+  (`accuracy.perplexity`, `accuracy.perplexity_change`, `accuracy.greedy_agreement`).
 
 A name is checked against the schema, not against the data: an unknown name, or one
 that stops at a group (`ttft_s` without a statistic, `decode` without a field) is a
@@ -28,9 +30,10 @@ from pydantic import BaseModel
 
 from infbench.core.errors import UserError
 from infbench.core.metric_names import LATENCY_STATS
-from infbench.results.schema import PERCENTILE_KEY, LatencyStats, Metrics, Prediction
+from infbench.results.schema import PERCENTILE_KEY, Accuracy, LatencyStats, Metrics, Prediction
 
-SECTIONS: dict[str, type[BaseModel]] = {"metrics": Metrics, "prediction": Prediction}
+SECTIONS: dict[str, type[BaseModel]] = {"metrics": Metrics, "prediction": Prediction,
+                                        "accuracy": Accuracy}
 # The statistic the gate reads for a bare latency name (`--metric ttft_s`), kept from
 # before the schema so existing CI configs keep gating the same number.
 DEFAULT_STATISTIC = "p50"

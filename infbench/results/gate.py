@@ -34,7 +34,7 @@ from typing import Any
 
 from infbench.core.errors import ResultSchemaError, UserError
 from infbench.core.scenario import NORMALIZE_MODES, parse_fraction
-from infbench.results.accessor import section_metric, with_default_statistic
+from infbench.results.accessor import section_metric, split_name, with_default_statistic
 from infbench.results.schema import upgrade
 
 # Scenario keys that may differ between runs of the same benchmark.
@@ -84,7 +84,8 @@ def parse_threshold(value: str | float, key: str = "--max-regression") -> float:
 
 
 def is_lower_better(metric: str) -> bool:
-    """Latencies (names ending in _s, not rates ending in _per_s), bytes and memory."""
+    """Latencies (names ending in _s, not rates ending in _per_s), bytes, memory and
+    perplexity (accuracy.perplexity, accuracy.perplexity_change)."""
     from infbench.core.metric_names import is_stat_name
 
     name = metric.split(".")
@@ -95,7 +96,7 @@ def is_lower_better(metric: str) -> bool:
         if part.endswith("_per_s") or part.endswith("_per_gbs"):
             return False
         return (part.endswith("_s") or "latency" in part or "bytes" in part
-                or "memory" in part or "fragmentation" in part)
+                or "memory" in part or "fragmentation" in part or "perplexity" in part)
     return False
 
 
@@ -142,6 +143,8 @@ def gated_values(result: dict[str, Any], metric: str, normalize: str) -> tuple[s
     A bare latency name (`ttft_s`) gates its p50 (`accessor.with_default_statistic`);
     the prediction, one number per latency, is read under the bare name.
     """
+    if split_name(metric)[0] == "accuracy":  # measured once per point, not per repeat
+        return _accuracy_value(result, metric, normalize)
     predicted_name = metric
     if normalize == "mbu":
         metric = "decode.mbu"
@@ -177,6 +180,19 @@ def gated_values(result: dict[str, Any], metric: str, normalize: str) -> tuple[s
                 "it with that key)"}.get(normalize, "")
         raise ResultSchemaError(f"{_result_id(result)}: metric {metric!r} is missing{hint}")
     return shown, [_positive(result, f"metrics.{metric}", value) / denom], "metrics"
+
+
+def _accuracy_value(result: dict[str, Any], metric: str,
+                    normalize: str) -> tuple[str, list[float], str]:
+    if normalize != "none":
+        raise UserError(f"--metric {metric}: accuracy is compared as measured; allowed "
+                        "--normalize: none")
+    value = section_metric(result.get("accuracy") or {}, metric, "accuracy")
+    if value is None:
+        raise ResultSchemaError(f"{_result_id(result)}: metric {metric!r} is missing (the "
+                                "point is neither quantized nor pruned, or ran without "
+                                "measure.eval_tokens)")
+    return metric, [_positive(result, metric, value)], "accuracy"
 
 
 def _positive(result: dict[str, Any], where: str, value: float) -> float:

@@ -66,6 +66,15 @@ RUN_SUMMARY_METRICS = ("output_tokens_per_s", "ttft_s.p50", "ttft_s.p99", "tpot_
                        "prediction.output_tokens_per_s")
 
 
+# Shown (run's table, report) only where a result has an `accuracy` section.
+ACCURACY_METRICS = ("accuracy.perplexity", "accuracy.perplexity_change",
+                    "accuracy.greedy_agreement")
+
+
+def has_accuracy(results: list[dict[str, Any]]) -> bool:
+    return any(r.get("accuracy") for r in results)
+
+
 def run_summary(result: dict[str, Any]) -> dict[str, Any]:
     """One point's headline numbers, SI units, keyed by metric name (`run --json`)."""
     return {
@@ -75,6 +84,8 @@ def run_summary(result: dict[str, Any]) -> dict[str, Any]:
         "file": result.get("_path"),
         "num_requests": metric(result, "num_requests"),
         **{name: metric(result, name) for name in RUN_SUMMARY_METRICS},
+        **({name: metric(result, name) for name in ACCURACY_METRICS}
+           if result.get("accuracy") else {}),
     }
 
 
@@ -116,6 +127,26 @@ def run_table(results: list[dict[str, Any]], title: str | None = None) -> Table:
     return table
 
 
+def accuracy_table(results: list[dict[str, Any]]) -> Table | None:
+    """The points' accuracy (`run` prints it under its table), or None when no point has it."""
+    from rich.table import Table
+
+    if not has_accuracy(results):
+        return None
+    table = Table(title="accuracy: held-out text, reference = the unquantized model, same dtype")
+    table.add_column("point", overflow="fold")
+    for col in ("perplexity", "reference", "change %", "greedy agreement", "tokens"):
+        table.add_column(col, justify="right")
+    for r in results:
+        ppl, change, agree = (metric(r, name) for name in ACCURACY_METRICS)
+        tokens = metric(r, "accuracy.tokens")
+        table.add_row(str(r.get("label") or r.get("name")), _fmt(ppl, 3),
+                      _fmt(metric(r, "accuracy.reference_perplexity"), 3),
+                      "-" if change is None else f"{change * 100:+.2f}", _fmt(agree, 3),
+                      "-" if tokens is None else f"{int(tokens):,}")
+    return table
+
+
 def _first(result: dict[str, Any], *names: str) -> float | None:
     for name in names:
         value = metric(result, name)
@@ -125,7 +156,9 @@ def _first(result: dict[str, Any], *names: str) -> float | None:
 
 
 def report_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The rows of `report_frame` as plain dicts (None where a value is unknown)."""
+    """The rows of `report_frame` as plain dicts (None where a value is unknown); the
+    accuracy columns only where some result has an `accuracy` section."""
+    with_accuracy = has_accuracy(results)
     rows = []
     for r in results:
         scenario = r.get("scenario") or {}
@@ -163,6 +196,10 @@ def report_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "decode_mbu_pct": _scaled(metric(r, "decode.mbu"), 100),
             "decode_mfu_pct": _scaled(metric(r, "decode.mfu"), 100),
             "prefill_mfu_pct": _scaled(metric(r, "prefill.mfu"), 100),
+            **({"perplexity": metric(r, "accuracy.perplexity"),
+                "perplexity_change_pct": _scaled(metric(r, "accuracy.perplexity_change"), 100),
+                "greedy_agreement": metric(r, "accuracy.greedy_agreement")}
+               if with_accuracy else {}),
             "file": r.get("_path"),
         })
     return rows
@@ -219,8 +256,9 @@ def report_table(df: pd.DataFrame) -> Table:
     table.add_column("point", overflow="fold")
     # TPOT is per request (the metric definition, as in `run`'s table); the decode step is
     # the mean decode-only step time, which the roofline prices directly.
+    with_accuracy = "perplexity" in df.columns
     for title in ("TTFT p50 ms", "TPOT p50 ms", "decode step ms", "output tok/s", "MBU %",
-                  "MFU %"):
+                  "MFU %", *(("perplexity", "greedy agree") if with_accuracy else ())):
         table.add_column(title, justify="right")
     records = df.to_dict("records")
     labels = [short_label(rec["label"]) for rec in records]
@@ -233,8 +271,17 @@ def report_table(df: pd.DataFrame) -> Table:
             *(_triple(rec[f"{k}_measured"], rec[f"{k}_predicted"], rec[f"{e}_error_pct"])
               for k, e in (("ttft_ms", "ttft"), ("tpot_ms", "tpot"),
                            ("decode_step_ms", "decode_step"), ("output_tok_s", "output_tok_s"))),
-            _compact(rec["decode_mbu_pct"]), _compact(rec["decode_mfu_pct"]))
+            _compact(rec["decode_mbu_pct"]), _compact(rec["decode_mfu_pct"]),
+            *(_accuracy_pair(rec) if with_accuracy else ()))
     return table
+
+
+def _accuracy_pair(rec: dict[str, Any]) -> tuple[str, str]:
+    ppl, change = rec["perplexity"], rec["perplexity_change_pct"]
+    text = _compact(ppl)
+    if change is not None and not math.isnan(change):
+        text += f" {change:+.2f}%"
+    return text, _compact(rec["greedy_agreement"])
 
 
 def write_csv(df: pd.DataFrame, path: str | os.PathLike[str]) -> None:

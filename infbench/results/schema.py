@@ -19,8 +19,9 @@ Versions:
   `requests` are always present.  `upgrade()` turns a version 1 file into version 2 in
   memory (those three keys default to empty), so committed baselines and older results
   still load; any other version is refused.  Fields added to version 2 later are optional
-  (`metrics.torch_reference`, `normalized.output_tokens_per_s_over_torch_reference`), so a
-  version 2 file written before them loads unchanged, with those fields None.
+  (`metrics.torch_reference`, `normalized.output_tokens_per_s_over_torch_reference`,
+  `accuracy`), so a version 2 file written before them loads unchanged, with those fields
+  None.
 """
 
 from __future__ import annotations
@@ -146,6 +147,23 @@ class Metrics(_Closed):
     torch_reference: TorchReference | None = None
     normalized: Normalized | None = None
     noise: Noise | None = None
+
+
+class Accuracy(_Closed):
+    """Perplexity on the held-out evaluation text and greedy agreement with the unquantized
+    model of the same dtype (measure/accuracy.py, docs/accuracy.md).  The reference fields
+    are None on a point without one (a plain point with measure.eval_tokens set)."""
+
+    perplexity: Number | None = None
+    reference_perplexity: Number | None = None
+    perplexity_change: Number | None = None  # perplexity / reference_perplexity - 1
+    greedy_agreement: Number | None = None  # fraction of matching greedy tokens
+    tokens: int | None = None
+    window: int | None = None
+    agreement_prompts: int | None = None
+    agreement_tokens: int | None = None
+    text_id: str | None = None  # the evaluation text, with its CPython version
+    seconds: Number | None = None
 
 
 class Spread(_Closed):
@@ -338,6 +356,7 @@ class RunResult(_Closed):
     model_config_: dict[str, Any] | None = Field(default=None, alias="model_config")
     telemetry: dict[str, Any] = Field(default_factory=dict)  # open: nvml / ncu samples
     engine_disabled: list[EngineDisabled] = Field(default_factory=list)
+    accuracy: Accuracy | None = None  # quantized / pruned points, or measure.eval_tokens
 
     model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
 

@@ -218,6 +218,10 @@ def flatten_for_csv(result: dict[str, Any]) -> dict[str, Any]:
     for key in _PREDICTED:
         value = prediction.get(key)
         row[f"pred_{key}"] = value if isinstance(value, (int, float)) else None
+    accuracy = result.get("accuracy") or {}
+    for key in ("perplexity", "perplexity_change", "greedy_agreement"):
+        if key in accuracy:
+            row[key] = accuracy[key]
     row["git_sha"] = (result.get("env") or {}).get("git_sha")
     return row
 

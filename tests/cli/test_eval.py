@@ -1,8 +1,7 @@
 """`infbench eval`: perplexity and greedy agreement from the command line.
 
-A tiny random Llama saved with transformers plus a byte-level tokenizer (256 tokens, no
-merges) make an HF directory that loads in well under a second, so every case here runs
-the real command on real text in seconds.
+A tiny random Llama with a byte-level tokenizer (tests/eval_checkpoint.py) loads in well
+under a second, so every case here runs the real command on real text in seconds.
 """
 
 from __future__ import annotations
@@ -15,26 +14,12 @@ from pathlib import Path
 
 import pytest
 from cli_helpers import run_args
+from eval_checkpoint import write_tiny_with_tokenizer
 
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    path = tmp_path_factory.mktemp("tiny_eval")
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=256, tie_word_embeddings=False)
-    LlamaForCausalLM(config).save_pretrained(path)
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())  # one token per byte
-    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.save(str(path / "tokenizer.json"))
-    return path
+    return write_tiny_with_tokenizer(tmp_path_factory.mktemp("tiny_eval"))
 
 
 SMALL = ["--tokens", "200", "--window", "64", "--prompts", "3", "--new-tokens", "6"]

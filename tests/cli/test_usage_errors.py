@@ -75,6 +75,14 @@ TABLE: dict[str, dict[str, Case]] = {
         "out_of_range": (["--model", "tiny", "--top-k", "-1"], "--top-k: must be >= 0 (got -1)"),
         "missing_argument": (["--prompt", "hi"], "--model"),  # a required option
     },
+    "eval": {
+        "unknown_option": (["--model", "tiny", "--bogus"], "--bogus"),
+        "missing_value": (["--model", "tiny", "--quant"], "--quant"),
+        "wrong_type": (["--model", "tiny", "--tokens", "abc"], "--tokens"),
+        "out_of_range": (["--model", "tiny", "--group-size", "0"],
+                         "--group-size: must be >= 1 (got 0)"),
+        "missing_argument": ([], "--model"),  # a required option
+    },
     "schema": {
         "unknown_option": (["--bogus"], "--bogus"),
         "missing_value": None,

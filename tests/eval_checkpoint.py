@@ -1,0 +1,26 @@
+"""A tiny random Llama with a real tokenizer, for the accuracy tests (found through pytest's
+pythonpath): transformers saves the weights, `tokenizers` a byte-level BPE of 256 tokens
+and no merges, so every byte of the evaluation text is one token of the 256-token vocabulary.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def write_tiny_with_tokenizer(path: Path, seed: int = 0) -> Path:
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=256, tie_word_embeddings=False)
+    LlamaForCausalLM(config).save_pretrained(path)
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())  # one token per byte
+    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.save(str(path / "tokenizer.json"))
+    return path
