@@ -144,6 +144,17 @@ class PagedAttentionContext:
                 prefill_tables, scale, layer.window))
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
+    def decode_layer_args(self, layer: LayerSpec) -> tuple[torch.Tensor, ...] | None:
+        """(k_cache, v_cache, slot_mapping, decode_tables, decode_context_lens) of `layer` for
+        a fused decode layer (model/fused_decode.py) when every token of this step is a
+        single-token decode; None otherwise."""
+        inp = self.inputs
+        if inp.num_decode != inp.input_ids.shape[0]:
+            return None
+        slot_mapping, decode_tables, _ = self.paged(layer)
+        k_cache, v_cache = self.kv.layer(layer)
+        return k_cache, v_cache, slot_mapping, decode_tables, inp.decode_context_lens
+
     def attention(self, layer: LayerSpec, q: torch.Tensor, k: torch.Tensor | None,
                   v: torch.Tensor | None, scale: float) -> torch.Tensor:
         inp = self.inputs

@@ -24,6 +24,7 @@ from infbench.model.layers import RMSNorm, SwiGLUMLP, apply_rope, build_rope_cac
 from infbench.model.linear import make_linear, tied_logits
 from infbench.model.ops import Ops
 from infbench.roofline.shapes import has_mlp
+from kernels.cpu_decode_layer import MAX_ROWS as MAX_FUSED_DECODES
 
 
 class Attention(nn.Module):
@@ -237,6 +238,12 @@ class Transformer(nn.Module):
                 set_ops = getattr(module, "set_ops", None)
                 if set_ops is not None:
                     set_ops(ops)
+        # The cpu backend runs decode steps a whole layer per C++ call (model/fused_decode.py).
+        self.decode_layers: list[Any | None] | None = None
+        if ops.name == "cpu" and self.embed_tokens.weight.device.type == "cpu":
+            from infbench.model.fused_decode import build_decode_layers
+
+            self.decode_layers = build_decode_layers(self, Attention)
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext
@@ -251,9 +258,17 @@ class Transformer(nn.Module):
         ops = getattr(self, "ops", None)
         if ops is not None:
             residual: torch.Tensor | None = None
-            for layer in cast(list[DecoderLayer], self.layers):
-                x, residual = layer.forward_fused(x, residual, positions, ctx, self.rope_cache,
-                                                  ops)
+            fused: list[Any | None] | None = getattr(self, "decode_layers", None)
+            args_of: Any = getattr(ctx, "decode_layer_args", None)
+            if fused is None or args_of is None or x.shape[0] > MAX_FUSED_DECODES:
+                fused = [None] * len(self.layers)
+            for layer, plan in zip(cast(list[DecoderLayer], self.layers), fused, strict=True):
+                args = None if plan is None else args_of(layer.self_attn.layer)
+                if plan is not None and args is not None:  # decodes: one C++ call per layer
+                    x, residual = plan.run(x, residual, positions, *args)
+                else:
+                    x, residual = layer.forward_fused(x, residual, positions, ctx,
+                                                      self.rope_cache, ops)
             return ops.rmsnorm(x, self.norm.weight, self.norm.eps, residual)[0]  # (T, H)
         for block in self.layers:
             x = block(x, positions, ctx, self.rope_cache)
