@@ -8,6 +8,12 @@ so a tile may span several cache blocks and the cache block size need not be a p
 of two.  Scores live in the log2 domain (scale pre-multiplied by log2(e)) so the
 kernel uses exp2.
 
+A quantized cache (KV_QUANT: int8 or float8_e4m3fn values with one float32 scale per
+token per KV head, `kernels/kv_quant.py`) is read as it lies: the one-byte values are
+converted to the query's dtype (exact: +-127 and every e4m3 value fit bfloat16 and
+float16) and the scales are folded in per key, into the scores after Q K^T and into the
+softmax weights before P V, so nothing is dequantized into a copy.
+
 `gather_kv_ref` and `attention_ref` are the torch building blocks of the references.
 """
 
@@ -19,6 +25,8 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+
+from kernels.kv_quant import check_scales, dequantize_kv_ref, is_quantized
 
 LOG2E = 1.0 / math.log(2.0)
 # Stand-in for "no sliding window": larger than any position difference.
@@ -38,13 +46,16 @@ def attend_kv_range(
     q,  # (BLOCK_M, BLOCK_D) query rows of one KV-head group
     q_pos,  # (BLOCK_M,) position of each query row; -1 for padding rows
     k_cache_ptr, v_cache_ptr, block_table_ptr,  # block_table_ptr: this sequence's row
+    k_scales_ptr, v_scales_ptr,  # KV_QUANT: (num_blocks, block_size, Hkv) float32
     kv_head, start, end, window, qk_scale,  # qk_scale = softmax scale * log2(e)
     stride_kb, stride_ko, stride_kh, stride_kd,
     stride_vb, stride_vo, stride_vh, stride_vd,
+    stride_ksb, stride_kso, stride_ksh,
+    stride_vsb, stride_vso, stride_vsh,
     block_size,
     HEAD_DIM: tl.constexpr, V_HEAD_DIM: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, KV_QUANT: tl.constexpr,
 ):
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -60,7 +71,13 @@ def attend_kv_range(
         k_ptrs = (k_cache_ptr + block_id[:, None] * stride_kb + offset[:, None] * stride_ko
                   + kv_head * stride_kh + offs_d[None, :] * stride_kd)
         k = tl.load(k_ptrs, mask=in_range[:, None] & d_mask[None, :], other=0.0)  # (N, D)
+        if KV_QUANT:
+            k = k.to(q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # (M, N)
+        if KV_QUANT:  # each key's scale multiplies its column of scores
+            k_scale = tl.load(k_scales_ptr + block_id * stride_ksb + offset * stride_kso
+                              + kv_head * stride_ksh, mask=in_range, other=0.0)  # (N,)
+            s = s * k_scale[None, :]
         delta = q_pos[:, None] - pos[None, :]  # query position - key position
         visible = (delta >= 0) & (delta < window) & in_range[None, :]
         s = tl.where(visible, s, float("-inf"))
@@ -73,17 +90,46 @@ def attend_kv_range(
         v_ptrs = (v_cache_ptr + block_id[:, None] * stride_vb + offset[:, None] * stride_vo
                   + kv_head * stride_vh + offs_dv[None, :] * stride_vd)
         v = tl.load(v_ptrs, mask=in_range[:, None] & dv_mask[None, :], other=0.0)  # (N, Dv)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        if KV_QUANT:  # each value's scale multiplies its column of weights
+            v_scale = tl.load(v_scales_ptr + block_id * stride_vsb + offset * stride_vso
+                              + kv_head * stride_vsh, mask=in_range, other=0.0)  # (N,)
+            pv = (p * v_scale[None, :]).to(q.dtype)
+            v = v.to(q.dtype)
+        else:
+            pv = p.to(v.dtype)
+        acc = acc * alpha[:, None] + tl.dot(pv, v, input_precision=DOT_PRECISION)
         m_i = m_new
     return acc, l_i, m_i
 
 
-def check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor) -> None:
+def check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                q: torch.Tensor | None = None, k_scales: torch.Tensor | None = None,
+                v_scales: torch.Tensor | None = None) -> None:
+    """Shapes and dtypes of the caches and tables; with q, that q matches a float cache's
+    dtype (a quantized one is read in q's dtype and comes with its scales)."""
     assert k_cache.dim() == 4 and v_cache.dim() == 4, "caches are (blocks, block_size, heads, dim)"
     assert k_cache.shape[:3] == v_cache.shape[:3], (k_cache.shape, v_cache.shape)
     assert k_cache.dtype == v_cache.dtype, (k_cache.dtype, v_cache.dtype)
     assert block_tables.dim() == 2 and block_tables.dtype == torch.int32, block_tables.dtype
     assert block_tables.stride(1) == 1, "block_tables rows must be contiguous"
+    check_scales(k_cache, k_scales, "k_scales")
+    check_scales(v_cache, v_scales, "v_scales")
+    if q is not None and not is_quantized(k_cache):
+        assert q.dtype == k_cache.dtype, (q.dtype, k_cache.dtype)
+
+
+def scale_args(k_scales: torch.Tensor | None, v_scales: torch.Tensor | None,
+               fallback: torch.Tensor) -> tuple[object, ...]:
+    """(k_scales_ptr, v_scales_ptr, their six strides) for a kernel launch; `fallback`
+    stands in for both pointers (never read) when the cache is not quantized."""
+    if k_scales is None or v_scales is None:
+        return (fallback, fallback, 0, 0, 0, 0, 0, 0)
+    return (k_scales, v_scales, *k_scales.stride(), *v_scales.stride())
+
+
+def dequantized_rows(cache: torch.Tensor, scales: torch.Tensor | None) -> torch.Tensor:
+    """Gathered cache rows (..., D) as float32 when they are quantized (scales (...))."""
+    return cache if scales is None else dequantize_kv_ref(cache, scales)
 
 
 def gather_kv_ref(

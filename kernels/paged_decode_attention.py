@@ -11,6 +11,10 @@ are long; with one split the main kernel writes the output directly.
 With Q > 1 query tokens (speculative verification) query i sits at position
 context_len - Q + i and attends causally.  A sliding window restricts the blocks a
 program visits, so blocks fully outside the window are never read.
+
+A quantized cache (int8 / float8_e4m3fn with per-token, per-head scales, see
+`kernels/kv_quant.py`) is passed with its `k_scales` / `v_scales` and read in place,
+one byte per value: the scales are folded into the scores and weights per key.
 """
 
 from __future__ import annotations
@@ -26,7 +30,9 @@ from kernels._paged_attention import (
     attended_pairs,
     attention_ref,
     check_cache,
+    dequantized_rows,
     kv_tokens_read,
+    scale_args,
     window_arg,
 )
 from kernels.cost import KernelCost
@@ -41,17 +47,20 @@ MAX_SPLITS = 32
 def _paged_decode_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
     out_ptr, lse_ptr,  # out: final output or fp32 partials; lse: per-split log2-sum-exp
+    k_scales_ptr, v_scales_ptr,  # KV_QUANT: (num_blocks, block_size, Hkv) float32
     qk_scale, window, num_q_tokens, block_size,
     stride_qb, stride_qt, stride_qh, stride_qd,
     stride_kb, stride_ko, stride_kh, stride_kd,
     stride_vb, stride_vo, stride_vh, stride_vd,
+    stride_ksb, stride_kso, stride_ksh,
+    stride_vsb, stride_vso, stride_vsh,
     stride_btb,
     stride_ob, stride_ot, stride_oh, stride_os, stride_od,
     stride_lb, stride_lt, stride_lh, stride_ls,
     GROUP: tl.constexpr, NUM_SPLITS: tl.constexpr,
     HEAD_DIM: tl.constexpr, V_HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_DV: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_DV: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_QUANT: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -83,9 +92,10 @@ def _paged_decode_attention_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     acc, l_i, m_i = attend_kv_range(
         acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, block_tables_ptr + seq * stride_btb,
-        kv_head, start, end, window, qk_scale,
+        k_scales_ptr, v_scales_ptr, kv_head, start, end, window, qk_scale,
         stride_kb, stride_ko, stride_kh, stride_kd, stride_vb, stride_vo, stride_vh, stride_vd,
-        block_size, HEAD_DIM, V_HEAD_DIM, BLOCK_N, BLOCK_D, BLOCK_DV, DOT_PRECISION,
+        stride_ksb, stride_kso, stride_ksh, stride_vsb, stride_vso, stride_vsh,
+        block_size, HEAD_DIM, V_HEAD_DIM, BLOCK_N, BLOCK_D, BLOCK_DV, DOT_PRECISION, KV_QUANT,
     )
 
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # rows that saw nothing stay 0
@@ -149,15 +159,19 @@ def paged_decode_attention(
     scale: float,
     window: int | None = None,
     num_splits: int | None = None,
+    k_scales: torch.Tensor | None = None,
+    v_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of the last Q tokens of each sequence over its paged KV cache.
 
     q: (B, Hq, D) or (B, Q, Hq, D); k_cache: (num_blocks, block_size, Hkv, D);
     v_cache: (num_blocks, block_size, Hkv, Dv); block_tables: (B, max_blocks) int32;
     context_lens: (B,) int32, total tokens of each sequence including the Q queries.
-    Returns q's shape with D replaced by Dv, in q.dtype.
+    A quantized cache (int8 / float8_e4m3fn) comes with k_scales / v_scales
+    (num_blocks, block_size, Hkv) float32.  Returns q's shape with D replaced by Dv, in
+    q.dtype.
     """
-    check_cache(k_cache, v_cache, block_tables)
+    check_cache(k_cache, v_cache, block_tables, q, k_scales, v_scales)
     is_single = q.dim() == 3
     q4 = q.unsqueeze(1) if is_single else q  # (B, Q, Hq, D)
     assert q4.dim() == 4, f"q must be (B, Hq, D) or (B, Q, Hq, D), got {tuple(q.shape)}"
@@ -166,7 +180,6 @@ def paged_decode_attention(
     v_head_dim = v_cache.shape[-1]
     assert k_cache.shape[-1] == head_dim, (k_cache.shape, q.shape)
     assert num_heads % num_kv_heads == 0, f"{num_heads} query heads, {num_kv_heads} KV heads"
-    assert q.dtype == k_cache.dtype, (q.dtype, k_cache.dtype)
     assert block_tables.shape[0] == batch and context_lens.shape == (batch,)
     assert context_lens.dtype == torch.int32, context_lens.dtype
     group = num_heads // num_kv_heads
@@ -192,15 +205,16 @@ def paged_decode_attention(
     block_m = max(16, triton.next_power_of_2(num_q * group))
     block_n = 64 if compiled or block_m <= 32 else 32
     grid = (batch, num_kv_heads, num_splits)
+    ks, vs, *scale_strides = scale_args(k_scales, v_scales, context_lens)
     _paged_decode_attention_kernel[grid](
-        q4, k_cache, v_cache, block_tables, context_lens, partial, lse,
+        q4, k_cache, v_cache, block_tables, context_lens, partial, lse, ks, vs,
         scale * LOG2E, window_arg(window), num_q, block_size,
-        *q4.stride(), *k_cache.stride(), *v_cache.stride(), block_tables.stride(0),
-        *partial.stride(), *lse_strides,
+        *q4.stride(), *k_cache.stride(), *v_cache.stride(), *scale_strides,
+        block_tables.stride(0), *partial.stride(), *lse_strides,
         GROUP=group, NUM_SPLITS=num_splits, HEAD_DIM=head_dim, V_HEAD_DIM=v_head_dim,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=triton.next_power_of_2(head_dim),
         BLOCK_DV=triton.next_power_of_2(v_head_dim), DOT_PRECISION=dot_precision(q.dtype),
-        num_warps=4 if block_m * block_n <= 64 * 64 else 8,
+        KV_QUANT=k_scales is not None, num_warps=4 if block_m * block_n <= 64 * 64 else 8,
     )
     if num_splits > 1:
         num_rows = batch * num_q * num_heads
@@ -222,12 +236,17 @@ def paged_decode_attention_ref(
     scale: float,
     window: int | None = None,
     num_splits: int | None = None,
+    k_scales: torch.Tensor | None = None,
+    v_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Torch reference (and CPU backend): gather each sequence's KV, masked fp32 softmax.
 
-    `num_splits` is accepted for signature compatibility; the result does not depend on it.
+    A quantized cache's gathered rows (only this batch's context, never the whole pool)
+    are dequantized to float32.  `num_splits` is accepted for signature compatibility;
+    the result does not depend on it.
     """
     del num_splits
+    check_cache(k_cache, v_cache, block_tables, q, k_scales, v_scales)
     is_single = q.dim() == 3
     q4 = q.unsqueeze(1) if is_single else q  # (B, Q, Hq, D)
     batch, num_q = q4.shape[:2]
@@ -238,6 +257,9 @@ def paged_decode_attention_ref(
     # One gather per cache; the (B, Hkv, L, D) views below are transposes, not copies.
     keys = k_cache[ids].flatten(1, 2)[:, :max_context]  # (B, L, Hkv, D), a fresh copy
     values = v_cache[ids].flatten(1, 2)[:, :max_context]  # (B, L, Hkv, Dv), a fresh copy
+    if k_scales is not None and v_scales is not None:  # (B, L, Hkv) scales, float32 rows
+        keys = dequantized_rows(keys, k_scales[ids].flatten(1, 2)[:, :max_context])
+        values = dequantized_rows(values, v_scales[ids].flatten(1, 2)[:, :max_context])
     ctx = context_lens.to(device=q.device, dtype=torch.long)
     # Slots past a shorter sequence's end hold stale data, maybe NaN, and masking the
     # score does not help there (NaN + -inf = NaN; 0 * NaN = NaN in P @ V): zero them.
@@ -260,12 +282,19 @@ def paged_decode_attention_cpu(
     scale: float,
     window: int | None = None,
     num_splits: int | None = None,
+    k_scales: torch.Tensor | None = None,
+    v_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """C++ CPU kernel (kernels/csrc/attention.cpp, the `cpu` backend): the same attention,
     K/V read in place through the block table (no gather), fp32 online softmax, one work
-    item per (sequence, KV head).  `num_splits` is accepted for signature compatibility.
+    item per (sequence, KV head).  An int8 cache goes through kernels/csrc/attention_kvq.cpp
+    (one byte per value read, scales folded in per key).  `num_splits` is accepted for
+    signature compatibility.
     """
     del num_splits
+    if k_scales is not None or v_scales is not None:
+        return cpu_module().paged_decode_attention_int8(  # type: ignore[no-any-return]
+            q, k_cache, v_cache, k_scales, v_scales, block_tables, context_lens, scale, window)
     return cpu_module().paged_decode_attention(  # type: ignore[no-any-return]
         q, k_cache, v_cache, block_tables, context_lens, scale, window)
 

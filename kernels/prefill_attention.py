@@ -12,6 +12,9 @@ group.  Sequence b's tiles get grid indices starting at cu_seqlens_q[b] // BLOCK
 that leaves no overlap, bounds the grid by T // BLOCK_Q + B without reading the lengths
 on the host, and a program finds its sequence by binary search over cu_seqlens_q.
 Programs that land past their sequence's last tile exit at once.
+
+A quantized cache (int8 / float8_e4m3fn with per-token, per-head scales, see
+`kernels/kv_quant.py`) is passed with its `k_scales` / `v_scales` and read in place.
 """
 
 from __future__ import annotations
@@ -27,8 +30,10 @@ from kernels._paged_attention import (
     attended_pairs,
     attention_ref,
     check_cache,
+    dequantized_rows,
     gather_kv_ref,
     kv_tokens_read,
+    scale_args,
     window_arg,
 )
 from kernels.cost import KernelCost
@@ -54,15 +59,18 @@ def _find_sequence(cu_seqlens_ptr, tile, num_seqs, BLOCK_Q: tl.constexpr):
 @triton.jit
 def _prefill_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, cu_seqlens_ptr, context_lens_ptr, block_tables_ptr,
-    out_ptr, qk_scale, window, num_seqs, block_size,
+    out_ptr, k_scales_ptr, v_scales_ptr, qk_scale, window, num_seqs, block_size,
     stride_qt, stride_qh, stride_qd,
     stride_kb, stride_ko, stride_kh, stride_kd,
     stride_vb, stride_vo, stride_vh, stride_vd,
+    stride_ksb, stride_kso, stride_ksh,
+    stride_vsb, stride_vso, stride_vsh,
     stride_btb,
     stride_ot, stride_oh, stride_od,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, V_HEAD_DIM: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    KV_QUANT: tl.constexpr,
 ):
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -94,9 +102,10 @@ def _prefill_attention_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     acc, l_i, m_i = attend_kv_range(
         acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, block_tables_ptr + seq * stride_btb,
-        kv_head, start, end, window, qk_scale,
+        k_scales_ptr, v_scales_ptr, kv_head, start, end, window, qk_scale,
         stride_kb, stride_ko, stride_kh, stride_kd, stride_vb, stride_vo, stride_vh, stride_vd,
-        block_size, HEAD_DIM, V_HEAD_DIM, BLOCK_N, BLOCK_D, BLOCK_DV, DOT_PRECISION,
+        stride_ksb, stride_kso, stride_ksh, stride_vsb, stride_vso, stride_vsh,
+        block_size, HEAD_DIM, V_HEAD_DIM, BLOCK_N, BLOCK_D, BLOCK_DV, DOT_PRECISION, KV_QUANT,
     )
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -114,14 +123,17 @@ def prefill_attention(
     block_tables: torch.Tensor,
     scale: float,
     window: int | None = None,
+    k_scales: torch.Tensor | None = None,
+    v_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of the new tokens of B sequences over their paged KV cache.
 
     q: (T, Hq, D) new tokens of all sequences; cu_seqlens_q: (B+1,) int32 row offsets;
     context_lens: (B,) int32 total tokens per sequence (cached + new, all in the cache);
-    block_tables: (B, max_blocks) int32.  Returns (T, Hq, Dv) in q.dtype.
+    block_tables: (B, max_blocks) int32.  A quantized cache comes with k_scales /
+    v_scales (num_blocks, block_size, Hkv) float32.  Returns (T, Hq, Dv) in q.dtype.
     """
-    check_cache(k_cache, v_cache, block_tables)
+    check_cache(k_cache, v_cache, block_tables, q, k_scales, v_scales)
     assert q.dim() == 3, f"q must be (T, Hq, D), got {tuple(q.shape)}"
     num_tokens, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -129,7 +141,6 @@ def prefill_attention(
     batch = context_lens.shape[0]
     assert k_cache.shape[-1] == head_dim, (k_cache.shape, q.shape)
     assert num_heads % num_kv_heads == 0, f"{num_heads} query heads, {num_kv_heads} KV heads"
-    assert q.dtype == k_cache.dtype, (q.dtype, k_cache.dtype)
     assert cu_seqlens_q.shape == (batch + 1,) and cu_seqlens_q.dtype == torch.int32
     assert context_lens.dtype == torch.int32 and block_tables.shape[0] == batch
     group = num_heads // num_kv_heads
@@ -144,14 +155,17 @@ def prefill_attention(
     block_m = max(16, triton.next_power_of_2(block_q * group))
     block_n = 64 if compiled or head_dim <= 64 else 32
     grid = (num_tokens // block_q + batch, num_kv_heads)
+    ks, vs, *scale_strides = scale_args(k_scales, v_scales, context_lens)
     _prefill_attention_kernel[grid](
-        q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, out,
+        q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, out, ks, vs,
         scale * LOG2E, window_arg(window), batch, block_size,
-        *q.stride(), *k_cache.stride(), *v_cache.stride(), block_tables.stride(0), *out.stride(),
+        *q.stride(), *k_cache.stride(), *v_cache.stride(), *scale_strides,
+        block_tables.stride(0), *out.stride(),
         GROUP=group, HEAD_DIM=head_dim, V_HEAD_DIM=v_head_dim,
         BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_DV=triton.next_power_of_2(v_head_dim),
-        DOT_PRECISION=dot_precision(q.dtype), num_warps=4 if head_dim <= 64 else 8,
+        DOT_PRECISION=dot_precision(q.dtype), KV_QUANT=k_scales is not None,
+        num_warps=4 if head_dim <= 64 else 8,
     )
     return out
 
@@ -165,8 +179,14 @@ def prefill_attention_ref(
     block_tables: torch.Tensor,
     scale: float,
     window: int | None = None,
+    k_scales: torch.Tensor | None = None,
+    v_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Torch reference (and CPU backend): per sequence, gather its KV and run masked softmax."""
+    """Torch reference (and CPU backend): per sequence, gather its KV and run masked softmax.
+
+    A quantized cache's gathered rows (one sequence's context) are dequantized to float32.
+    """
+    check_cache(k_cache, v_cache, block_tables, q, k_scales, v_scales)
     out = torch.empty(q.shape[0], q.shape[1], v_cache.shape[-1], dtype=q.dtype, device=q.device)
     starts = cu_seqlens_q.tolist()
     for b, context_len in enumerate(context_lens.tolist()):
@@ -175,6 +195,11 @@ def prefill_attention_ref(
             continue
         keys = gather_kv_ref(k_cache, block_tables[b], context_len)  # (Hkv, L, D)
         values = gather_kv_ref(v_cache, block_tables[b], context_len)  # (Hkv, L, Dv)
+        if k_scales is not None and v_scales is not None:  # (Hkv, L) scales of those rows
+            keys = dequantized_rows(keys, gather_kv_ref(
+                k_scales.unsqueeze(-1), block_tables[b], context_len)[..., 0])
+            values = dequantized_rows(values, gather_kv_ref(
+                v_scales.unsqueeze(-1), block_tables[b], context_len)[..., 0])
         q_pos = torch.arange(context_len - (q_end - q_start), context_len, device=q.device)
         out[q_start:q_end] = attention_ref(
             q[None, q_start:q_end], keys[None], values[None], q_pos[None], scale, window
@@ -191,10 +216,16 @@ def prefill_attention_cpu(
     block_tables: torch.Tensor,
     scale: float,
     window: int | None = None,
+    k_scales: torch.Tensor | None = None,
+    v_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """C++ CPU kernel (kernels/csrc/attention.cpp, the `cpu` backend): the same causal
     attention, K/V read in place through the block table, work items of (sequence, KV
-    head, query tile)."""
+    head, query tile).  An int8 cache goes through kernels/csrc/attention_kvq.cpp."""
+    if k_scales is not None or v_scales is not None:
+        return cpu_module().prefill_attention_int8(  # type: ignore[no-any-return]
+            q, k_cache, v_cache, k_scales, v_scales, cu_seqlens_q, context_lens, block_tables,
+            scale, window)
     return cpu_module().prefill_attention(  # type: ignore[no-any-return]
         q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale, window)
 

@@ -47,20 +47,33 @@ def variants(dt: str):
     prec = "ieee" if dt == "fp32" else "tf32"
     p = "*" + dt
     attn = dict(q_ptr=p, k_cache_ptr=p, v_cache_ptr=p, block_tables_ptr="*i32",
-                context_lens_ptr="*i32", cu_seqlens_ptr="*i32", out_ptr=p, lse_ptr="*fp32")
+                context_lens_ptr="*i32", cu_seqlens_ptr="*i32", out_ptr=p, lse_ptr="*fp32",
+                k_scales_ptr="*fp32", v_scales_ptr="*fp32")
     heads = dict(HEAD_DIM=128, V_HEAD_DIM=128, BLOCK_D=128, BLOCK_DV=128, DOT_PRECISION=prec)
     for splits in (1, 4):
         ptrs = {**attn, "out_ptr": p if splits == 1 else "*fp32"}
         yield (f"decode {dt} splits={splits}", pda._paged_decode_attention_kernel, ptrs,
-               dict(GROUP=4, NUM_SPLITS=splits, BLOCK_M=16, BLOCK_N=64, **heads))
+               dict(GROUP=4, NUM_SPLITS=splits, BLOCK_M=16, BLOCK_N=64, KV_QUANT=False, **heads))
     yield (f"decode-reduce {dt}", pda._paged_decode_reduce_kernel,
            dict(partial_ptr="*fp32", lse_ptr="*fp32", out_ptr=p),
            dict(V_HEAD_DIM=128, NUM_SPLITS=4, BLOCK_R=4, BLOCK_DV=128))
     yield (f"prefill {dt}", pa._prefill_attention_kernel, attn,
-           dict(GROUP=4, BLOCK_Q=16, BLOCK_M=64, BLOCK_N=64, **heads))
-    yield (f"store_kv {dt}", store_kv._store_kv_kernel,
-           dict(key_ptr=p, value_ptr=p, k_cache_ptr=p, v_cache_ptr=p, slot_mapping_ptr="*i64"),
-           dict(HEAD_DIM=128, V_HEAD_DIM=128, BLOCK_H=8, BLOCK_D=128, BLOCK_DV=128))
+           dict(GROUP=4, BLOCK_Q=16, BLOCK_M=64, BLOCK_N=64, KV_QUANT=False, **heads))
+    store = dict(key_ptr=p, value_ptr=p, k_cache_ptr=p, v_cache_ptr=p, slot_mapping_ptr="*i64",
+                 k_scales_ptr="*fp32", v_scales_ptr="*fp32")
+    store_consts = dict(HEAD_DIM=128, V_HEAD_DIM=128, BLOCK_H=8, BLOCK_D=128, BLOCK_DV=128)
+    yield (f"store_kv {dt}", store_kv._store_kv_kernel, store,
+           dict(QUANT=False, QMAX=1.0, IS_INT8=False, **store_consts))
+    # Quantized KV caches (kernels/kv_quant.py): int8 and fp8 e4m3 values, fp32 scales.
+    for kv, qmax in (("i8", 127.0), ("fp8e4nv", 448.0)):
+        cache = {"k_cache_ptr": "*" + kv, "v_cache_ptr": "*" + kv}
+        yield (f"decode {dt} kv={kv}", pda._paged_decode_attention_kernel,
+               {**attn, **cache, "out_ptr": "*fp32"},
+               dict(GROUP=4, NUM_SPLITS=4, BLOCK_M=16, BLOCK_N=64, KV_QUANT=True, **heads))
+        yield (f"prefill {dt} kv={kv}", pa._prefill_attention_kernel, {**attn, **cache},
+               dict(GROUP=4, BLOCK_Q=16, BLOCK_M=64, BLOCK_N=64, KV_QUANT=True, **heads))
+        yield (f"store_kv {dt} kv={kv}", store_kv._store_kv_kernel, {**store, **cache},
+               dict(QUANT=True, QMAX=qmax, IS_INT8=kv == "i8", **store_consts))
     for has_residual in (False, True):
         yield (f"rmsnorm {dt} residual={has_residual}", rmsnorm._rmsnorm_kernel,
                dict(x_ptr=p, residual_ptr=p, weight_ptr=p, out_ptr=p, new_residual_ptr=p),

@@ -1,0 +1,218 @@
+// Python bindings of the int8 KV-cache kernels (kv_quant.h): bind_kv_quant(m) is called
+// from bindings.cpp's PYBIND11_MODULE.  Tensor checks live here; the kernels see raw
+// pointers only.
+#include <torch/extension.h>
+
+#include "kv_quant.h"
+
+namespace {
+
+using infbench_cpu::DType;
+
+void check_cpu(const torch::Tensor& t, const char* op, const char* name) {
+  TORCH_CHECK(t.device().is_cpu(), op, ": ", name, " must be a CPU tensor");
+}
+
+DType activation_dtype(const torch::Tensor& t, const char* op) {
+  switch (t.scalar_type()) {
+    case torch::kFloat32: return DType::Float32;
+    case torch::kBFloat16: return DType::BFloat16;
+    case torch::kFloat16: return DType::Float16;
+    default: TORCH_CHECK(false, op, ": float32, bfloat16 or float16 activations only, got ",
+                         t.scalar_type());
+  }
+}
+
+// An int8 pool (num_blocks, block_size, Hkv, D) and its float32 scales (num_blocks,
+// block_size, Hkv), as the kernels read them.
+void check_pool(const char* op, const torch::Tensor& cache, const torch::Tensor& scales,
+                const char* name) {
+  check_cpu(cache, op, name);
+  check_cpu(scales, op, name);
+  TORCH_CHECK(cache.dim() == 4 && cache.scalar_type() == torch::kInt8 && cache.stride(3) == 1,
+              op, ": ", name, " must be an int8 (num_blocks, block_size, Hkv, D) cache with "
+              "contiguous rows");
+  TORCH_CHECK(scales.dim() == 3 && scales.scalar_type() == torch::kFloat32 &&
+              scales.size(0) == cache.size(0) && scales.size(1) == cache.size(1) &&
+              scales.size(2) == cache.size(2),
+              op, ": the scales of ", name, " must be float32 (num_blocks, block_size, Hkv)");
+}
+
+torch::Tensor int32_vector(const torch::Tensor& t, const char* op, const char* name) {
+  check_cpu(t, op, name);
+  TORCH_CHECK(t.dim() == 1, op, ": ", name, " must be 1-D");
+  return t.scalar_type() == torch::kInt32 && t.is_contiguous() ? t : t.to(torch::kInt32).contiguous();
+}
+
+infbench_cpu::PagedAttentionInt8 paged_args(
+    const char* op, const torch::Tensor& q, const torch::Tensor& k_cache,
+    const torch::Tensor& v_cache, const torch::Tensor& k_scales, const torch::Tensor& v_scales,
+    const torch::Tensor& block_tables, const torch::Tensor& context_lens, int64_t num_q_heads,
+    double scale, const c10::optional<int64_t>& window) {
+  check_pool(op, k_cache, k_scales, "k_cache");
+  check_pool(op, v_cache, v_scales, "v_cache");
+  check_cpu(block_tables, op, "block_tables");
+  TORCH_CHECK(k_cache.size(0) == v_cache.size(0) && k_cache.size(1) == v_cache.size(1) &&
+              k_cache.size(2) == v_cache.size(2), op, ": k_cache and v_cache shapes differ");
+  TORCH_CHECK(block_tables.dim() == 2 && block_tables.scalar_type() == torch::kInt32 &&
+              block_tables.stride(1) == 1, op, ": block_tables must be (B, max_blocks) int32 rows");
+  TORCH_CHECK(q.size(-1) == k_cache.size(3), op, ": q and k_cache head dims differ");
+  const int64_t num_kv_heads = k_cache.size(2);
+  TORCH_CHECK(num_kv_heads > 0 && num_q_heads % num_kv_heads == 0, op, ": ", num_q_heads,
+              " query heads are not a multiple of ", num_kv_heads, " KV heads");
+  TORCH_CHECK(!window.has_value() || *window > 0, op, ": window must be a positive token count");
+  const int64_t capacity = block_tables.size(1) * k_cache.size(1);
+  const int32_t* lens = context_lens.data_ptr<int32_t>();
+  for (int64_t b = 0; b < context_lens.size(0); ++b)
+    TORCH_CHECK(lens[b] >= 0 && lens[b] <= capacity, op, ": context length ", lens[b],
+                " of sequence ", b, " does not fit its block table (", capacity, " slots)");
+  infbench_cpu::PagedAttentionInt8 p{};
+  infbench_cpu::PagedAttention& a = p.a;
+  a.k_cache = k_cache.data_ptr();
+  a.v_cache = v_cache.data_ptr();
+  a.k_stride_block = k_cache.stride(0);
+  a.k_stride_slot = k_cache.stride(1);
+  a.k_stride_head = k_cache.stride(2);
+  a.v_stride_block = v_cache.stride(0);
+  a.v_stride_slot = v_cache.stride(1);
+  a.v_stride_head = v_cache.stride(2);
+  a.block_tables = block_tables.data_ptr<int32_t>();
+  a.table_stride = block_tables.stride(0);
+  a.context_lens = lens;
+  a.block_size = k_cache.size(1);
+  a.num_q_heads = num_q_heads;
+  a.num_kv_heads = num_kv_heads;
+  a.head_dim = k_cache.size(3);
+  a.v_head_dim = v_cache.size(3);
+  a.scale = static_cast<float>(scale);
+  a.window = window.value_or(0);
+  a.dtype = activation_dtype(q, op);
+  p.k_scales = k_scales.data_ptr<float>();
+  p.ks_stride_block = k_scales.stride(0);
+  p.ks_stride_slot = k_scales.stride(1);
+  p.ks_stride_head = k_scales.stride(2);
+  p.v_scales = v_scales.data_ptr<float>();
+  p.vs_stride_block = v_scales.stride(0);
+  p.vs_stride_slot = v_scales.stride(1);
+  p.vs_stride_head = v_scales.stride(2);
+  return p;
+}
+
+// q (B, Hq, D) or (B, Q, Hq, D) over the int8 paged cache -> q's shape with Dv.
+torch::Tensor paged_decode_attention_int8(const torch::Tensor& q, const torch::Tensor& k_cache,
+                                          const torch::Tensor& v_cache,
+                                          const torch::Tensor& k_scales,
+                                          const torch::Tensor& v_scales,
+                                          const torch::Tensor& block_tables,
+                                          const torch::Tensor& context_lens, double scale,
+                                          c10::optional<int64_t> window) {
+  const char* op = "paged_decode_attention_int8";
+  check_cpu(q, op, "q");
+  TORCH_CHECK(q.dim() == 3 || q.dim() == 4, op, ": q must be (B, Hq, D) or (B, Q, Hq, D)");
+  const bool is_single = q.dim() == 3;
+  auto q4 = is_single ? q.unsqueeze(1) : q;
+  if (q4.stride(3) != 1) q4 = q4.contiguous();
+  const int64_t batch = q4.size(0), num_q = q4.size(1), num_heads = q4.size(2);
+  auto lens = int32_vector(context_lens, op, "context_lens");
+  TORCH_CHECK(lens.size(0) == batch && block_tables.size(0) == batch,
+              op, ": context_lens and block_tables must have one row per sequence");
+  auto p = paged_args(op, q4, k_cache, v_cache, k_scales, v_scales, block_tables, lens, num_heads,
+                      scale, window);
+  auto out = is_single ? torch::empty({batch, num_heads, p.a.v_head_dim}, q.options())
+                       : torch::empty({batch, num_q, num_heads, p.a.v_head_dim}, q.options());
+  infbench_cpu::paged_decode_attention_int8(p, q4.data_ptr(), q4.stride(0), q4.stride(1),
+                                            q4.stride(2), out.data_ptr(), batch, num_q);
+  return out;
+}
+
+// Causal attention of the new tokens q (T, Hq, D) of B sequences over the int8 cache.
+torch::Tensor prefill_attention_int8(const torch::Tensor& q, const torch::Tensor& k_cache,
+                                     const torch::Tensor& v_cache, const torch::Tensor& k_scales,
+                                     const torch::Tensor& v_scales,
+                                     const torch::Tensor& cu_seqlens_q,
+                                     const torch::Tensor& context_lens,
+                                     const torch::Tensor& block_tables, double scale,
+                                     c10::optional<int64_t> window) {
+  const char* op = "prefill_attention_int8";
+  check_cpu(q, op, "q");
+  TORCH_CHECK(q.dim() == 3, op, ": q must be (T, Hq, D)");
+  auto qc = q.stride(2) == 1 ? q : q.contiguous();
+  auto lens = int32_vector(context_lens, op, "context_lens");
+  auto cu = int32_vector(cu_seqlens_q, op, "cu_seqlens_q");
+  const int64_t batch = lens.size(0);
+  TORCH_CHECK(cu.size(0) == batch + 1 && block_tables.size(0) == batch,
+              op, ": expected cu_seqlens_q (B+1,) and block_tables (B, max_blocks)");
+  const int32_t* starts = cu.data_ptr<int32_t>();
+  for (int64_t b = 0; b < batch; ++b)
+    TORCH_CHECK(starts[b] >= 0 && starts[b] <= starts[b + 1], op, ": cu_seqlens_q must not decrease");
+  TORCH_CHECK(batch == 0 || starts[batch] <= q.size(0), op, ": cu_seqlens_q runs past q's rows");
+  auto p = paged_args(op, qc, k_cache, v_cache, k_scales, v_scales, block_tables, lens, q.size(1),
+                      scale, window);
+  auto out = torch::empty({q.size(0), q.size(1), p.a.v_head_dim}, q.options());
+  if (q.size(0) == 0 || batch == 0) return out;
+  infbench_cpu::prefill_attention_int8(p, qc.data_ptr(), qc.stride(0), qc.stride(1),
+                                       out.data_ptr(), starts, batch);
+  return out;
+}
+
+// Quantize key/value (T, Hkv, D|Dv) into the int8 caches at slot_mapping (slots < 0 skipped).
+void store_kv_int8(const torch::Tensor& key, const torch::Tensor& value,
+                   const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                   const torch::Tensor& slot_mapping, const torch::Tensor& k_scales,
+                   const torch::Tensor& v_scales) {
+  const char* op = "store_kv_int8";
+  check_cpu(key, op, "key");
+  check_cpu(value, op, "value");
+  check_cpu(slot_mapping, op, "slot_mapping");
+  check_pool(op, k_cache, k_scales, "k_cache");
+  check_pool(op, v_cache, v_scales, "v_cache");
+  TORCH_CHECK(key.dim() == 3 && value.dim() == 3,
+              op, ": expected key (T, Hkv, D) and value (T, Hkv, Dv)");
+  const int64_t num_tokens = key.size(0), num_kv_heads = key.size(1);
+  TORCH_CHECK(value.size(0) == num_tokens && value.size(1) == num_kv_heads &&
+              k_cache.size(2) == num_kv_heads && k_cache.size(3) == key.size(2) &&
+              v_cache.size(0) == k_cache.size(0) && v_cache.size(1) == k_cache.size(1) &&
+              v_cache.size(2) == num_kv_heads && v_cache.size(3) == value.size(2),
+              op, ": key, value and cache shapes disagree");
+  TORCH_CHECK(key.scalar_type() == value.scalar_type(), op, ": key and value dtypes differ");
+  const DType dtype = activation_dtype(key, op);
+  TORCH_CHECK(slot_mapping.dim() == 1 && slot_mapping.size(0) == num_tokens,
+              op, ": slot_mapping must be (T,)");
+  if (num_tokens == 0) return;
+  auto kc = key.stride(2) == 1 ? key : key.contiguous();
+  auto vc = value.stride(2) == 1 ? value : value.contiguous();
+  auto slots = slot_mapping.scalar_type() == torch::kInt64 && slot_mapping.is_contiguous()
+                   ? slot_mapping : slot_mapping.to(torch::kInt64).contiguous();
+  const int64_t* s = slots.data_ptr<int64_t>();
+  const int64_t num_slots = k_cache.size(0) * k_cache.size(1);
+  for (int64_t t = 0; t < num_tokens; ++t)
+    TORCH_CHECK(s[t] < num_slots, op, ": slot ", s[t], " is past the cache's ", num_slots, " slots");
+  infbench_cpu::KVStoreInt8 p{
+      {kc.data_ptr(), kc.stride(0), kc.stride(1), vc.data_ptr(), vc.stride(0), vc.stride(1),
+       k_cache.data_ptr(), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+       v_cache.data_ptr(), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+       num_kv_heads, key.size(2), value.size(2), k_cache.size(1), 1},
+      dtype,
+      k_scales.data_ptr<float>(), k_scales.stride(0), k_scales.stride(1), k_scales.stride(2),
+      v_scales.data_ptr<float>(), v_scales.stride(0), v_scales.stride(1), v_scales.stride(2)};
+  infbench_cpu::store_kv_int8(p, s, num_tokens);
+}
+
+}  // namespace
+
+void bind_kv_quant(pybind11::module_& m) {
+  m.def("paged_decode_attention_int8", &paged_decode_attention_int8,
+        "paged decode attention over an int8 KV cache with per-token, per-head scales",
+        py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("k_scales"),
+        py::arg("v_scales"), py::arg("block_tables"), py::arg("context_lens"), py::arg("scale"),
+        py::arg("window") = py::none());
+  m.def("prefill_attention_int8", &prefill_attention_int8,
+        "varlen causal prefill attention over an int8 KV cache",
+        py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("k_scales"),
+        py::arg("v_scales"), py::arg("cu_seqlens_q"), py::arg("context_lens"),
+        py::arg("block_tables"), py::arg("scale"), py::arg("window") = py::none());
+  m.def("store_kv_int8", &store_kv_int8,
+        "quantize new keys and values into an int8 paged KV cache (per-token, per-head scales)",
+        py::arg("key"), py::arg("value"), py::arg("k_cache"), py::arg("v_cache"),
+        py::arg("slot_mapping"), py::arg("k_scales"), py::arg("v_scales"));
+}
