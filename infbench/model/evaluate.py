@@ -15,11 +15,17 @@ against the unquantized model of the same dtype.
   new tokens: the fraction of positions whose tokens are equal.  It is not a
   teacher-forced match rate: once the two continuations part, later positions agree
   only when the texts realign, so it falls quickly with the first changed token.
+
+Both take `kv` (`model.quant.kv`: none | int8 | fp8): every key and value a softmax
+attention layer writes then passes through the quantized cache's stored format
+(`kernels/kv_quant.py`: one scale per token per head) before any query reads it, so the
+model sees exactly the values the engine's quantized cache gives back.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -27,8 +33,9 @@ import torch.nn.functional as F
 from infbench.core.config import LayerSpec
 from infbench.core.errors import UserError
 from infbench.core.eval_text import eval_text
-from infbench.model.context import DenseContext, LanguageModel, LayerState
+from infbench.model.context import AttentionContext, DenseContext, LanguageModel, LayerState
 from infbench.model.tokenizer import Tokenizer
+from kernels.kv_quant import KV_QUANT_DTYPES, dequantize_kv_ref, quantize_kv_ref
 
 AGREEMENT_POSITIONS = 32  # new tokens compared per prompt
 NUM_PROMPTS = 8
@@ -67,7 +74,7 @@ def _device(model: torch.nn.Module) -> torch.device:
 
 @torch.inference_mode()
 def perplexity(model: LanguageModel, ids: Sequence[int], window: int = 512,
-               stride: int | None = None) -> float:
+               stride: int | None = None, kv: str = "none") -> float:
     """exp(mean next-token NLL) of `ids` under `model`, window by window.
 
     stride (default `window`): windows start `stride` tokens apart; with stride < window
@@ -91,7 +98,8 @@ def perplexity(model: LanguageModel, ids: Sequence[int], window: int = 512,
             continue
         chunk = all_ids[begin:end]  # (L,)
         positions = torch.arange(end - begin, device=device)  # (L,)
-        hidden = model(chunk, positions, DenseContext.single(end - begin, config))  # (L, H)
+        ctx = _with_kv(DenseContext.single(end - begin, config), kv)
+        hidden = model(chunk, positions, ctx)  # (L, H)
         # hidden row i predicts token begin + i + 1; score targets first..end-1
         logits = model.compute_logits(hidden[first - begin - 1:end - begin - 1])  # (n, V)
         total_nll += F.cross_entropy(logits.float(), all_ids[first:end], reduction="sum").item()
@@ -100,6 +108,39 @@ def perplexity(model: LanguageModel, ids: Sequence[int], window: int = 512,
         if end == len(ids):
             break
     return float(torch.exp(torch.tensor(total_nll / num_scored)).item())
+
+
+class _QuantizedKV:
+    """A context whose softmax-attention K/V pass through the quantized cache format."""
+
+    def __init__(self, inner: AttentionContext, kv: str) -> None:
+        self.inner, self.dtype = inner, KV_QUANT_DTYPES[kv]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    @property
+    def num_decode(self) -> int:
+        return self.inner.num_decode
+
+    def _round_trip(self, x: torch.Tensor) -> torch.Tensor:
+        q, scale = quantize_kv_ref(x, self.dtype)  # (T, Hkv, D), (T, Hkv)
+        return dequantize_kv_ref(q, scale).to(x.dtype)
+
+    def attention(self, layer: LayerSpec, q: torch.Tensor, k: torch.Tensor | None,
+                  v: torch.Tensor | None, scale: float) -> torch.Tensor:
+        if k is not None and v is not None:  # a CLA reader gets its owner's stored K/V
+            k, v = self._round_trip(k), self._round_trip(v)
+        return self.inner.attention(layer, q, k, v, scale)
+
+
+def _with_kv(ctx: Any, kv: str) -> Any:
+    if kv == "none":
+        return ctx
+    if kv not in KV_QUANT_DTYPES:
+        raise UserError(f"quant.kv={kv!r} is unknown; allowed: none, "
+                        f"{', '.join(KV_QUANT_DTYPES)}")
+    return _QuantizedKV(ctx, kv)
 
 
 class _BatchCache:
@@ -152,7 +193,8 @@ class _BatchCache:
 
 @torch.inference_mode()
 def greedy_continuations(model: LanguageModel, prompts: list[list[int]],
-                         new_tokens: int = AGREEMENT_POSITIONS) -> list[list[int]]:
+                         new_tokens: int = AGREEMENT_POSITIONS,
+                         kv: str = "none") -> list[list[int]]:
     """Each prompt continued greedily (argmax) for `new_tokens` tokens, ignoring EOS.
 
     Prompts of one length whose model has softmax attention only run as one batch with a
@@ -174,7 +216,7 @@ def greedy_continuations(model: LanguageModel, prompts: list[list[int]],
         for _ in range(new_tokens):
             num_new = step_ids.shape[1]
             positions = torch.arange(start, start + num_new, device=device).repeat(len(prompts))
-            hidden = model(step_ids.reshape(-1), positions, cache)  # (B*n, H)
+            hidden = model(step_ids.reshape(-1), positions, _with_kv(cache, kv))  # (B*n, H)
             last = hidden.view(len(prompts), num_new, -1)[:, -1]  # (B, H)
             next_ids = model.compute_logits(last).argmax(-1)  # (B,)
             for out, token in zip(outputs, next_ids.tolist(), strict=True):
@@ -188,7 +230,7 @@ def greedy_continuations(model: LanguageModel, prompts: list[list[int]],
         for _ in range(new_tokens):
             ids = torch.tensor(seq, dtype=torch.long, device=device)  # (L,)
             hidden = model(ids, torch.arange(len(seq), device=device),
-                           DenseContext.single(len(seq), config))  # (L, H)
+                           _with_kv(DenseContext.single(len(seq), config), kv))  # (L, H)
             seq.append(int(model.compute_logits(hidden[-1:]).argmax(-1).item()))
         results.append(seq[len(prompt):])
     return results

