@@ -86,7 +86,8 @@ def report(
     as_json: bool = typer.Option(False, "--json",
                                  help="Print the rows as JSON on stdout instead of a table."),
 ) -> None:
-    """Measured vs predicted TTFT, TPOT and throughput, with the model's error %."""
+    """Measured vs predicted TTFT, TPOT and throughput, with the model's error %; results
+    of a scenario with variants also get one row per variant (bytes, speed, accuracy)."""
     from rich.console import Console
 
     from infbench.results.gate import load_results
@@ -97,13 +98,17 @@ def report(
         write_csv,
         write_markdown,
     )
+    from infbench.results.variants import variant_rows, variant_table
 
     loaded = load_results(results)
     df = report_frame(loaded)
+    variants = variant_rows(loaded)
     if as_json:
         _print_json(report_rows(loaded))
     else:
         Console().print(report_table(df))
+        if variants:  # a scenario with `variants:`: one row per variant
+            Console().print(variant_table(variants))
     if markdown is not None:
         write_markdown(df, markdown)
     if csv is not None:
@@ -162,9 +167,11 @@ def plots(
     as_json: bool = typer.Option(False, "--json",
                                  help="Print the written paths as JSON on stdout."),
 ) -> None:
-    """Latency-throughput, distributions and measured-roofline figures."""
+    """Latency-throughput, distributions and measured-roofline figures, and speed vs
+    perplexity when the results carry accuracy (quantized or pruned points)."""
     from infbench.plots.analytic import FIGURE_FORMATS, check_size
     from infbench.plots.measured import (
+        accuracy_speed_figure,
         distributions_figure,
         latency_throughput_figure,
         measured_roofline_figure,
@@ -186,6 +193,9 @@ def plots(
     latency_throughput_figure(loaded, paths["latency_throughput"], size=size)
     distributions_figure(loaded, paths["distributions"], size=size)
     measured_roofline_figure(loaded, paths["roofline_measured"], include_steps=steps, size=size)
+    speed_accuracy = out / f"accuracy_speed.{fmt}"  # only when the results carry perplexity
+    if accuracy_speed_figure(loaded, speed_accuracy, size=size) is not None:
+        paths["accuracy_speed"] = speed_accuracy
     if as_json:
         _print_json({name: str(path) for name, path in paths.items()})
         return

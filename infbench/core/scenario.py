@@ -368,6 +368,15 @@ class Scenario(_Section):
     measure: MeasureSection = Field(default_factory=MeasureSection)
     gate: GateSection | None = None
     sweep: dict[str, list[Any]] = Field(default_factory=dict)
+    variants: list[dict[str, Any]] = Field(default_factory=list)
+    """Named configurations, one after another (not multiplied with each other): each maps
+    dotted keys to values, plus an optional `label`; the sweep and the workload lists run
+    inside each.  For comparing unlike settings in one table (a dtype in one row, a
+    quantization method in the next)."""
+    """Dotted key -> list of values, e.g. {model.attention.kind: [mha, gqa]}."""
+
+    _raw: dict[str, Any] = {}
+    _source: str = "<scenario>"
     """Dotted key -> list of values, e.g. {model.attention.kind: [mha, gqa]}."""
 
     _raw: dict[str, Any] = {}
@@ -436,35 +445,66 @@ class Scenario(_Section):
                 raise ValueError(f"{key}: needs at least one value")
         return value
 
+    @field_validator("variants")
+    @classmethod
+    def _variant_keys(cls, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        labels: set[str] = set()
+        for i, variant in enumerate(value):
+            for key, item in variant.items():
+                if key == "label":
+                    if not isinstance(item, str) or not item:
+                        raise ValueError(f"[{i}].label: must be a non-empty string")
+                    if item in labels:
+                        raise ValueError(f"[{i}].label: {item!r} is used twice")
+                    labels.add(item)
+                elif key.split(".")[0] not in _SECTIONS:
+                    raise ValueError(f"[{i}].{key}: unknown key; allowed: label, keys under "
+                                     f"{', '.join(_SECTIONS)}")
+        return value
+
     @property
     def source(self) -> str:
         return self._source
 
     def points(self) -> list[ScenarioPoint]:
-        """Expand the sweep block (outer) and the workload lists (inner) into points."""
-        base = {k: v for k, v in self._raw.items() if k != "sweep"}
+        """Expand the variants (outermost), the sweep block and the workload lists (inner)
+        into points."""
+        base = {k: v for k, v in self._raw.items() if k not in ("sweep", "variants")}
         keys = list(self.sweep)
-        raw_lists = [v for k, v in (self._raw.get("workload") or {}).items()
-                     if k in SWEEPABLE_WORKLOAD and isinstance(v, list)]
-        total = math.prod(len(v) for v in [*self.sweep.values(), *raw_lists])
-        if total > MAX_POINTS:
-            raise UserError(f"{self._source}: the sweeps expand to {total} points; at most "
-                            f"{MAX_POINTS} per scenario (split it into several files)")
+        variants = self.variants or [{}]
         out: list[ScenarioPoint] = []
-        for combo in itertools.product(*self.sweep.values()):
-            sub: Scenario = self
-            if keys:
-                data = copy.deepcopy(base)
-                for key, value in zip(keys, combo, strict=True):
-                    _set_dotted(data, key, value, self._source, what="sweep." + key)
-                sub = _validate(data, self._source, sweep_keys=keys)
-            swept = {_short(k): v for k, v in zip(keys, combo, strict=True)}
-            raw_wl = sub._raw.get("workload") or {}
-            lists = [k for k in SWEEPABLE_WORKLOAD if isinstance(raw_wl.get(k), list)]
-            values = [getattr(sub.workload, k) for k in lists]
-            for wl_combo in itertools.product(*values):
-                point_swept = {**swept, **dict(zip(lists, wl_combo, strict=True))}
-                out.append(sub._point(len(out), point_swept))
+        total = 0
+        for i, variant in enumerate(variants):
+            vdata = base
+            if variant:
+                vdata = copy.deepcopy(base)
+                for key, value in variant.items():
+                    if key != "label":
+                        _set_dotted(vdata, key, value, self._source,
+                                    what=f"variants[{i}].{key}")
+            vsub = _validate(vdata, self._source) if variant else self
+            raw_lists = [v for k, v in (vsub._raw.get("workload") or {}).items()
+                         if k in SWEEPABLE_WORKLOAD and isinstance(v, list)]
+            total += math.prod(len(v) for v in [*self.sweep.values(), *raw_lists])
+            if total > MAX_POINTS:
+                raise UserError(f"{self._source}: the sweeps expand to {total} points; at "
+                                f"most {MAX_POINTS} per scenario (split it into several files)")
+            label = {"variant": variant.get("label") or point_label(
+                {k: v for k, v in variant.items() if k != "label"})} if variant else {}
+            for combo in itertools.product(*self.sweep.values()):
+                sub: Scenario = vsub
+                if keys:
+                    data = copy.deepcopy(vdata)
+                    for key, value in zip(keys, combo, strict=True):
+                        _set_dotted(data, key, value, self._source, what="sweep." + key)
+                    sub = _validate(data, self._source, sweep_keys=keys)
+                swept = {**label, **{_short(k): v for k, v in zip(keys, combo, strict=True)}}
+                raw_wl = sub._raw.get("workload") or {}
+                lists = [k for k in SWEEPABLE_WORKLOAD if isinstance(raw_wl.get(k), list)]
+                values = [getattr(sub.workload, k) for k in lists]
+                for wl_combo in itertools.product(*values):
+                    point_swept = {**swept, **dict(zip(lists, wl_combo, strict=True))}
+                    out.append(sub._point(len(out), point_swept))
         return out
 
     def _model_source(self) -> dict[str, str]:

@@ -429,3 +429,47 @@ def distributions_figure(results: list[dict[str, Any]], out: str | os.PathLike[s
         ax_pct.legend(handles=handles, fontsize="x-small", ncols=2, loc="best")
         path = save_figure(fig, Path(out))
     return {"itl_cdf": itl, "percentiles": pct, "path": str(path), "figure": fig}
+
+
+def accuracy_speed_figure(results: list[dict[str, Any]], out: str | os.PathLike[str],
+                          size: str = "column") -> dict[str, Any] | None:
+    """x: perplexity on the held-out text; y: decode tokens/s; one marker per variant and
+    batch size (results/variants.py).  None (nothing written) when no result carries a
+    perplexity (`accuracy`, measured on quantized and pruned points)."""
+    from matplotlib.lines import Line2D
+
+    from infbench.plots.analytic import figure_style, new_figure, save_figure
+    from infbench.results.variants import variant_rows
+
+    rows = [r for r in variant_rows(results) if r["perplexity"] is not None]
+    if not rows:
+        return None
+    batches = sorted({b for r in rows for b in r["decode_tokens_per_s"]})
+    markers = dict(zip(batches, "osD^v<>p*h", strict=False))
+    points: list[dict[str, Any]] = []
+    with figure_style(size):
+        fig = new_figure(size)
+        ax = fig.add_subplot(1, 1, 1)
+        colours = dict(zip([r["variant"] for r in rows], _run_colours(len(rows)), strict=True))
+        for row in rows:
+            for batch, speed in sorted(row["decode_tokens_per_s"].items()):
+                if speed is None:
+                    continue
+                points.append({"variant": row["variant"], "batch_size": batch,
+                               "perplexity": row["perplexity"], "decode_tokens_per_s": speed})
+                ax.plot([row["perplexity"]], [speed], marker=markers.get(batch, "o"),
+                        linestyle="none", color=colours[row["variant"]])
+                ax.annotate(row["variant"], (row["perplexity"], speed),
+                            textcoords="offset points", xytext=(3, 3), fontsize="x-small",
+                            color=colours[row["variant"]])
+        ax.set_xlabel("perplexity, held-out text (lower is better)")
+        ax.set_ylabel("decode tokens/s (higher is better)")
+        ax.set_yscale("log")
+        ax.set_title("Speed vs accuracy\n" + figure_caption(results))
+        ax.grid(True, which="major", alpha=0.3)
+        handles = [Line2D([], [], color="#555555", marker=markers[b], linestyle="none",
+                          label=f"batch {b}") for b in batches if b in markers]
+        legend = ax.legend(handles=handles, fontsize="x-small", loc="best")
+        path = save_figure(fig, Path(out))
+    return {"points": points, "path": str(path), "figure": fig,
+            "legend": [t.get_text() for t in legend.get_texts()]}
