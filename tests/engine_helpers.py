@@ -18,12 +18,13 @@ from infbench.model.context import DenseContext
 
 
 def make_engine(loaded: Any, requests: Sequence[Request], dtype: str = "float32",
-                **engine_kw: Any) -> Engine:
-    """A CPU engine with block size 4 sized for `requests` (or for `kv_cache_memory` bytes)."""
+                kv_quant: str = "none", **engine_kw: Any) -> Engine:
+    """A CPU engine with block size 4 sized for `requests` (or for `kv_cache_memory` bytes);
+    `kv_quant` is model.quant.kv (none | int8)."""
     cfg = EngineConfig(**{"block_size": 4, **engine_kw})
     sizing = KVSizing.for_requests(requests, cfg.block_size,
                                    capped="kv_cache_memory" not in engine_kw)
-    return Engine.create(loaded, cfg, "cpu", dtype, sizing=sizing, seed=0)
+    return Engine.create(loaded, cfg, "cpu", dtype, sizing=sizing, seed=0, kv_quant=kv_quant)
 
 
 @torch.inference_mode()

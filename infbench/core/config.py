@@ -211,7 +211,8 @@ class QuantConfig:
       activation-aware per-input-channel scales) | llm_int8 (int8 with the input columns
       whose activations pass `outlier_threshold` kept in the model dtype).
     calibration_tokens: tokens of calibration text that awq / llm_int8 measure on.
-    kv: none (the model dtype) | int8 | fp8 (one byte per value plus per-token scales).
+    kv: none (the model dtype) | int8 | fp8 (one byte per value plus a float32 scale per
+      token per KV head, `kernels/kv_quant.py`; fp8 is e4m3 and needs a CUDA GPU).
     """
 
     weights: str = "none"
@@ -249,7 +250,15 @@ class QuantConfig:
         return 8.0 * dtype_bytes
 
     def kv_bytes(self, dtype_bytes: int) -> int:
+        """Bytes of one cached K/V value: the model dtype's, or one (int8 / fp8 e4m3)."""
         return dtype_bytes if self.kv == "none" else 1
+
+    @property
+    def kv_scale_bytes(self) -> int:
+        """Bytes of the scale stored beside each row of quantized cached values: one float32
+        per token per KV head for each of K and V (an MLA latent row: one per token), as
+        `kernels/kv_quant.py` stores them; 0 for a cache in the model dtype."""
+        return 0 if self.kv == "none" else 4
 
 
 @dataclass(frozen=True)

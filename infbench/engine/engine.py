@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from infbench.core.config import EngineConfig, ModelConfig
-from infbench.core.errors import DoesNotFitError, UserError
+from infbench.core.errors import ConfigError, DoesNotFitError, UserError
 from infbench.engine.backend import get_ops
 from infbench.engine.block_manager import BlockManager, StateSlots
 from infbench.engine.cuda_graphs import DecodeGraphs
@@ -28,6 +28,8 @@ from infbench.engine.kv_cache import (
     StatePool,
     kv_budget_bytes,
     kv_bytes_per_token_for,
+    kv_quant_refusal,
+    kv_value_dtype,
     plan_num_blocks,
 )
 from infbench.engine.kv_groups import GroupedBlockManager, kv_group_windows, plan_group_blocks
@@ -87,18 +89,26 @@ class KVSizing:
 class Engine:
     @classmethod
     def create(cls, loaded: LoadedModel, engine_cfg: EngineConfig, device: str | torch.device,
-               dtype: str, *, sizing: KVSizing, seed: int = 0) -> Engine:
-        """An engine over a loaded model; EOS comes from its tokenizer (None without one)."""
+               dtype: str, *, sizing: KVSizing, seed: int = 0, kv_quant: str = "none") -> Engine:
+        """An engine over a loaded model; EOS comes from its tokenizer (None without one).
+
+        `kv_quant` (`model.quant.kv`): none (the KV cache in `dtype`), int8, or fp8 (CUDA).
+        """
         tok = loaded.tokenizer
         return cls(loaded.model, loaded.config, engine_cfg, torch.device(device), dtype,
                    weight_bytes=loaded.weight_bytes, sizing=sizing, seed=seed,
-                   eos_token_id=tok.eos_token_id if tok is not None else None)
+                   eos_token_id=tok.eos_token_id if tok is not None else None,
+                   kv_quant=kv_quant)
 
     def __init__(self, model: LanguageModel, cfg: ModelConfig, engine_cfg: EngineConfig,
                  device: torch.device, dtype: str, *, weight_bytes: int,
                  sizing: KVSizing | None = None, seed: int = 0,
-                 eos_token_id: int | None = None) -> None:
+                 eos_token_id: int | None = None, kv_quant: str = "none") -> None:
         sizing = sizing or KVSizing()
+        reason = kv_quant_refusal(kv_quant, device, cfg)
+        if reason is not None:
+            raise ConfigError(f"model.quant.kv={kv_quant!r}: {reason}")
+        self.kv_quant = kv_quant
         self.model = model
         self.cfg = cfg
         self.engine_cfg = engine_cfg
@@ -115,26 +125,29 @@ class Engine:
                 use_cpu_linears(model, self.ops.name)
         if hasattr(model, "set_ops"):
             model.set_ops(self.ops)
-        elem = torch.empty(0, dtype=self.dtype).element_size()
+        elem = kv_value_dtype(kv_quant, self.dtype).itemsize  # bytes of one cached value
         # Layers with different windows get one KV pool each (engine/kv_groups.py).
         self.kv_windows = kv_group_windows(cfg)
         num_blocks: int | list[int]
         if sizing.num_kv_blocks is not None:
             num_blocks = fixed_num_blocks(cfg, engine_cfg, sizing, len(self.kv_windows))
             self.kv_budget_bytes = sizing.num_kv_blocks * engine_cfg.block_size * sum(
-                kv_bytes_per_token_for(cfg, elem, g) for g in range(len(self.kv_windows)))
+                kv_bytes_per_token_for(cfg, elem, g, kv_quant)
+                for g in range(len(self.kv_windows)))
         elif len(self.kv_windows) > 1:
             self.kv_budget_bytes = kv_budget_bytes(engine_cfg, device)
             num_blocks = plan_group_blocks(
                 cfg, engine_cfg,
-                [kv_bytes_per_token_for(cfg, elem, g) for g in range(len(self.kv_windows))],
+                [kv_bytes_per_token_for(cfg, elem, g, kv_quant)
+                 for g in range(len(self.kv_windows))],
                 self.kv_budget_bytes, weight_bytes, sizing.max_tokens_needed,
                 sizing.min_seq_tokens)
         else:
             num_blocks, self.kv_budget_bytes = plan_num_blocks(
-                cfg, engine_cfg, kv_bytes_per_token_for(cfg, elem), weight_bytes, device,
+                cfg, engine_cfg, kv_bytes_per_token_for(cfg, elem, kv_quant=kv_quant),
+                weight_bytes, device,
                 sizing.max_tokens_needed, sizing.min_seq_tokens)
-        self.kv = KVCache(cfg, num_blocks, engine_cfg.block_size, self.dtype, device)
+        self.kv = KVCache(cfg, num_blocks, engine_cfg.block_size, self.dtype, device, kv_quant)
         self._group_slot_bytes = [self.kv.group_bytes_per_token(g)
                                   for g in range(len(self.kv.group_num_blocks))]
         # Constant-state schemes reserve one state slot per running sequence instead of blocks.

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from infbench.core.checkpoint_config import model_source
-from infbench.core.config import DTYPES, EngineConfig, ModelConfig
+from infbench.core.config import DTYPES, KV_QUANT, EngineConfig, ModelConfig
 from infbench.core.device import auto_dtype, available_memory_bytes, resolve_device
 from infbench.core.errors import UserError
 from infbench.engine.engine import Engine, KVSizing
@@ -74,7 +74,9 @@ class LLM:
     `kv_cache_memory` is a fraction of the memory free after the weights (<= 1) or bytes
     (> 1); unset, 0.9 on a GPU and min(4 GiB, 0.9 of free RAM) on a CPU.  `num_kv_blocks`
     fixes the pool instead.  Either way it never exceeds what `max_num_seqs` sequences of
-    `max_model_len` tokens can occupy.
+    `max_model_len` tokens can occupy.  `kv_quant` stores the KV cache as int8 (or fp8 on
+    a CUDA GPU of compute capability 8.9+) with per-token, per-head scales, as the
+    scenario key `model.quant.kv` does.
     """
 
     def __init__(
@@ -93,7 +95,10 @@ class LLM:
         backend: str = _ENGINE_DEFAULTS.backend,
         seed: int = 0,
         num_threads: int | None = None,
+        kv_quant: str = "none",
     ) -> None:
+        if kv_quant not in KV_QUANT:
+            raise UserError(f"kv_quant={kv_quant!r}: allowed: {', '.join(KV_QUANT)}")
         if kv_cache_memory is not None and num_kv_blocks is not None:
             raise UserError("give kv_cache_memory or num_kv_blocks, not both")
         if num_kv_blocks is not None:
@@ -131,7 +136,7 @@ class LLM:
         sizing = KVSizing.for_max_model_len(self.max_model_len, self.engine_config,
                                             num_kv_blocks)
         self.engine = Engine.create(self._loaded, self.engine_config, self.device, self.dtype,
-                                    sizing=sizing, seed=seed)
+                                    sizing=sizing, seed=seed, kv_quant=kv_quant)
         self._ids = itertools.count()
 
     @property

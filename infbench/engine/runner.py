@@ -147,9 +147,9 @@ class PagedAttentionContext:
     def decode_layer_args(self, layer: LayerSpec) -> tuple[torch.Tensor, ...] | None:
         """(k_cache, v_cache, slot_mapping, decode_tables, decode_context_lens) of `layer` for
         a fused decode layer (model/fused_decode.py) when every token of this step is a
-        single-token decode; None otherwise."""
+        single-token decode and the layer's cache is unquantized; None otherwise."""
         inp = self.inputs
-        if inp.num_decode != inp.input_ids.shape[0]:
+        if inp.num_decode != inp.input_ids.shape[0] or self.kv.scales(layer)[0] is not None:
             return None
         slot_mapping, decode_tables, _ = self.paged(layer)
         k_cache, v_cache = self.kv.layer(layer)
@@ -160,25 +160,27 @@ class PagedAttentionContext:
         inp = self.inputs
         slot_mapping, decode_tables, prefill_tables = self.paged(layer)
         k_cache, v_cache = self.kv.layer(layer)
+        # A quantized cache (model.quant.kv) has its scales beside it; else (None, None).
+        k_scales, v_scales = self.kv.scales(layer)
         if k is not None and v is not None:  # CLA non-owners reuse their group's cache
-            self.ops.store_kv(k, v, k_cache, v_cache, slot_mapping)
+            self.ops.store_kv(k, v, k_cache, v_cache, slot_mapping, k_scales, v_scales)
         nd = inp.num_decode
         if nd == q.shape[0]:
             return self.ops.decode_attention(  # type: ignore[no-any-return]
                 q, k_cache, v_cache, decode_tables, inp.decode_context_lens, scale,
-                layer.window)
+                layer.window, k_scales=k_scales, v_scales=v_scales)
         if nd == 0:
             return self.ops.prefill_attention(  # type: ignore[no-any-return]
                 q, k_cache, v_cache, inp.prefill_cu_seqlens, inp.prefill_context_lens,
-                prefill_tables, scale, layer.window)
+                prefill_tables, scale, layer.window, k_scales=k_scales, v_scales=v_scales)
         out = torch.empty(q.shape[0], q.shape[1], v_cache.shape[-1], dtype=q.dtype,
                           device=q.device)  # (T, Hq, Dv)
         out[:nd] = self.ops.decode_attention(
             q[:nd], k_cache, v_cache, decode_tables, inp.decode_context_lens, scale,
-            layer.window)
+            layer.window, k_scales=k_scales, v_scales=v_scales)
         out[nd:] = self.ops.prefill_attention(
             q[nd:], k_cache, v_cache, inp.prefill_cu_seqlens, inp.prefill_context_lens,
-            prefill_tables, scale, layer.window)
+            prefill_tables, scale, layer.window, k_scales=k_scales, v_scales=v_scales)
         return out
 
 

@@ -134,6 +134,7 @@ def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None
 
     from infbench.core.hardware import get_hardware
     from infbench.engine.engine import Engine, KVSizing
+    from infbench.engine.kv_cache import kv_quant_refusal
     from infbench.measure import metrics as metrics_mod
     from infbench.measure.calibrate import measure_reference_bandwidth
     from infbench.measure.prediction import predict_point
@@ -145,11 +146,14 @@ def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None
     cache = cache or ModelCache()
     dev = resolve_device(device or point.device)
     quant = point.quant_config()
-    if quant.kv != "none":
-        raise UserError(
-            f"{point.source}: model.quant.kv={quant.kv!r} is priced by `infbench predict`, but "
-            "the engine's KV cache runs in the model dtype for now; allowed in `infbench run`: "
-            "none")
+
+    def refuse_kv_quant(cfg: Any = None) -> None:
+        """model.quant.kv the device (or, given cfg, the model) cannot run: one line."""
+        reason = kv_quant_refusal(quant.kv, torch.device(dev), cfg)
+        if reason is not None:
+            raise UserError(f"{point.source}: model.quant.kv={quant.kv!r}: {reason}")
+
+    refuse_kv_quant()  # the device, before the model is loaded
     if quant.weights == "native":
         raise UserError(
             f"{point.source}: model.quant.weights=native is not available in `infbench run` yet;"
@@ -176,6 +180,7 @@ def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None
                                                overrides=overrides, weights=weights,
                                                quant=quant))
     cfg = loaded.config
+    refuse_kv_quant(cfg)
     tok = loaded.tokenizer
     eos = tok.eos_token_id if tok is not None else None
     requests = generate_requests(point.workload, cfg.vocab_size, tokenizer=tok, eos_token_id=eos)
@@ -188,7 +193,8 @@ def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None
     with warnings.catch_warnings():  # reported below, once per point, from engine.disabled
         warnings.filterwarnings("ignore", message="engine.cuda_graphs ignored")
         engine = Engine.create(loaded, engine_cfg, dev, point.dtype, seed=seed,
-                               sizing=KVSizing.for_requests(requests, engine_cfg.block_size))
+                               sizing=KVSizing.for_requests(requests, engine_cfg.block_size),
+                               kv_quant=quant.kv)
     for item in engine.disabled:
         print(f"note: {point.name} point {point.index} ({point.label}): engine.{item['feature']} "
               f"is off for this model: {item['reason']}", file=sys.stderr)

@@ -85,16 +85,17 @@ def _norm(acc: Totals, tokens: float, width: int, a: int) -> None:
 
 
 def _attention(acc: Totals, cfg: ModelConfig, spec: LayerSpec, groups: Groups, t: int,
-               a: int, kvb: int) -> None:
+               a: int, kvb: int, sb: int) -> None:
     d, h, hd, kvh = cfg.hidden_size, cfg.num_heads, cfg.dim_head, cfg.kv_heads
     kv_width = 2 * kvh * hd if spec.owns_kv else 0
+    kv_scales = 2 * kvh * sb if spec.owns_kv else 0  # a quantized cache's row scales
     add(acc, "qkv_proj", "matmul", flops=2.0 * t * d * (h * hd + kv_width),
-        act=t * (d + h * hd) * a, kv_write=t * kv_width * kvb)
+        act=t * (d + h * hd) * a, kv_write=t * (kv_width * kvb + kv_scales))
     for sw, n in groups:
         pairs = attended_pairs(sw.context_len, sw.query_len, spec.window)
         keys = kv_tokens_read(sw.context_len, sw.query_len, spec.window)
         # CLA layers without their own cache read the owner's: the read is still paid.
-        kv = n * keys * kvh * hd * kvb
+        kv = n * keys * kvh * (hd * kvb + sb)
         act = n * sw.query_len * h * hd * a
         add(acc, "attn_score", "attention", flops=2.0 * n * pairs * h * hd, kv_read=kv, act=act)
         add(acc, "attn_value", "attention", flops=2.0 * n * pairs * h * hd, kv_read=kv, act=act)
@@ -113,7 +114,7 @@ def mla_absorbed_is_cheaper(cfg: ModelConfig, sw: SeqWork, window: int | None) -
 
 
 def _mla(acc: Totals, cfg: ModelConfig, spec: LayerSpec, groups: Groups, t: int, a: int,
-         kvb: int) -> None:
+         kvb: int, sb: int) -> None:
     d, h = cfg.hidden_size, cfg.num_heads
     r, rope, nope, v = mla_dims(cfg)
     qlr = cfg.attention.q_lora_rank
@@ -125,13 +126,13 @@ def _mla(acc: Totals, cfg: ModelConfig, spec: LayerSpec, groups: Groups, t: int,
         _matmul(acc, "qkv_proj", t, qlr, h * (nope + rope), a)
     # kv_a: the latent and the shared RoPE key go straight to the cache (kv_a norm fused).
     add(acc, "qkv_proj", "matmul", flops=2.0 * t * d * (r + rope), act=t * d * a,
-        kv_write=t * (r + rope) * kvb if spec.has_kv_cache else 0.0)
+        kv_write=t * ((r + rope) * kvb + sb) if spec.has_kv_cache else 0.0)
     _norm(acc, t, r, a)
     for sw, n in groups:
         q = sw.query_len
         pairs = attended_pairs(sw.context_len, q, spec.window)
         keys = kv_tokens_read(sw.context_len, q, spec.window)
-        latent = n * keys * (r + rope) * kvb
+        latent = n * keys * ((r + rope) * kvb + sb)
         if mla_absorbed_is_cheaper(cfg, sw, spec.window):
             # W_UK folds into the query and W_UV into the output: kv_b runs on q tokens.
             add(acc, "qkv_proj", "matmul", flops=2.0 * n * q * r * h * (nope + v),
@@ -213,14 +214,15 @@ def _mlp(acc: Totals, cfg: ModelConfig, spec: LayerSpec, t: int, a: int) -> None
 
 def layer_costs(cfg: ModelConfig, spec: LayerSpec, groups: Groups, a: int, kvb: int,
                 quant: QuantConfig) -> Totals:
-    """Operator totals of one layer; `a` is the model dtype's bytes, `kvb` the KV bytes."""
+    """Operator totals of one layer; `a` is the model dtype's bytes, `kvb` the bytes of a
+    cached value (a quantized cache adds `quant.kv_scale_bytes` per stored row)."""
     t = sum(sw.query_len * n for sw, n in groups)
     acc: Totals = {}
     _norm(acc, t, cfg.hidden_size, a)
     if spec.mixer == "attention":
-        _attention(acc, cfg, spec, groups, t, a, kvb)
+        _attention(acc, cfg, spec, groups, t, a, kvb, quant.kv_scale_bytes)
     elif spec.mixer == "mla":
-        _mla(acc, cfg, spec, groups, t, a, kvb)
+        _mla(acc, cfg, spec, groups, t, a, kvb, quant.kv_scale_bytes)
     elif spec.mixer == "linear":
         _linear_attention(acc, cfg, spec, groups, t, a)
     else:

@@ -207,31 +207,39 @@ def weight_bytes(cfg: ModelConfig, dtype: str, quant: QuantConfig | None = None)
     return math.ceil(sum(w.nbytes(q, nbytes) for w in _all_weights(cfg)))
 
 
-def layer_kv_bytes_per_token(cfg: ModelConfig, spec: LayerSpec, kv_bytes: int) -> int:
-    """KV bytes one token adds to this layer's cache (0 if the layer holds no KV)."""
+def layer_kv_bytes_per_token(cfg: ModelConfig, spec: LayerSpec, kv_bytes: int,
+                             scale_bytes: int = 0) -> int:
+    """KV bytes one token adds to this layer's cache (0 if the layer holds no KV).
+
+    `scale_bytes`: a quantized cache's scale per stored row (`QuantConfig.kv_scale_bytes`):
+    one per KV head for K and one for V, or one per MLA latent row.
+    """
     if not spec.has_kv_cache:
         return 0
     if spec.mixer == "mla":
         r, rope, _, _ = mla_dims(cfg)
-        return (r + rope) * kv_bytes
-    return 2 * cfg.kv_heads * cfg.dim_head * kv_bytes
+        return (r + rope) * kv_bytes + scale_bytes
+    return 2 * cfg.kv_heads * (cfg.dim_head * kv_bytes + scale_bytes)
 
 
 def kv_bytes_per_token(cfg: ModelConfig, dtype: str, quant: QuantConfig | None = None) -> int:
-    """KV-cache bytes per token summed over the layers that hold a cache."""
-    kvb = (quant or QuantConfig()).kv_bytes(dtype_bytes(dtype))
-    return sum(layer_kv_bytes_per_token(cfg, spec, kvb) for spec in cfg.layers())
+    """KV-cache bytes per token summed over the layers that hold a cache (scales included)."""
+    q = quant or QuantConfig()
+    kvb = q.kv_bytes(dtype_bytes(dtype))
+    return sum(layer_kv_bytes_per_token(cfg, spec, kvb, q.kv_scale_bytes)
+               for spec in cfg.layers())
 
 
 def kv_cache_bytes(
     cfg: ModelConfig, dtype: str, quant: QuantConfig | None, context_len: int, batch: int
 ) -> int:
     """KV cache of `batch` sequences of `context_len` tokens (sliding layers keep the window)."""
-    kvb = (quant or QuantConfig()).kv_bytes(dtype_bytes(dtype))
+    q = quant or QuantConfig()
+    kvb = q.kv_bytes(dtype_bytes(dtype))
     per_seq = 0
     for spec in cfg.layers():
         held = context_len if spec.window is None else min(context_len, spec.window)
-        per_seq += layer_kv_bytes_per_token(cfg, spec, kvb) * held
+        per_seq += layer_kv_bytes_per_token(cfg, spec, kvb, q.kv_scale_bytes) * held
     return per_seq * batch
 
 

@@ -74,18 +74,18 @@ class KVRow:
         return asdict(self)
 
 
-def mha_kv_bytes_per_token(cfg: ModelConfig, kv_bytes: int) -> int:
+def mha_kv_bytes_per_token(cfg: ModelConfig, kv_bytes: int, scale_bytes: int = 0) -> int:
     """KV per token of full MHA with the same layers, heads and head dims.
 
     For MLA that is the decompressed per-head K (nope + rope) and V a plain cache
-    would hold.
+    would hold.  `scale_bytes`: a quantized cache's scale per head per K and per V row.
     """
     if cfg.attention.kind == "mla":
         _, rope, nope, v = mla_dims(cfg)
-        per_layer = cfg.num_heads * (nope + rope + v)
+        per_layer = cfg.num_heads * ((nope + rope + v) * kv_bytes + 2 * scale_bytes)
     else:
-        per_layer = 2 * cfg.num_heads * cfg.dim_head
-    return cfg.num_layers * per_layer * kv_bytes
+        per_layer = 2 * cfg.num_heads * (cfg.dim_head * kv_bytes + scale_bytes)
+    return cfg.num_layers * per_layer
 
 
 def kv_rows(models: Sequence[ModelConfig], *, context_len: int, batch: int, hw: HardwareSpec,
@@ -98,7 +98,7 @@ def kv_rows(models: Sequence[ModelConfig], *, context_len: int, batch: int, hw: 
     for cfg in models:
         kv = kv_cache_bytes(cfg, dtype, quant, context_len, batch)
         state = state_bytes_per_seq(cfg, dtype)
-        mha = mha_kv_bytes_per_token(cfg, kvb) * context_len * batch
+        mha = mha_kv_bytes_per_token(cfg, kvb, quant.kv_scale_bytes) * context_len * batch
         rows.append(KVRow(
             model=cfg.name, attention=cfg.attention.kind, kv_heads=cfg.kv_heads,
             kv_bytes_per_token=kv_bytes_per_token(cfg, dtype, quant), kv_cache_bytes=kv,

@@ -67,7 +67,8 @@ def test_predict_flags_change_the_model(monkeypatch, capsys) -> None:
     assert cla["kv_bytes_per_token"] == gqa["kv_bytes_per_token"] // 2
     fp8 = run_json([*base, "--kv-heads", "8", "--kv-dtype", "fp8", "--quant", "int4"],
                    monkeypatch, capsys)[0]
-    assert fp8["kv_bytes_per_token"] == gqa["kv_bytes_per_token"] // 2
+    # one byte per value plus a float32 scale per token, layer and KV head for K and V
+    assert fp8["kv_bytes_per_token"] == gqa["kv_bytes_per_token"] // 2 + 40 * 2 * 8 * 4
     assert fp8["weight_bytes"] < 0.35 * gqa["weight_bytes"]
     ssm = run_json([*base, "--attention", "ssm", "--d-state", "32", "--attn-every", "8"],
                    monkeypatch, capsys)[0]

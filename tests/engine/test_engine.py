@@ -85,19 +85,27 @@ def test_samples_share_prompt_blocks_and_diverge():
     assert all(t < vocab for v in first.values() for t in v)
 
 
-def test_kv_bytes_per_token_match_the_analytic_model():
+@pytest.mark.parametrize("kv_quant", ["none", "int8"])
+def test_kv_bytes_per_token_match_the_analytic_model(kv_quant):
+    """What the pool allocates per token (values and, quantized, their scales) is what
+    `roofline.kv_bytes_per_token` prices, for every softmax-attention scheme."""
+    from infbench.core.config import QuantConfig
     from infbench.roofline.costs import kv_bytes_per_token
 
     for preset, over in [("tiny", {}), ("tiny", {"attention": {"kind": "mha"}}),
                          ("tiny", {"attention": {"kind": "mqa"}}),
-                         ("tiny", {"attention": {"kind": "cla", "cla_group": 2}})]:
+                         ("tiny", {"attention": {"kind": "cla", "cla_group": 2}}),
+                         ("tiny", {"num_layers": 4, "attention": {
+                             "kind": "sliding", "window": 8, "global_every": 2}})]:
         loaded = _loaded(preset, **over)
         reqs = _requests([4], gen=2, vocab=loaded.config.vocab_size)
-        engine = _engine(loaded, reqs)
         cfg: ModelConfig = loaded.config
-        from infbench.core.config import QuantConfig
-
-        assert engine.kv.bytes_per_token == kv_bytes_per_token(cfg, "float32", QuantConfig())
+        for dtype in ("float32", "bfloat16"):
+            engine = _engine(loaded, reqs, dtype=dtype, kv_quant=kv_quant)
+            predicted = kv_bytes_per_token(cfg, dtype, QuantConfig(kv=kv_quant))
+            assert engine.kv.bytes_per_token == predicted, (over, dtype)
+            if len(engine.kv.group_num_blocks) == 1:  # every tensor has num_blocks blocks
+                assert engine.kv.total_bytes == engine.kv.num_blocks * 4 * predicted
 
 
 def test_sliding_window_cache_stays_bounded():

@@ -77,8 +77,25 @@ def test_kv_bytes_per_token_published_values() -> None:
     assert kv_bytes_per_token(ModelConfig.from_name("llama2-13b"), BF16) == 819_200
     # MLA caches the 512-dim latent plus the 64-dim shared RoPE key per layer.
     assert kv_bytes_per_token(ModelConfig.from_name("deepseek-v2"), BF16) == (512 + 64) * 2 * 60
-    assert kv_bytes_per_token(ModelConfig.from_name("llama2-7b"), BF16,
-                              QuantConfig(kv="fp8")) == 524_288 // 2
+    # One byte per value plus a float32 scale per token per KV head for K and for V
+    # (kernels/kv_quant.py): 32 layers x 2 x 32 heads x (128 + 4) bytes.
+    for kv in ("fp8", "int8"):
+        assert kv_bytes_per_token(ModelConfig.from_name("llama2-7b"), BF16,
+                                  QuantConfig(kv=kv)) == 524_288 // 2 + 32 * 2 * 32 * 4
+    # MLA: one scale per latent row.
+    assert kv_bytes_per_token(ModelConfig.from_name("deepseek-v2"), BF16,
+                              QuantConfig(kv="int8")) == (512 + 64 + 4) * 60
+
+
+def test_quantized_kv_reads_and_writes_price_the_scales() -> None:
+    """Decode attention reads, and the QKV projection writes, values plus their scales."""
+    cfg = ModelConfig.from_name("llama3-8b")  # 32 layers, 8 KV heads of 128
+    plain = ops_by_name(cfg, decode(4, 2000))
+    int8 = ops_by_name(cfg, decode(4, 2000), quant=QuantConfig(kv="int8"))
+    per_row = 128 + 4  # int8 values + a float32 scale, per token per KV head
+    assert int8["attn_score"].kv_read_bytes == 4 * 2000 * 32 * 8 * per_row
+    assert int8["attn_score"].kv_read_bytes * 256 == plain["attn_score"].kv_read_bytes * per_row
+    assert int8["qkv_proj"].kv_write_bytes == 4 * 32 * 2 * 8 * per_row
 
 
 def test_sliding_window_caps_the_cache() -> None:
