@@ -48,6 +48,9 @@ def eval_command(
                                    help="Greedy tokens compared per prompt."),
     device: str = typer.Option("cpu", "--device", callback=opt.device,
                                help=opt.choices(opt.DEVICES)),
+    backend: str = typer.Option("auto", "--backend", callback=opt.backend,
+                                help=f"{opt.choices(opt.BACKENDS)}: the engine's kernels both "
+                                     "models run on."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
     out: Path | None = typer.Option(None, "--out", callback=opt.output_file,
                                     help="Also write the JSON object to this file."),
@@ -58,7 +61,7 @@ def eval_command(
 
     from infbench.core.config import QuantConfig
     from infbench.core.device import auto_dtype, resolve_device
-    from infbench.measure.accuracy import EvalPlan, compare, model_figures
+    from infbench.measure.accuracy import EvalPlan, compare, model_figures, use_backend
     from infbench.model.loader import load_model
 
     console = Console(stderr=True, soft_wrap=True)
@@ -73,17 +76,19 @@ def eval_command(
     candidate = load_model(source, dtype=dtype, device=dev, quant=qc if is_quantized else None)
     console.print(f"note: {model}: {candidate.source}; weights {candidate.weights}",
                   highlight=False)
+    backend = use_backend(candidate, backend)
     figures = model_figures(candidate, plan, with_continuations=is_quantized, kv=kv)
     candidate_bytes = candidate.weight_bytes
     reference_figures = reference_bytes = None
     if is_quantized:
         del candidate  # one model resident at a time
         reference = load_model(source, dtype=dtype, device=dev)
+        use_backend(reference, backend)
         reference_bytes = reference.weight_bytes
         reference_figures = model_figures(reference, plan, with_continuations=True)
     result = compare(figures, reference_figures, plan)
     doc: dict[str, Any] = {
-        "model": model, "dtype": dtype, "device": dev,
+        "model": model, "dtype": dtype, "device": dev, "backend": backend,
         "quant": {"weights": quant, "group_size": group_size, "method": method, "kv": kv},
         **result.to_dict(),
         "weight_bytes": candidate_bytes,

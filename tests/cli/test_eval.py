@@ -37,6 +37,7 @@ def test_unquantized_json(tiny_dir: Path, capsys: pytest.CaptureFixture[str],
     assert doc["reference"] == "the model itself" and doc["greedy_agreement"] == 1.0
     assert doc["reference_perplexity"] == doc["perplexity"] and doc["perplexity_change"] == 0
     assert doc["tokens"] == 200 and doc["window"] == 64 and doc["quant"]["weights"] == "none"
+    assert doc["backend"] in ("cpu", "torch")  # auto: the C++ kernels where they build
     assert doc["text_id"].endswith("split=test") and "CPython" in doc["text_id"]
 
 
@@ -91,3 +92,24 @@ def test_model_without_tokenizer_subprocess() -> None:
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.strip().splitlines()[-1].startswith("error: model ")
     assert "has no tokenizer" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_int8_kv_cache(tiny_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, stdout, stderr = run_args(["eval", "--model", str(tiny_dir), *SMALL, "--kv", "int8",
+                                     "--json"], capsys)
+    assert code == 0, stderr
+    doc = json.loads(stdout)
+    assert doc["quant"]["kv"] == "int8" and doc["quant"]["weights"] == "none"
+    assert doc["weight_bytes"] == doc["reference_weight_bytes"]  # the weights are untouched
+    assert doc["perplexity"] == pytest.approx(doc["reference_perplexity"], rel=1e-2)
+    assert doc["agreement_prompts"] == 3 and 0.0 <= doc["greedy_agreement"] <= 1.0
+
+
+def test_fp8_kv_cache_on_a_cpu_is_the_engines_one_line(tiny_dir: Path,
+                                                       capsys: pytest.CaptureFixture[str]
+                                                       ) -> None:
+    code, stdout, stderr = run_args(["eval", "--model", str(tiny_dir), *SMALL, "--kv", "fp8",
+                                     "--device", "cpu"], capsys)
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert code == 2 and stdout == "" and len(errors) == 1
+    assert "fp8 (e4m3) KV runs on CUDA GPUs only" in errors[0]
