@@ -62,8 +62,8 @@ class Loaded(Protocol):
 
 
 # ------------------------------------------------------------ calibration tokens
-def calibration_ids(loaded: Loaded, num_tokens: int, seed: int = 0) -> tuple[torch.Tensor,
-                                                                                     str]:
+def calibration_ids(loaded: Loaded, num_tokens: int,
+                    seed: int = 0) -> tuple[torch.Tensor, str]:
     """(ids (N,), what they are): the calibration split of the evaluation text, or seeded
     random ids for a model without a tokenizer (its layers are scored on those)."""
     if loaded.tokenizer is not None:
@@ -109,7 +109,7 @@ def block_influence(model: Transformer, windows: Sequence[torch.Tensor]) -> list
 
 
 def drop_layers(model: Transformer, k: int, scores: Sequence[float]) -> list[int]:
-    """Remove the `k` layers with the lowest scores (ties: the later layer first kept);
+    """Remove the `k` layers with the lowest scores (of equal scores, the earlier layer goes);
     returns their original indices, ascending.  The model's config, layer specs and each
     mixer's LayerSpec are renumbered for the layers that remain."""
     n = len(model.layers)
