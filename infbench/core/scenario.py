@@ -368,16 +368,12 @@ class Scenario(_Section):
     measure: MeasureSection = Field(default_factory=MeasureSection)
     gate: GateSection | None = None
     sweep: dict[str, list[Any]] = Field(default_factory=dict)
+    """Dotted key -> list of values, e.g. {model.attention.kind: [mha, gqa]}."""
     variants: list[dict[str, Any]] = Field(default_factory=list)
     """Named configurations, one after another (not multiplied with each other): each maps
     dotted keys to values, plus an optional `label`; the sweep and the workload lists run
     inside each.  For comparing unlike settings in one table (a dtype in one row, a
     quantization method in the next)."""
-    """Dotted key -> list of values, e.g. {model.attention.kind: [mha, gqa]}."""
-
-    _raw: dict[str, Any] = {}
-    _source: str = "<scenario>"
-    """Dotted key -> list of values, e.g. {model.attention.kind: [mha, gqa]}."""
 
     _raw: dict[str, Any] = {}
     _source: str = "<scenario>"
