@@ -7,6 +7,7 @@ problem the user can fix is a one-line `UserError` naming the file and the key.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import math
@@ -16,8 +17,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from infbench.core.config import PRESETS, REAL_WEIGHTS, AttentionConfig, ModelConfig
+from infbench.core.config import (
+    PRESETS,
+    REAL_WEIGHTS,
+    AttentionConfig,
+    ModelConfig,
+    QuantConfig,
+)
 from infbench.core.errors import ConfigError, DamagedFileError, UserError
+from infbench.core.gguf_types import LOADABLE_TYPES, TensorInfo, native_mix
 
 if TYPE_CHECKING:
     from gguf import GGUFReader
@@ -30,7 +38,7 @@ HF_ARCHITECTURES = {
     "MambaForCausalLM": "mamba",
 }
 GGUF_ARCHITECTURES = ("llama",)
-GGUF_TENSOR_TYPES = ("F32", "F16", "Q4_0", "Q4_1", "Q8_0")
+GGUF_TENSOR_TYPES = LOADABLE_TYPES  # gguf_types: which run natively, which are dequantized
 SMOLLM2_NAME = "smollm2-135m"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -378,9 +386,10 @@ _GGUF_SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11:
 _GGUF_MAX_DIMS = 4
 
 
-def _precheck_gguf(path: Path) -> None:
+def _precheck_gguf(path: Path) -> list[tuple[str, tuple[int, ...], int]]:
     """Walk the GGUF header, metadata and tensor infos, checking every count against the
-    bytes left, before gguf-py parses it.
+    bytes left, before gguf-py parses it; returns (name, numpy shape, type code) of every
+    tensor.
 
     gguf-py allocates in proportion to the counts it reads: one flipped byte (a string
     turned into an array of 2**40 items) makes it eat all memory until the kernel kills the
@@ -443,13 +452,21 @@ def _precheck_gguf(path: Path) -> None:
             for _ in range(num_kv):
                 skip(take("Q"), 1, "a metadata key")
                 value(take("I"))
+            tensors = []
             for _ in range(num_tensors):
-                skip(take("Q"), 1, "a tensor name")
+                length = take("Q")
+                fits(length, 1, "a tensor name")
+                name = bytes(buf[pos:pos + length]).decode("utf-8", errors="replace")
+                pos += length
                 num_dims = take("I")
                 if not 1 <= num_dims <= _GGUF_MAX_DIMS:
                     raise ValueError(f"a tensor with {num_dims} dimensions at offset {pos}")
-                skip(num_dims, 8, "tensor dimensions")
-                skip(1, 12, "a tensor type and offset")
+                fits(num_dims, 8, "tensor dimensions")
+                dims = tuple(take("Q") for _ in range(num_dims))
+                kind = take("I")
+                skip(1, 8, "a tensor offset")
+                tensors.append((name, dims[::-1], kind))  # ggml lists the columns first
+            return tensors
 
 
 def open_gguf(path: str | Path) -> GGUFReader:
@@ -464,6 +481,59 @@ def open_gguf(path: str | Path) -> GGUFReader:
     except (Exception, RecursionError) as exc:  # the parser indexes past the end, etc.
         raise DamagedFileError(f"{path}: not a readable GGUF file, damaged or truncated? "
                                f"({describe_exception(exc)})") from exc
+
+
+_TENSOR_INFOS: dict[tuple[str, int, int], list[TensorInfo]] = {}
+
+
+def gguf_tensor_infos(path: str | Path) -> list[TensorInfo]:
+    """Name, storage type and shape of every tensor of a GGUF file, read from its header
+    alone (a tenth of a second for SmolLM2, where gguf-py's reader takes seconds)."""
+    from gguf.constants import GGMLQuantizationType
+
+    file = Path(path)
+    stat = file.stat()
+    key = (str(file.resolve()), stat.st_mtime_ns, stat.st_size)
+    if key not in _TENSOR_INFOS:
+        with reading(file, "GGUF file"):
+            raw = _precheck_gguf(file)
+        known = {t.value: t.name for t in GGMLQuantizationType}
+        _TENSOR_INFOS[key] = [TensorInfo(name, known.get(kind, f"type {kind}"), shape)
+                              for name, shape, kind in raw]
+    return _TENSOR_INFOS[key]
+
+
+def native_gguf_file(source: dict[str, Any], weights: str,
+                     overrides: dict[str, Any] | None) -> Path:
+    """The GGUF file whose own weights `quant.weights: native` runs, or a UserError saying
+    why this model source has none."""
+    kind, value = next(iter(source.items()))
+    if kind == "gguf" or (kind == "preset" and str(value).lower() in REAL_WEIGHTS):
+        if weights == "random":
+            raise UserError("model.quant.weights=native runs a GGUF file's own quantized "
+                            "weights; model.weights: random has none (allowed with native: "
+                            "auto, real)")
+        if kind == "gguf":
+            return resolve_gguf(value)
+        if weights_kind(source, weights, overrides) == "real":
+            return resolve_gguf(REAL_WEIGHTS[str(value).lower()])
+        raise UserError(f"model.quant.weights=native: preset {value!r} runs random weights "
+                        "here (its GGUF is not installed, or model.overrides change its "
+                        "shape); allowed: its installed weights without overrides")
+    raise UserError(f"model.quant.weights=native needs a GGUF model (a .gguf file, or "
+                    f"{', '.join(REAL_WEIGHTS)} with its weights installed); {kind} "
+                    f"{value!r} has no GGUF tensors; allowed here: model.quant.weights: "
+                    "none, int8, int4")
+
+
+def native_quant(quant: QuantConfig, source: dict[str, Any], weights: str = "auto",
+                 overrides: dict[str, Any] | None = None) -> QuantConfig:
+    """`quant` with `native_mix` read from the GGUF file when weights are native (else
+    `quant` itself): the analytic model then prices the bytes the engine stores."""
+    if quant.weights != "native":
+        return quant
+    file = native_gguf_file(source, weights, overrides)
+    return dataclasses.replace(quant, native_mix=native_mix(gguf_tensor_infos(file)))
 
 
 def gguf_value(reader: GGUFReader, key: str, default: Any = None) -> Any:
@@ -486,7 +556,7 @@ def _gguf_required(reader: GGUFReader, key: str) -> Any:
 
 
 def check_gguf_tensor_types(reader: GGUFReader) -> None:
-    """UserError naming the first tensor whose storage type the loader cannot dequantize."""
+    """UserError naming the first tensor whose storage type the loader cannot read."""
     for tensor in reader.tensors:
         if tensor.tensor_type.name not in GGUF_TENSOR_TYPES:
             raise UserError(

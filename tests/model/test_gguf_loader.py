@@ -65,7 +65,7 @@ def test_unpermute_inverts_llama_cpp_permute() -> None:
 def test_unsupported_tensor_type_is_a_user_error(tmp_path: Path) -> None:
     import gguf
 
-    file = tmp_path / "q5.gguf"
+    file = tmp_path / "iq4.gguf"
     w = gguf.GGUFWriter(str(file), "llama")
     for key, value in [
         ("block_count", 1),
@@ -76,17 +76,18 @@ def test_unsupported_tensor_type_is_a_user_error(tmp_path: Path) -> None:
     ]:
         w.add_uint32(f"llama.{key}", value)
     w.add_uint32("llama.vocab_size", 32)
-    # Q5_0: 22 bytes per block of 32 values.
+    # IQ4_NL: 18 bytes per block of 32 values (a lookup-table type gguf_types does not load).
     w.add_tensor(
         "token_embd.weight",
-        np.zeros((32, 2 * 22), np.uint8),
-        raw_dtype=gguf.GGMLQuantizationType.Q5_0,
+        np.zeros((32, 2 * 18), np.uint8),
+        raw_dtype=gguf.GGMLQuantizationType.IQ4_NL,
     )
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
     with pytest.raises(
-        UserError, match="unsupported type Q5_0; supported: F32, F16, Q4_0, Q4_1, Q8_0"
+        UserError, match="unsupported type IQ4_NL; supported: F32, F16, BF16, Q4_0, Q4_1, "
+        "Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K"
     ):
         load_model({"gguf": str(file)})
