@@ -12,11 +12,11 @@ Two methods, applied in this order by `apply_prune` (`model.prune`, `infbench pr
   dropped, on the model that remains).  The same fraction goes in every layer, so one
   `intermediate_size` describes the pruned model and `roofline/shapes.py` prices it.
 
-Both run dense forwards (`DenseContext`) on windows of the calibration split of the
-evaluation text (`core/eval_text.py`); a model without a tokenizer is calibrated on
-seeded random token ids, and `LoadedModel.source` says so.  The target shape comes from
-`PruneConfig.pruned_shape`, the function `infbench predict` prices, and the pruned model
-is checked against it.
+Both run dense forwards on the calibration split of the evaluation text, in windows of
+512 tokens (`model/calibration.py`, shared with AWQ and LLM.int8()); a model without a
+tokenizer is calibrated on seeded random token ids, and `LoadedModel.source` says so.
+The target shape comes from `PruneConfig.pruned_shape`, the function `infbench predict`
+prices, and the pruned model is checked against it.
 """
 
 from __future__ import annotations
@@ -30,14 +30,17 @@ from torch import nn
 
 from infbench.core.config import ModelConfig, PruneConfig
 from infbench.core.errors import ConfigError
+from infbench.model.calibration import (
+    CALIBRATION_WINDOW,
+    InputStats,
+    calibration_ids,
+    for_each_layer,
+)
 from infbench.model.context import DenseContext
-from infbench.model.evaluate import token_ids
 from infbench.model.layers import SwiGLUMLP
 from infbench.model.quant import QuantLinear, stored_weight_bytes
 from infbench.model.tokenizer import Tokenizer
 from infbench.model.transformer import DecoderLayer, Transformer
-
-CALIBRATION_WINDOW = 512  # tokens per dense forward of calibration text
 
 
 @dataclass
@@ -61,24 +64,14 @@ class Loaded(Protocol):
     source: str
 
 
-# ------------------------------------------------------------ calibration tokens
-def calibration_ids(loaded: Loaded, num_tokens: int,
-                    seed: int = 0) -> tuple[torch.Tensor, str]:
-    """(ids (N,), what they are): the calibration split of the evaluation text, or seeded
-    random ids for a model without a tokenizer (its layers are scored on those)."""
-    if loaded.tokenizer is not None:
-        ids = torch.as_tensor(token_ids(loaded.tokenizer, "calibration", num_tokens))
-        return ids.long(), "tokens of calibration text"
-    gen = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, loaded.config.vocab_size, (num_tokens,), generator=gen)
-    return ids, "random token ids (the model has no tokenizer)"
-
-
-def windows_of(ids: torch.Tensor, window: int) -> list[torch.Tensor]:
+# ------------------------------------------------------------ calibration windows
+def windows_of(ids: Sequence[int] | torch.Tensor, window: int) -> list[torch.Tensor]:
     """Consecutive windows of at most `window` tokens; the last may be shorter."""
-    if ids.numel() == 0:
+    stream = torch.as_tensor(list(ids) if not isinstance(ids, torch.Tensor) else ids,
+                             dtype=torch.long)
+    if stream.numel() == 0:
         raise ConfigError("calibration needs at least one token")
-    return list(ids.split(window))
+    return list(stream.split(window))
 
 
 def _layer_inputs(model: Transformer, window: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
@@ -147,34 +140,18 @@ def _mlps(model: Transformer) -> list[SwiGLUMLP]:
     return cast(list[SwiGLUMLP], mlps)
 
 
-@torch.no_grad()
-def mlp_channel_scores(model: Transformer, windows: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """Per layer, the mean |silu(gate) * up| of every intermediate channel (I,), float32.
+def mlp_channel_scores(model: Transformer, ids: Sequence[int]) -> list[torch.Tensor]:
+    """Per layer, the mean |silu(gate) * up| of every intermediate channel (I,), float32:
+    the mean magnitude of `down_proj`'s input, which is exactly that product, recorded by
+    the calibration pass (`model/calibration.for_each_layer`)."""
+    _mlps(model)
+    scores: list[torch.Tensor] = []
 
-    Read as the input of `down_proj` (a forward pre-hook), which is exactly that product
-    whichever path computes it."""
-    mlps = _mlps(model)
-    sums = [torch.zeros(m.intermediate_size, dtype=torch.float64) for m in mlps]
-    hooks = []
+    def record(_index: int, _layer: nn.Module, stats: dict[str, InputStats]) -> None:
+        scores.append(stats["mlp.down_proj"].abs_mean.float().cpu())  # (I,)
 
-    def hook_for(i: int):  # type: ignore[no-untyped-def]
-        def hook(_module: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
-            sums[i] += args[0].float().abs().sum(0).double().cpu()  # (I,)
-        return hook
-
-    for i, mlp in enumerate(mlps):
-        hooks.append(mlp.down_proj.register_forward_pre_hook(hook_for(i)))
-    count = 0
-    try:
-        for window in windows:
-            x, positions, ctx = _layer_inputs(model, window)
-            for layer in model.layers:
-                x = layer(x, positions, ctx, model.rope_cache)
-            count += window.numel()
-    finally:
-        for h in hooks:
-            h.remove()
-    return [(s / count).float() for s in sums]
+    for_each_layer(model, list(ids), record)
+    return scores
 
 
 def _float_linear(module: nn.Module) -> nn.Linear:
@@ -227,9 +204,9 @@ def apply_prune(loaded: Loaded, prune: PruneConfig, seed: int = 0) -> PruneRepor
         raise ConfigError("model.prune: this model's projections are already quantized "
                           "(quant.weights: native); pruning needs float weights; allowed with "
                           "model.prune: quant.weights none, int8, int4")
-    ids, what = calibration_ids(loaded, prune.calibration_tokens, seed)
-    window = min(CALIBRATION_WINDOW, loaded.config.max_seq_len)
-    windows = windows_of(ids, window)
+    ids, what = calibration_ids(loaded.tokenizer, prune.calibration_tokens,
+                                loaded.config.vocab_size, seed)
+    windows = windows_of(ids, min(CALIBRATION_WINDOW, loaded.config.max_seq_len))
     before_width = loaded.config.intermediate_size
     scores: list[float] = []
     dropped: list[int] = []
@@ -238,7 +215,7 @@ def apply_prune(loaded: Loaded, prune: PruneConfig, seed: int = 0) -> PruneRepor
         dropped = drop_layers(model, prune.layers, scores)
     if prune.mlp_fraction:
         width = prune.mlp_width(before_width)
-        narrow_mlps(model, width, mlp_channel_scores(model, windows))
+        narrow_mlps(model, width, mlp_channel_scores(model, ids))
     if model.config != target:
         raise AssertionError(f"pruned model {model.config} != predicted shape {target}")
     loaded.config = target
@@ -249,6 +226,6 @@ def apply_prune(loaded: Loaded, prune: PruneConfig, seed: int = 0) -> PruneRepor
     if prune.mlp_fraction:
         parts.append(f"MLP {before_width}->{target.intermediate_size} channels")
     if parts:
-        loaded.source += f"; pruned: {', '.join(parts)} (calibration: {ids.numel()} {what})"
-    return PruneReport(scores, dropped, (before_width, target.intermediate_size), ids.numel(),
+        loaded.source += f"; pruned: {', '.join(parts)} (calibration: {what})"
+    return PruneReport(scores, dropped, (before_width, target.intermediate_size), len(ids),
                        what)
