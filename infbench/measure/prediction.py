@@ -41,4 +41,8 @@ def predict_point(point: Any, cfg: ModelConfig, hw: HardwareSpec) -> dict[str, A
         "total_tokens_per_s": n * (w.prompt_len + w.gen_len) / wall,
         "waves": waves,
     })
+    if point.quant_config().method == "llm_int8":  # its outlier count is known after loading
+        d["note"] = ("llm_int8 priced as int8: the outlier columns it keeps in the model dtype "
+                     "(chosen on calibration text) are not in the predicted weight bytes; the "
+                     "measured weight_bytes count them")
     return d

@@ -103,7 +103,7 @@ def search_scale(w: torch.Tensor, stats: InputStats, group_size: int, share: int
     # Row blocks of about 256 KB: the dozen passes of each step then run in cache.
     rows = max(1, SEARCH_BLOCK_ELEMENTS // k)
     blocks = [(w[a:a + rows], x @ w[a:a + rows].t()) for a in range(0, n, rows)]  # X W_b^T
-    buf = torch.empty(min(rows, n), k)
+    buf = torch.empty(min(rows, n), k, device=w.device)
     best_s, best_alpha, best_err, rtn_err = torch.ones_like(mean), 0.0, float("inf"), 0.0
     for i in range(NUM_ALPHAS):
         alpha = i / NUM_ALPHAS

@@ -33,4 +33,4 @@ def quantize_with_calibration(model: Transformer, tokenizer: Tokenizer | None,
         return (f"g{quant.group_size}: {awq.summary()}; searched in {awq.seconds:.1f} s on "
                 f"{what}")
     int8 = llm_int8_quantize(model, quant, ids)
-    return f"{int8.summary()}; on {what}"
+    return f"{int8.summary()}; calibrated in {int8.seconds:.1f} s on {what}"

@@ -34,6 +34,7 @@ prices for int8) + N |O| dtype bytes + 8 |O|.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -155,6 +156,7 @@ class Int8Result:
     threshold: float
     outliers: dict[str, list[int]] = field(default_factory=dict)
     num_layers: int = 0
+    seconds: float = 0.0  # the calibration pass and the quantization
 
     @property
     def total(self) -> int:
@@ -170,6 +172,7 @@ def llm_int8_quantize(model: Transformer, quant: QuantConfig, ids: list[int]) ->
     whose outlier features are those passing `quant.outlier_threshold` on the calibration
     token `ids`."""
     result = Int8Result(quant.outlier_threshold)
+    start = time.perf_counter()
 
     def on_layer(_index: int, layer: nn.Module, stats: dict[str, InputStats]) -> None:
         for prefix, parent in list(layer.named_modules()):
@@ -184,4 +187,5 @@ def llm_int8_quantize(model: Transformer, quant: QuantConfig, ids: list[int]) ->
         result.num_layers += 1
 
     for_each_layer(model, ids, on_layer)
+    result.seconds = time.perf_counter() - start
     return result
