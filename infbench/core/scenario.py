@@ -319,6 +319,10 @@ class MeasureSection(_Section):
     torch_reference: StrictBool = False
     """Time a plain-torch forward of the same model shape between the repeats (the
     `torch_reference` gate; measure/torch_reference.py).  About doubles the run time."""
+    eval_tokens: Annotated[int, Field(ge=2, le=MAX_VALUE, strict=True)] | None = None
+    """Tokens of held-out text scored for the result's `accuracy` (perplexity, and greedy
+    agreement with the unquantized model; docs/accuracy.md).  Unset: 2048 on a point with
+    model.quant or model.prune, none on a plain point (set it to measure that one too)."""
 
     @field_validator("percentiles")
     @classmethod
@@ -627,6 +631,7 @@ class MeasureConfig:
     profile: str = "none"  # none | ncu
     percentiles: tuple[float, ...] = DEFAULT_PERCENTILES  # latency stats: mean + these
     torch_reference: bool = False  # time measure/torch_reference.py between the repeats
+    eval_tokens: int | None = None  # accuracy tokens (None: 2048 when quantized or pruned)
 
     def __post_init__(self) -> None:
         # The section hands over a list; a tuple keeps the frozen point hashable.

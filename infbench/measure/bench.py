@@ -28,9 +28,11 @@ if TYPE_CHECKING:
 
 @dataclass
 class ModelCache:
-    """Loaded models keyed by (source, overrides, dtype, device)."""
+    """Loaded models keyed by (source, overrides, dtype, device); `accuracy` keeps the
+    accuracy figures of every model measured in the run (measure/accuracy.py)."""
 
     entries: dict[str, Any] = field(default_factory=dict)
+    accuracy: dict[str, Any] = field(default_factory=dict)
 
     def get(self, key: str, load: Callable[[], Any]) -> Any:
         if key not in self.entries:
@@ -135,6 +137,7 @@ def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None
     from infbench.core.hardware import get_hardware
     from infbench.engine.engine import Engine, KVSizing
     from infbench.engine.kv_cache import kv_quant_refusal
+    from infbench.measure import accuracy as accuracy_mod
     from infbench.measure import metrics as metrics_mod
     from infbench.measure.calibrate import measure_reference_bandwidth
     from infbench.measure.prediction import predict_point
@@ -180,6 +183,7 @@ def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None
                                                overrides=overrides, weights=weights,
                                                quant=quant))
     cfg = loaded.config
+    eval_plan = accuracy_mod.point_plan(point, loaded)  # None: no accuracy for this point
     refuse_kv_quant(cfg)
     tok = loaded.tokenizer
     eos = tok.eos_token_id if tok is not None else None
@@ -250,6 +254,13 @@ def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None
         last_rows = metrics_mod.request_rows(out.requests)
     if sampler is not None:
         telemetry["nvml"] = sampler.stop()
+    accuracy = None
+    if eval_plan is not None:  # after the timed repeats, which it must not disturb
+        phase(f"accuracy ({eval_plan.tokens} tokens)")
+        accuracy = accuracy_mod.point_accuracy(
+            point, loaded, eval_plan, key, backend=engine.ops.name, memo=cache.accuracy,
+            load_reference=lambda: load_model(source, dtype=point.dtype, device=dev, seed=seed,
+                                              overrides=overrides, weights=weights))
     if point.measure.profile == "ncu":
         phase("profiling decode steps under ncu")
         if dev != "cuda":
@@ -283,6 +294,7 @@ def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None
         extra={"model_config": dataclasses.asdict(cfg), "telemetry": telemetry,
                "requests": last_rows,
                # what the scenario asked for but this model ran without (never silent)
-               "engine_disabled": list(engine.disabled)},
+               "engine_disabled": list(engine.disabled),
+               **({"accuracy": accuracy.to_dict()} if accuracy is not None else {})},
     )
 
