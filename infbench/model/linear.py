@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from infbench.core.config import QuantConfig
-from kernels.cpu_linear import MAX_ROWS, cpu_linear  # no build on import: first call builds
+from kernels.cpu_linear import MAX_ROWS, cpu_linear, gemm  # no build on import: first call builds
 
 
 def make_linear(
@@ -72,8 +72,7 @@ def kernel_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     if (x.dim() == 2 and x.shape[0] <= MAX_ROWS and x.dtype == weight.dtype
             and x.dtype in (torch.float32, torch.bfloat16)):
         return cpu_linear(x, weight, bias, out_float32)
-    out = F.linear(x, weight, bias)
-    return out.float() if out_float32 else out
+    return gemm(x, weight, bias, out_float32)
 
 
 class CpuKernelLinear(nn.Linear):
@@ -85,19 +84,19 @@ class CpuKernelLinear(nn.Linear):
 
 def use_cpu_linears(model: nn.Module, backend: str) -> int:
     """Give every CPU nn.Linear of `model` the CPU path of `backend`; returns how many.
-    Quantized projections (`model/quant.QuantLinear`) are told the backend instead.
+    Quantized projections (`model/quant.QuantLinear`, `model/llm_int8.LLMInt8Linear`: any
+    module with a `set_backend` method) are told the backend instead.
 
     `cpu`: the C++ kernel (`CpuKernelLinear`); any other backend: `CpuSplitLinear`
     (the torch row-splitting fallback).  Only the class changes: parameters, names and
     views of them stay valid.  GPU modules are left alone; idempotent.
     """
-    from infbench.model.quant import QuantLinear
-
     cls = CpuKernelLinear if backend == "cpu" else CpuSplitLinear
     moved = 0
     for module in model.modules():
-        if isinstance(module, QuantLinear):
-            module.set_backend(backend)
+        set_backend = getattr(module, "set_backend", None)
+        if callable(set_backend):
+            set_backend(backend)
             moved += 1
             continue
         if (type(module) in (nn.Linear, CpuKernelLinear, CpuSplitLinear)

@@ -70,3 +70,39 @@ def test_cost_counts_weights_once():
     cost = cpu_linear_cost(1, 576, 1536, 2)
     assert cost.flops == 2 * 576 * 1536
     assert cost.bytes == (576 * 1536 + 1536 + 576) * 2
+
+
+@pytest.mark.parametrize("choice", ["native", "float32"])
+def test_bf16_gemm_either_way_matches_reference(monkeypatch, choice):
+    from kernels import cpu_linear as mod
+
+    monkeypatch.setenv(mod.BF16_GEMM_ENV, choice)
+    mod.bf16_gemm_via_float32.cache_clear()
+    try:
+        assert mod.bf16_gemm_via_float32() is (choice == "float32")
+        gen = torch.Generator().manual_seed(7)
+        x = torch.randn(64, 96, generator=gen).bfloat16()
+        w = torch.randn(40, 96, generator=gen).bfloat16()
+        b = torch.randn(40, generator=gen)
+        ref = cpu_linear_ref(x, w, b, out_float32=True)
+        out = mod.gemm(x, w, b)
+        assert out.dtype == torch.bfloat16
+        torch.testing.assert_close(out.float(), ref, rtol=1e-2, atol=5e-2)
+        torch.testing.assert_close(mod.gemm(x, w, b, out_float32=True), ref, rtol=1e-2, atol=5e-2)
+    finally:
+        mod.bf16_gemm_via_float32.cache_clear()
+
+
+def test_bf16_gemm_choice_is_measured_without_the_override(monkeypatch):
+    from kernels import cpu_linear as mod
+
+    monkeypatch.delenv(mod.BF16_GEMM_ENV, raising=False)
+    mod.bf16_gemm_via_float32.cache_clear()
+    calls = []
+    real = mod.F.linear
+    monkeypatch.setattr(mod.F, "linear", lambda *a, **k: calls.append(a[0].dtype) or real(*a, **k))
+    try:
+        mod.bf16_gemm_via_float32()
+        assert torch.bfloat16 in calls and torch.float32 in calls  # both ways were timed
+    finally:
+        mod.bf16_gemm_via_float32.cache_clear()
