@@ -33,6 +33,7 @@ from infbench.core.config import MODEL_WEIGHTS, REAL_WEIGHTS, ModelConfig, Quant
 from infbench.core.device import available_memory_bytes
 from infbench.core.errors import ConfigError, DamagedFileError, DoesNotFitError, UserError
 from infbench.model import dtypes
+from infbench.model.calibrated_quant import quantize_with_calibration
 from infbench.model.layers import SwiGLUMLP
 from infbench.model.quant import quantize_model, stored_weight_bytes
 from infbench.model.tokenizer import Tokenizer
@@ -77,11 +78,12 @@ def load_model(
     """
     loaded = _load(source, dtype, device, seed, overrides, weights)
     if quant is not None and quant.weights in ("int8", "int4"):
-        if quant.method != "rtn":
-            raise ConfigError(f"quant.method={quant.method!r} is not available yet; allowed: rtn")
-        count = quantize_model(loaded.model, quant)
+        if quant.method == "rtn":
+            detail = f"x{quantize_model(loaded.model, quant)}"
+        else:  # awq / llm_int8: measured on calibration text first
+            detail = quantize_with_calibration(loaded.model, loaded.tokenizer, quant, seed)
         loaded.weight_bytes = stored_weight_bytes(loaded.model)
-        loaded.source += f"; {quant.weights} {quant.method} x{count}"
+        loaded.source += f"; {quant.weights} {quant.method} {detail}"
     return loaded
 
 

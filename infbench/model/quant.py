@@ -157,9 +157,11 @@ def quantize_model(model: nn.Module, quant: QuantConfig,
 
 def stored_weight_bytes(model: nn.Module) -> int:
     """Bytes the model holds for its weights: parameters (a tied embedding once) plus the
-    quantized buffers of every QuantLinear."""
+    quantized buffers of every quantized projection (QuantLinear, llm_int8.LLMInt8Linear:
+    any module with an int `stored_bytes`)."""
     total = sum(p.numel() * p.element_size() for p in model.parameters())
     for module in model.modules():
-        if isinstance(module, QuantLinear):
-            total += module.stored_bytes
+        nbytes = getattr(module, "stored_bytes", None)
+        if isinstance(nbytes, int):
+            total += nbytes
     return total
