@@ -5,6 +5,7 @@
 #include "cpu_kernels.h"
 
 void bind_quant(pybind11::module_& m);  // bindings_quant.cpp
+void bind_decode_layer(pybind11::module_& m);  // decode_layer.cpp
 void bind_kv_quant(pybind11::module_& m);  // bindings_kvq.cpp
 
 namespace {
@@ -284,6 +285,7 @@ void store_kv(const torch::Tensor& key, const torch::Tensor& value, const torch:
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "infbench CPU kernels (built on first use with -march=native)";
   bind_quant(m);
+  bind_decode_layer(m);
   bind_kv_quant(m);
   m.def("linear", &linear, "x @ w.T [+ bias], fp32 accumulation", py::arg("x"), py::arg("w"),
         py::arg("bias") = py::none(), py::arg("out_float32") = false);
