@@ -187,7 +187,9 @@ def model_configs(points: list[Any]) -> list[Any]:
             changes["attention"] = dict(point.model["attention"])
         try:
             base = base_config(point.model_source())
-            configs.append(base.with_overrides(**changes) if changes else base)
+            cfg = base.with_overrides(**changes) if changes else base
+            prune = point.prune_config()  # model.prune: the pruned shape is the one that runs
+            configs.append(prune.pruned_shape(cfg) if prune.active else cfg)
         except UserError as exc:  # as ScenarioPoint.model_config words it
             where = f"point {point.index} ({point.label}): " if point.swept else ""
             raise UserError(f"{point.source}: {where}{exc}") from None

@@ -486,6 +486,33 @@ class PruneConfig:
     def active(self) -> bool:
         return self.layers > 0 or self.mlp_fraction > 0
 
+    def mlp_width(self, intermediate_size: int) -> int:
+        """MLP channels kept: round((1 - mlp_fraction) * intermediate_size), at least 1."""
+        return max(1, round((1 - self.mlp_fraction) * intermediate_size))
+
+    def pruned_shape(self, cfg: ModelConfig) -> ModelConfig:
+        """The shape `cfg` has after this pruning: what the engine runs and predict prices.
+
+        Dropping layers keeps the per-layer pattern only when every layer is alike (one
+        mixer, one window, each layer owning its KV); others are refused by name.
+        """
+        if self.layers >= cfg.num_layers:
+            raise ConfigError(f"prune.layers ({self.layers}) must be less than model.num_layers "
+                              f"({cfg.num_layers}); allowed: 0..{cfg.num_layers - 1}")
+        if self.layers:
+            kinds = {(s.mixer, s.window, s.owns_kv) for s in cfg.layers()}
+            if len(kinds) > 1 or cfg.attention.kind in ("linear", "cla"):
+                raise ConfigError(
+                    f"prune.layers: model {cfg.name!r} (attention.kind {cfg.attention.kind}) "
+                    "has layers of different kinds or layers sharing state; dropping layers "
+                    "needs layers that are all alike (mha, gqa, mqa, mla, ssm, or sliding "
+                    "without global_every); allowed here: prune.layers: 0")
+        if self.mlp_fraction and (cfg.arch == "mamba" or cfg.moe is not None):
+            raise ConfigError(f"prune.mlp_fraction: model {cfg.name!r} has no dense SwiGLU MLP "
+                              "to narrow (Mamba blocks or MoE experts); allowed: 0")
+        return cfg.with_overrides(num_layers=cfg.num_layers - self.layers,
+                                  intermediate_size=self.mlp_width(cfg.intermediate_size))
+
 
 def make_prune(values: dict[str, Any]) -> PruneConfig:
     return _make(PruneConfig, "prune", values)  # type: ignore[no-any-return]

@@ -54,9 +54,11 @@ from infbench.core.config import (
     KvQuant,
     ModelConfig,
     ModelWeights,
+    PruneConfig,
     QuantConfig,
     QuantMethod,
     WeightQuant,
+    make_prune,
     make_quant,
 )
 from infbench.core.device import auto_dtype, guess_device
@@ -539,6 +541,7 @@ class Scenario(_Section):
                        "overrides": self.model.overrides.model_dump(exclude_unset=True),
                        "attention": self.model.attention.model_dump(exclude_unset=True),
                        "quant": self.model.quant.model_dump(),
+                       "prune": self.model.prune.model_dump(),
                        # which weights run (real | random), resolved as the loader will:
                        # the gate compares it between a baseline and a new run
                        "weights": weights_kind(
@@ -688,13 +691,21 @@ class ScenarioPoint:
             changes = dict(self.model.get("overrides") or {})
             if self.model.get("attention"):
                 changes["attention"] = dict(self.model["attention"])
-            return cfg.with_overrides(**changes) if changes else cfg
+            cfg = cfg.with_overrides(**changes) if changes else cfg
+            prune = self.prune_config()
+            return prune.pruned_shape(cfg) if prune.active else cfg  # the shape that runs
         except UserError as exc:
             raise UserError(f"{self.source}: {self._where()}{exc}") from None
 
     def quant_config(self) -> QuantConfig:
         try:
             return make_quant(dict(self.model.get("quant") or {}))
+        except ConfigError as exc:
+            raise UserError(f"{self.source}: {self._where()}{exc}") from None
+
+    def prune_config(self) -> PruneConfig:
+        try:
+            return make_prune(dict(self.model.get("prune") or {}))
         except ConfigError as exc:
             raise UserError(f"{self.source}: {self._where()}{exc}") from None
 

@@ -175,13 +175,14 @@ def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None
     overrides = model_overrides(point.model)
     seed = point.workload.seed
     weights = point.model.get("weights", "auto")  # auto | random (model.weights)
+    prune = point.prune_config()
     key = repr((sorted(source.items()), sorted(overrides.items(), key=str), point.dtype, dev,
-                weights, quant))
+                weights, quant, prune))
     phase = on_phase or (lambda _msg: None)
     phase("loading model")
     loaded = cache.get(key, lambda: load_model(source, dtype=point.dtype, device=dev, seed=seed,
                                                overrides=overrides, weights=weights,
-                                               quant=quant))
+                                               quant=quant, prune=prune))
     cfg = loaded.config
     eval_plan = accuracy_mod.point_plan(point, loaded)  # None: no accuracy for this point
     refuse_kv_quant(cfg)

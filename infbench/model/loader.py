@@ -29,12 +29,19 @@ from infbench.core.checkpoint_config import (
     reading,
     resolve_gguf,
 )
-from infbench.core.config import MODEL_WEIGHTS, REAL_WEIGHTS, ModelConfig, QuantConfig
+from infbench.core.config import (
+    MODEL_WEIGHTS,
+    REAL_WEIGHTS,
+    ModelConfig,
+    PruneConfig,
+    QuantConfig,
+)
 from infbench.core.device import available_memory_bytes
 from infbench.core.errors import ConfigError, DamagedFileError, DoesNotFitError, UserError
 from infbench.model import dtypes
 from infbench.model.calibrated_quant import quantize_with_calibration
 from infbench.model.layers import SwiGLUMLP
+from infbench.model.prune import apply_prune
 from infbench.model.quant import quantize_model, stored_weight_bytes
 from infbench.model.tokenizer import Tokenizer
 from infbench.model.transformer import Attention, Transformer
@@ -64,6 +71,7 @@ def load_model(
     overrides: dict[str, Any] | None = None,
     weights: str = "auto",
     quant: QuantConfig | None = None,
+    prune: PruneConfig | None = None,
 ) -> LoadedModel:
     """source: {"preset": NAME} | {"path": HF_DIR} | {"gguf": FILE or "smollm2-135m"}.
 
@@ -75,8 +83,13 @@ def load_model(
 
     quant (`model.quant`): int8 / int4 weights are quantized here, after the float weights
     are read, and the float copies dropped (`model/quant.py`).
+
+    prune (`model.prune`): layers and MLP channels are removed first, measured on calibration
+    text (`model/prune.py`), so quantization sees the pruned model.
     """
     loaded = _load(source, dtype, device, seed, overrides, weights)
+    if prune is not None and prune.active:
+        apply_prune(loaded, prune, seed)
     if quant is not None and quant.weights in ("int8", "int4"):
         if quant.method == "rtn":
             detail = f"x{quantize_model(loaded.model, quant)}"
