@@ -83,6 +83,14 @@ TABLE: dict[str, dict[str, Case]] = {
                          "--group-size: must be >= 1 (got 0)"),
         "missing_argument": ([], "--model"),  # a required option
     },
+    "prune": {
+        "unknown_option": (["--model", "tiny", "--out", "o", "--bogus"], "--bogus"),
+        "missing_value": (["--model", "tiny", "--out", "o", "--layers"], "--layers"),
+        "wrong_type": (["--model", "tiny", "--out", "o", "--layers", "abc"], "--layers"),
+        "out_of_range": (["--model", "tiny", "--out", "o", "--layers", "-1"],
+                         "--layers: must be >= 0 (got -1)"),
+        "missing_argument": (["--layers", "1"], "--model"),  # a required option
+    },
     "schema": {
         "unknown_option": (["--bogus"], "--bogus"),
         "missing_value": None,
