@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test lint docs bench bench-gpu lock clean
+.PHONY: setup run test lint docs bench bench-peers bench-gpu lock clean
 
 # The CPU install path installs exactly the versions in requirements-cpu.lock (every
 # dependency, transitive ones included), then infbench itself without resolving again.
@@ -37,6 +37,11 @@ docs: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m infbench.benchmarks.host_loop
 	$(BIN)/python -m infbench.benchmarks.cpu_vs_transformers
+
+# infbench (Q4_1 native and float32) beside llama.cpp on the SmolLM2 GGUF; llama.cpp's row is
+# skipped with a note unless llama-cpp-python is installed (not in setup: ~25 min to build).
+bench-peers: $(STAMP)
+	$(BIN)/python -m infbench.benchmarks.peers
 
 bench-gpu: $(STAMP)
 	$(BIN)/infbench kernels bench --out results/kernels_gpu.json

@@ -207,7 +207,7 @@ class DecodeBytes:
         return self.memo[key]
 
 
-def infbench_round(engine: Any, requests: Sequence[Any], step_bytes: DecodeBytes,
+def infbench_round(engine: Any, requests: Sequence[Any], step_bytes: Callable[[Any], float],
                    gen: int) -> dict[str, float]:
     """One `Engine.run` of the batch: wall, TTFT, decode time, tokens and bytes."""
     res = engine.run(requests)

@@ -196,12 +196,16 @@ def model_configs(points: list[Any]) -> list[Any]:
     return configs
 
 
-def build_quant(quant: str | None, group_size: int | None, kv_dtype: str | None) -> Any:
+def build_quant(quant: str | None, group_size: int | None, kv_dtype: str | None,
+                source: dict[str, str] | None = None) -> Any:
+    """The QuantConfig of the flags; `--quant native` reads the model's GGUF tensor types."""
+    from infbench.core.checkpoint_config import native_quant
     from infbench.core.config import make_quant
 
     check_positive("--group-size", group_size)
-    return make_quant({"weights": quant or "none", "group_size": group_size or 128,
+    qcfg = make_quant({"weights": quant or "none", "group_size": group_size or 128,
                        "kv": kv_dtype or "none"})
+    return native_quant(qcfg, source) if source is not None else qcfg
 
 
 def build_spec(tokens: int | None, acceptance: float | None, ratio: float | None) -> Any:
@@ -437,7 +441,7 @@ def predict_command(
             cfg = base_config(source)
             values = attention_values(cfg, attention, model_flags)
             cfg = cfg.with_overrides(attention=values) if values else cfg
-            qcfg = build_quant(quant, group_size, kv_dtype)
+            qcfg = build_quant(quant, group_size, kv_dtype, source)
             predictions = [predict(cfg, hw, batch=b, prompt_len=prompt_len, gen_len=gen_len,
                                    dtype=dtype or "bfloat16", quant=qcfg, speculative=spec)
                            for b in parse_sizes(batch or "1", "--batch")]

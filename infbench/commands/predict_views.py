@@ -159,7 +159,7 @@ def roofline_command(
         prompt, gen = point.workload.prompt_len, point.workload.gen_len
     else:  # flags only, checked by their option validators: no schema to load
         model_dict = opt.model_source(model)
-        cfg, qcfg = base_config(model_dict), build_quant(quant, None, kv_dtype)
+        cfg, qcfg = base_config(model_dict), build_quant(quant, None, kv_dtype, model_dict)
     note_source(model_dict)
     predictions = [predict(cfg, hw, batch=b, prompt_len=prompt, gen_len=gen, dtype=dtype,
                            quant=qcfg) for b in parse_sizes(batch, "--batch")]

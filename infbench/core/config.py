@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from infbench.core.errors import ConfigError
+from infbench.core.gguf_types import format_bits
 
 # Allowed values, defined once: each Literal types the scenario schema (core/scenario.py), and
 # its tuple feeds the dataclass checks, the CLI validators (commands/_options.py) and help texts.
@@ -28,6 +29,7 @@ AttentionKind = Literal["mha", "gqa", "mqa", "mla", "cla", "sliding", "linear", 
 FeatureMap = Literal["elu", "relu", "favor", "taylor"]
 WeightQuant = Literal["none", "int8", "int4", "native"]
 QuantMethod = Literal["rtn", "awq", "llm_int8"]
+HeadQuant = Literal["model", "int8"]
 KvQuant = Literal["none", "int8", "fp8"]
 Backend = Literal["auto", "torch", "triton", "cpu"]
 Device = Literal["auto", "cpu", "cuda"]
@@ -37,6 +39,7 @@ ATTENTION_KINDS: tuple[str, ...] = get_args(AttentionKind)
 FEATURE_MAPS: tuple[str, ...] = get_args(FeatureMap)
 WEIGHT_QUANT: tuple[str, ...] = get_args(WeightQuant)
 QUANT_METHODS: tuple[str, ...] = get_args(QuantMethod)
+HEAD_QUANT: tuple[str, ...] = get_args(HeadQuant)
 INT4_GROUP_SIZES: tuple[int, ...] = (32, 64, 128)
 KV_QUANT: tuple[str, ...] = get_args(KvQuant)
 BACKENDS: tuple[str, ...] = get_args(Backend)
@@ -211,8 +214,14 @@ class QuantConfig:
       activation-aware per-input-channel scales) | llm_int8 (int8 with the input columns
       whose activations pass `outlier_threshold` kept in the model dtype).
     calibration_tokens: tokens of calibration text that awq / llm_int8 measure on.
+    head: the LM head: model (the model dtype, as AWQ/GPTQ checkpoints keep it) | int8 (one
+      fp16 scale per vocabulary row, as llama.cpp stores output.weight; a tied head gets its
+      own int8 copy and the input embedding stays in the model dtype for the row gather).
     kv: none (the model dtype) | int8 | fp8 (one byte per value plus a float32 scale per
       token per KV head, `kernels/kv_quant.py`; fp8 is e4m3 and needs a CUDA GPU).
+    native_mix: with native weights, (roofline operator, stored format, weights) of the GGUF
+      file's projections (`core/gguf_types.native_mix`); not a scenario key: filled in from
+      the file (`checkpoint_config.native_quant`).  Empty: priced in the model dtype.
     """
 
     weights: str = "none"
@@ -221,11 +230,14 @@ class QuantConfig:
     method: str = "rtn"
     outlier_threshold: float = 6.0
     calibration_tokens: int = 1024
+    head: str = "model"
+    native_mix: tuple[tuple[str, str, int], ...] = ()
 
     def __post_init__(self) -> None:
         _choice("quant", "weights", self.weights, WEIGHT_QUANT)
         _choice("quant", "kv", self.kv, KV_QUANT)
         _choice("quant", "method", self.method, QUANT_METHODS)
+        _choice("quant", "head", self.head, HEAD_QUANT)
         _check_positive("quant", group_size=self.group_size)
         check_count("quant", "calibration_tokens", self.calibration_tokens, MAX_DIM)
         check_real("quant", "outlier_threshold", self.outlier_threshold)
@@ -240,13 +252,21 @@ class QuantConfig:
             raise ConfigError(f"quant.method={self.method!r} quantizes weights; allowed with "
                               f"quant.weights: none|native: rtn")
 
-    def weight_bits(self, in_features: int, dtype_bytes: int) -> float:
+    def weight_bits(self, in_features: int, dtype_bytes: int, op: str = "") -> float:
         """Average stored bits per weight element of one projection, scales included,
-        exactly as `kernels/quant_format.py` stores them."""
+        exactly as `kernels/quant_format.py` stores them.  Native weights: the mean over the
+        file's matrices that operator `op` reads (all of them when `op` has none).  The LM
+        head (`op` "lm_head") follows `head`."""
+        if op == "lm_head":
+            return 8.0 + 16.0 / in_features if self.head == "int8" else 8.0 * dtype_bytes
         if self.weights == "int8":
             return 8.0 + 16.0 / in_features  # one fp16 scale per output row
         if self.weights == "int4":
             return 4.0 + 2 * 16.0 / self.group_size  # fp16 scale + fp16 minimum per group
+        if self.weights == "native" and self.native_mix:
+            rows = [r for r in self.native_mix if r[0] == op] or list(self.native_mix)
+            bits = sum(n * format_bits(fmt, dtype_bytes) for _, fmt, n in rows)
+            return bits / sum(n for _, _, n in rows)
         return 8.0 * dtype_bytes
 
     def kv_bytes(self, dtype_bytes: int) -> int:

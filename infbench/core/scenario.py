@@ -42,7 +42,7 @@ from pydantic import (
     model_validator,
 )
 
-from infbench.core.checkpoint_config import weights_kind
+from infbench.core.checkpoint_config import native_quant, weights_kind
 from infbench.core.config import (
     PRESETS,
     AttentionKind,
@@ -51,6 +51,7 @@ from infbench.core.config import (
     Dtype,
     EngineConfig,
     FeatureMap,
+    HeadQuant,
     KvQuant,
     ModelConfig,
     ModelWeights,
@@ -159,6 +160,9 @@ class QuantSection(_Section):
     """llm_int8: activation magnitude above which an input column stays in the model dtype."""
     calibration_tokens: PosInt = 1024
     """awq / llm_int8: calibration tokens (held-out from the eval text's test split)."""
+    head: HeadQuant = "model"
+    """The LM head: model (the model dtype) | int8 (per-row scales, as llama.cpp stores it;
+    a tied head gets an int8 copy, the embedding gather stays in the model dtype)."""
 
 
 class PruneSection(_Section):
@@ -698,9 +702,14 @@ class ScenarioPoint:
             raise UserError(f"{self.source}: {self._where()}{exc}") from None
 
     def quant_config(self) -> QuantConfig:
+        """model.quant; with native weights, priced by the GGUF file's own tensor types."""
         try:
-            return make_quant(dict(self.model.get("quant") or {}))
-        except ConfigError as exc:
+            quant = make_quant(dict(self.model.get("quant") or {}))
+            if quant.weights != "native":
+                return quant
+            return native_quant(quant, self.model_source(), self.model.get("weights", "auto"),
+                                self.model.get("overrides") or None)
+        except UserError as exc:
             raise UserError(f"{self.source}: {self._where()}{exc}") from None
 
     def prune_config(self) -> PruneConfig:

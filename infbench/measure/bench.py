@@ -157,10 +157,6 @@ def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None
             raise UserError(f"{point.source}: model.quant.kv={quant.kv!r}: {reason}")
 
     refuse_kv_quant()  # the device, before the model is loaded
-    if quant.weights == "native":
-        raise UserError(
-            f"{point.source}: model.quant.weights=native is not available in `infbench run` yet;"
-            " allowed: none, int8, int4")
     if point.speculative.method != "none":
         raise UserError(
             f"{point.source}: speculative.method={point.speculative.method!r} is priced by "

@@ -6,6 +6,10 @@ model ever exists.  Checkpoint tensors are streamed one at a time into the fused
 parameters (q/k/v into `qkv_proj`, gate/up into `gate_up_proj`); every
 parameter row must be written exactly as the checkpoint shapes say, or loading
 stops with a `UserError`.
+
+With `quant.weights: native` the projections a GGUF file stores as Q4_0/Q4_1/Q8_0/Q4_K/
+Q6_K are swapped for `QuantLinear`s while still on the meta device and filled from the
+file's blocks (`model/gguf_blocks.py`): no float copy of them ever exists.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from infbench.core.checkpoint_config import (
     config_from_gguf,
     config_from_hf_dir,
     describe_exception,
+    gguf_tensor_infos,
+    native_gguf_file,
     open_gguf,
     reading,
     resolve_gguf,
@@ -38,14 +44,28 @@ from infbench.core.config import (
 )
 from infbench.core.device import available_memory_bytes
 from infbench.core.errors import ConfigError, DamagedFileError, DoesNotFitError, UserError
+from infbench.core.gguf_types import (
+    FLOAT,
+    TensorInfo,
+    describe_native,
+    native_mix,
+    stored_formats,
+)
 from infbench.model import dtypes
 from infbench.model.calibrated_quant import quantize_with_calibration
+from infbench.model.gguf_blocks import empty_format, format_parts, map_rows, native_weight
 from infbench.model.layers import SwiGLUMLP
 from infbench.model.prune import apply_prune
-from infbench.model.quant import quantize_model, stored_weight_bytes
+from infbench.model.quant import (
+    QuantLinear,
+    quantize_head,
+    quantize_model,
+    stored_weight_bytes,
+)
 from infbench.model.tokenizer import Tokenizer
 from infbench.model.transformer import Attention, Transformer
 from infbench.roofline.shapes import weight_bytes
+from kernels.quant_format import Int4Weight, Int8Weight
 
 SOURCE_KINDS = ("preset", "path", "gguf")
 INIT_STD = 0.02
@@ -82,12 +102,16 @@ def load_model(
     which one was used.
 
     quant (`model.quant`): int8 / int4 weights are quantized here, after the float weights
-    are read, and the float copies dropped (`model/quant.py`).
+    are read, and the float copies dropped (`model/quant.py`); native weights (a GGUF
+    source only) are read from the file's blocks as they are stored (`core/gguf_types.py`).
 
     prune (`model.prune`): layers and MLP channels are removed first, measured on calibration
     text (`model/prune.py`), so quantization sees the pruned model.
     """
-    loaded = _load(source, dtype, device, seed, overrides, weights)
+    native = quant is not None and quant.weights == "native"
+    if native:
+        native_gguf_file(source, weights, overrides)  # a one-line error without a GGUF
+    loaded = _load(source, dtype, device, seed, overrides, weights, native)
     if prune is not None and prune.active:
         apply_prune(loaded, prune, seed)
     if quant is not None and quant.weights in ("int8", "int4"):
@@ -97,6 +121,9 @@ def load_model(
             detail = quantize_with_calibration(loaded.model, loaded.tokenizer, quant, seed)
         loaded.weight_bytes = stored_weight_bytes(loaded.model)
         loaded.source += f"; {quant.weights} {quant.method} {detail}"
+    if quant is not None and quantize_head(loaded.model, quant):
+        loaded.weight_bytes = stored_weight_bytes(loaded.model)
+        loaded.source += "; LM head int8"
     return loaded
 
 
@@ -107,6 +134,7 @@ def _load(
     seed: int,
     overrides: dict[str, Any] | None,
     weights: str,
+    native: bool = False,
 ) -> LoadedModel:
     if not isinstance(source, dict) or len(source) != 1 or next(iter(source)) not in SOURCE_KINDS:
         raise ConfigError(
@@ -154,17 +182,21 @@ def _load(
     with reading(file, "GGUF file"):
         if weights != "random":
             check_gguf_tensor_types(reader)
-    model = _materialize(config, torch_dtype, dev)
+    infos = gguf_tensor_infos(file) if native else []
+    formats = stored_formats(infos)  # empty unless native
+    model = _materialize(config, torch_dtype, dev, infos)
     # Tensor data is memory-mapped and read only here: damage there surfaces now.
     with reading(file, "GGUF file"):
         if weights == "random":
             _init_random(model, seed)
         else:
-            _load_gguf(model, reader, file)
+            _load_gguf(model, reader, file, formats)
         has_tokenizer = "tokenizer.ggml.tokens" in reader.fields
         tokenizer = Tokenizer.from_gguf(reader) if has_tokenizer else None
     types = Counter(t.tensor_type.name for t in reader.tensors)
     summary = ", ".join(f"{name} x{n}" for name, n in types.most_common())
+    if native:
+        summary += f"; {describe_native(infos, dtype)}"
     return _finish(model, config, tokenizer, f"gguf {file} ({summary})",
                    random_note if weights == "random" else f"real: {file}")
 
@@ -191,7 +223,8 @@ def _with_overrides(config: ModelConfig, overrides: dict[str, Any] | None) -> Mo
     return config.with_overrides(**overrides) if overrides else config
 
 
-def _check_fits(config: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
+def _check_fits(config: ModelConfig, dtype: torch.dtype, device: torch.device,
+                quant: QuantConfig | None = None) -> None:
     """Refuse, before allocating anything, weights that cannot fit the device's free memory.
 
     On Linux a huge CPU allocation can succeed virtually and then get the process killed
@@ -199,7 +232,7 @@ def _check_fits(config: ModelConfig, dtype: torch.dtype, device: torch.device) -
     turns that into a one-line error.
     """
     name = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}[dtype]
-    need = weight_bytes(config, name)
+    need = weight_bytes(config, name, quant)
     free = available_memory_bytes(device)
     if need > free:
         raise DoesNotFitError(
@@ -208,10 +241,17 @@ def _check_fits(config: ModelConfig, dtype: torch.dtype, device: torch.device) -
             "fewer layers (model.overrides.num_layers) or another device")
 
 
-def _materialize(config: ModelConfig, dtype: torch.dtype, device: torch.device) -> Transformer:
-    """Allocate the model once on `device` in `dtype`, weights uninitialized."""
-    _check_fits(config, dtype, device)
+def _materialize(config: ModelConfig, dtype: torch.dtype, device: torch.device,
+                 native: list[TensorInfo] | None = None) -> Transformer:
+    """Allocate the model once on `device` in `dtype`, weights uninitialized.
+
+    native: a GGUF file's tensors whose projections run natively; the matrices they form
+    become QuantLinears of their stored format before anything is allocated."""
+    quant = QuantConfig(weights="native", native_mix=native_mix(native)) if native else None
+    _check_fits(config, dtype, device, quant)
     model = Transformer(config, dtype=dtype, device="meta")
+    if native:
+        _swap_native_linears(model, stored_formats(native), dtype)
     model.to_empty(device=device)
     model.init_rope_cache()
     return model.eval().requires_grad_(False)
@@ -268,6 +308,9 @@ class _WeightSink:
     def __init__(self, model: Transformer, origin: str) -> None:
         self.origin = origin
         self.params = dict(model.named_parameters())
+        # Native projections, under the name their float weight would have.
+        self.native = {f"{prefix}.weight": module for prefix, module in model.named_modules()
+                       if isinstance(module, QuantLinear)}
         self.shards: dict[str, list[int]] = {}  # fused parameter -> row counts per shard
         for prefix, module in model.named_modules():
             if isinstance(module, Attention):
@@ -276,7 +319,8 @@ class _WeightSink:
                 size = module.intermediate_size
                 self.shards[f"{prefix}.gate_up_proj.weight"] = [size, size]
         self.pending = {
-            (name, s) for name in self.params for s in range(len(self.shards.get(name, [0])))
+            (name, s) for name in [*self.params, *self.native]
+            for s in range(len(self.shards.get(name, [0])))
         }
         self.is_tied = model.lm_head is None
 
@@ -320,6 +364,27 @@ class _WeightSink:
             )
         with torch.no_grad():
             rows.copy_(tensor)  # converts dtype and device
+        self.pending.discard((name, shard))
+
+    def put_native(self, hf_name: str, weight: Int4Weight | Int8Weight) -> None:
+        """Copy a quantized tensor's codes and scales into its rows of a QuantLinear."""
+        dest = self.target(hf_name)
+        if dest is None or dest[0] not in self.native:
+            raise UserError(f"{self.origin}: tensor {hf_name!r} has no quantized place in "
+                            "this model config")
+        name, shard = dest
+        module = self.native[name]
+        sizes = self.shards.get(name, [module.out_features])
+        start = sum(sizes[:shard])
+        into = module.weight_format()
+        expect = (sizes[shard], module.in_features)
+        if tuple(weight.shape) != expect or type(weight) is not type(into) or \
+                weight.group_size != into.group_size:
+            raise UserError(f"{self.origin}: tensor {hf_name!r} has shape "
+                            f"{tuple(weight.shape)}, the config expects {expect}")
+        with torch.no_grad():
+            for dst, src in zip(format_parts(into), format_parts(weight), strict=True):
+                dst[start:start + sizes[shard]].copy_(src)
         self.pending.discard((name, shard))
 
     def finish(self) -> None:
@@ -414,13 +479,48 @@ def unpermute_rope_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     return w.transpose(1, 2).reshape(weight.shape)  # (heads, 2, D/2, in) -> (out, in)
 
 
-def _load_gguf(model: Transformer, reader: Any, file: Path) -> None:
+def _swap_native_linears(model: Transformer, formats: dict[str, str], dtype: torch.dtype) -> None:
+    """Replace (on the meta device) every projection whose GGUF parts run natively."""
+    modules: dict[str, str] = {}
+    for gguf_name, fmt in formats.items():
+        if fmt == FLOAT:
+            continue
+        match = _LAYER.fullmatch(_gguf_to_hf(gguf_name, "GGUF file"))
+        if match is None or match.group(2) not in _LEAVES:
+            continue
+        leaf = _LEAVES[match.group(2)][0].removesuffix(".weight")
+        modules[f"layers.{match.group(1)}.{leaf}"] = fmt
+    for path, fmt in modules.items():
+        parent_path, _, attr = path.rpartition(".")
+        try:
+            parent = model.get_submodule(parent_path)
+        except AttributeError:
+            continue  # a layer the config does not have: the sink names the tensor
+        linear = getattr(parent, attr, None)
+        if not isinstance(linear, torch.nn.Linear) or linear.bias is not None:
+            continue
+        weight = empty_format(fmt, linear.out_features, linear.in_features, "meta")
+        setattr(parent, attr, QuantLinear(weight, None, dtype))
+
+
+def _load_gguf(model: Transformer, reader: Any, file: Path,
+               formats: dict[str, str] | None = None) -> None:
     from gguf.quants import dequantize
 
     cfg = model.config
     sink = _WeightSink(model, str(file))
+    formats = formats or {}
     for tensor in reader.tensors:
         hf_name = _gguf_to_hf(tensor.name, str(file))
+        if formats.get(tensor.name, FLOAT) != FLOAT:  # stored as it is: no float copy
+            native = native_weight(tensor.data, tensor.tensor_type.name)
+            # RoPE's row order, as for float q/k below: whole rows (codes and scales) move.
+            if hf_name.endswith("q_proj.weight"):
+                native = map_rows(native, lambda t: unpermute_rope_rows(t, cfg.num_heads))
+            elif hf_name.endswith("k_proj.weight"):
+                native = map_rows(native, lambda t: unpermute_rope_rows(t, cfg.kv_heads))
+            sink.put_native(hf_name, native)
+            continue
         # Data is (out, packed in) in the file; dequantize gives float32 (out, in).
         array = dequantize(tensor.data, tensor.tensor_type)
         # F32 tensors come back as read-only views of the memory map; torch wants writable.

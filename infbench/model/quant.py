@@ -15,6 +15,7 @@ the weight and calls F.linear (float math, the same values up to rounding).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +23,7 @@ from torch import nn
 
 from infbench.core.config import QuantConfig
 from infbench.core.errors import ConfigError
+from kernels.cpu_linear import gemm
 from kernels.cpu_quant_linear import MAX_ROWS as CPU_MAX_ROWS
 from kernels.cpu_quant_linear import cpu_dequantize, cpu_quant_linear
 from kernels.quant_format import Int4Weight, Int8Weight, quantize_int4, quantize_int8
@@ -99,8 +101,16 @@ class QuantLinear(nn.Module):
             if x.shape[0] <= CPU_MAX_ROWS:  # decode: dequantize inside the GEMV
                 return cpu_quant_linear(x, self.weight_format(), self.bias)
             # prefill: rebuild the float matrix once (multi-threaded C++), then the BLAS GEMM
-            return F.linear(x, cpu_dequantize(self.weight_format(), x.dtype), self.bias)
+            return gemm(x, cpu_dequantize(self.weight_format(), x.dtype), self.bias)
         return self.reference(x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The product in float32 (an int8 LM head: no rounding of the logits to bf16)."""
+        if (hidden.device.type == "cpu" and self.backend == "cpu" and hidden.dim() == 2
+                and hidden.shape[0] <= CPU_MAX_ROWS
+                and hidden.dtype in (torch.float32, torch.bfloat16)):
+            return cpu_quant_linear(hidden, self.weight_format(), self.bias, out_float32=True)
+        return self.reference(hidden).float()
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:
         """Dequantize, then F.linear in x's dtype (the torch backend; prefill on `cpu`)."""
@@ -153,6 +163,24 @@ def quantize_model(model: nn.Module, quant: QuantConfig,
         setattr(parent, name, make(linear, quant))
         count += 1
     return count
+
+
+def quantize_head(model: nn.Module, quant: QuantConfig) -> bool:
+    """`quant.head` int8: the LM head as an int8 QuantLinear (one fp16 scale per vocabulary
+    row).  An untied `lm_head` is replaced; a tied one gets `head_q`, an int8 copy of the
+    embedding, which `Transformer.compute_logits` uses (the embedding stays for the gather).
+    Returns whether it quantized."""
+    if quant.head != "int8":
+        return False
+    lm_head = getattr(model, "lm_head", None)
+    source: Any = lm_head if isinstance(lm_head, nn.Linear) else model.embed_tokens
+    weight = source.weight
+    head = QuantLinear(quantize_int8(weight), getattr(source, "bias", None), weight.dtype)
+    if isinstance(lm_head, nn.Linear):
+        model.lm_head = head
+    else:
+        model.head_q = head
+    return True
 
 
 def stored_weight_bytes(model: nn.Module) -> int:

@@ -276,6 +276,12 @@ class Transformer(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden (N, H) -> logits (N, V) in float32."""
+        head_q = getattr(self, "head_q", None)  # quant.head int8 of a tied head
+        if head_q is not None:
+            return head_q.logits(hidden)  # type: ignore[no-any-return]
+        head_logits = getattr(self.lm_head, "logits", None)  # an untied head in int8
+        if head_logits is not None:
+            return head_logits(hidden)  # type: ignore[no-any-return]
         if self.lm_head is None:  # tied (N, V)
             backend = self.ops.name if getattr(self, "ops", None) is not None else "torch"
             return tied_logits(hidden, self.embed_tokens.weight, backend)

@@ -61,14 +61,15 @@ def _to_ops(rows: Totals, stage: str, layer: int | None) -> list[OpCost]:
 
 
 def _model_level(cfg: ModelConfig, num_tokens: int, num_logits: int, a: int,
-                 first: Totals, last: Totals) -> None:
+                 first: Totals, last: Totals, quant: QuantConfig) -> None:
     d, v = cfg.hidden_size, cfg.vocab_size
     # The embedding is a gather: only the rows of this step's tokens are read.
     add(first, "embed", "gather", weight=num_tokens * d * a, act=num_tokens * d * a)
     add(last, "norm", "elementwise", flops=4.0 * num_tokens * d, weight=d * a,
         act=2.0 * num_tokens * d * a)
     if num_logits:
-        add(last, "lm_head", "matmul", flops=2.0 * num_logits * d * v, weight=v * d * a,
+        head_bytes = v * d * quant.weight_bits(d, a, "lm_head") / 8.0  # quant.head
+        add(last, "lm_head", "matmul", flops=2.0 * num_logits * d * v, weight=head_bytes,
             act=num_logits * (d + v) * a)
 
 
@@ -113,7 +114,7 @@ def group_costs(
     num_logits = sum(sw.num_logits * n for sw, n in groups)
     first: Totals = {}
     last: Totals = {}
-    _model_level(cfg, num_tokens, num_logits, a, first, last)
+    _model_level(cfg, num_tokens, num_logits, a, first, last, quant)
 
     cache: dict[tuple[object, ...], Totals] = {}
     per_layer: list[tuple[int, Totals]] = []

@@ -38,7 +38,7 @@ class Weight:
     def nbytes(self, quant: QuantConfig, dtype_bytes: int) -> float:
         if not self.quantized:
             return float(self.numel * dtype_bytes)
-        return self.numel * quant.weight_bits(self.in_features, dtype_bytes) / 8.0
+        return self.numel * quant.weight_bits(self.in_features, dtype_bytes, self.op) / 8.0
 
 
 @dataclass(frozen=True)
@@ -169,17 +169,19 @@ def layer_weights(cfg: ModelConfig, spec: LayerSpec) -> list[Weight]:
     return [*norms, *_mixer_weights(cfg, spec), norms[0], *_mlp_weights(cfg, spec)]
 
 
-def model_weights(cfg: ModelConfig) -> list[Weight]:
-    """Weights outside the layers: embedding, final norm, LM head (absent when tied)."""
+def model_weights(cfg: ModelConfig, quant: QuantConfig | None = None) -> list[Weight]:
+    """Weights outside the layers: embedding, final norm, LM head (absent when tied, unless
+    `quant.head` int8 stores a quantized copy of the tied embedding for it)."""
     v, d = cfg.vocab_size, cfg.hidden_size
     ws = [Weight("embed", v, d, quantized=False), Weight("norm", 1, d, quantized=False)]
-    if not cfg.tie_word_embeddings:
-        ws.append(Weight("lm_head", d, v, quantized=False))
+    head_int8 = quant is not None and quant.head == "int8"
+    if not cfg.tie_word_embeddings or head_int8:
+        ws.append(Weight("lm_head", d, v, quantized=head_int8))
     return ws
 
 
-def _all_weights(cfg: ModelConfig) -> list[Weight]:
-    ws = model_weights(cfg)
+def _all_weights(cfg: ModelConfig, quant: QuantConfig | None = None) -> list[Weight]:
+    ws = model_weights(cfg, quant)
     for spec in cfg.layers():
         ws += layer_weights(cfg, spec)
     return ws
@@ -204,7 +206,7 @@ def param_count(cfg: ModelConfig) -> ParamCount:
 def weight_bytes(cfg: ModelConfig, dtype: str, quant: QuantConfig | None = None) -> int:
     """Bytes of all weights as stored (quantized projections include their scales)."""
     q, nbytes = quant or QuantConfig(), dtype_bytes(dtype)
-    return math.ceil(sum(w.nbytes(q, nbytes) for w in _all_weights(cfg)))
+    return math.ceil(sum(w.nbytes(q, nbytes) for w in _all_weights(cfg, q)))
 
 
 def layer_kv_bytes_per_token(cfg: ModelConfig, spec: LayerSpec, kv_bytes: int,

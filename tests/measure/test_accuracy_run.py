@@ -101,3 +101,12 @@ def test_accuracy_names_read_and_gate_the_right_way() -> None:
     with pytest.raises(UserError, match="unknown metric"):
         metric({}, "accuracy.perplexty")
 
+
+def test_pruned_point_is_compared_with_the_unpruned_model(tiny_dir: Path,
+                                                          tmp_path: Path) -> None:
+    model = f"{{path: {tiny_dir}, prune: {{layers: 1, calibration_tokens: 64}}}}"
+    result = run_point(_points(tmp_path, model, ", eval_tokens: 120")[0])
+    acc = result["accuracy"]
+    assert result["model_config"]["num_layers"] == 1
+    assert acc["reference_perplexity"] is not None and acc["greedy_agreement"] is not None
+    assert acc["perplexity"] != acc["reference_perplexity"]

@@ -105,3 +105,34 @@ measure: {warmup: 0, repeats: 1}
     import json
     result = json.loads(next((tmp_path / "out").glob("quant_tiny_*.json")).read_text())
     assert result["scenario"]["model"]["quant"]["weights"] == "int4"
+
+
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("weights", ["none", "int4"])
+def test_int8_lm_head(tied, weights):
+    """quant.head int8: an int8 head (a tied one as a copy beside the float embedding),
+    priced as stored; the engine's greedy tokens equal full recompute with it."""
+    from infbench.roofline.costs import step_costs
+    from infbench.roofline.ops import SeqWork
+
+    quant = QuantConfig(weights=weights, group_size=32, head="int8")
+    over = {"tie_word_embeddings": tied}
+    loaded = load_model({"preset": "tiny"}, overrides=over, quant=quant)
+    model = loaded.model
+    head = getattr(model, "head_q", None) if tied else model.lm_head
+    assert isinstance(head, QuantLinear) and head.kind == "int8"
+    assert tied == (model.lm_head is None)
+    assert loaded.weight_bytes == weight_bytes(loaded.config, "float32", quant)
+    cfg = loaded.config
+    head_bytes = cfg.vocab_size * (cfg.hidden_size + 2)  # int8 rows + an fp16 scale each
+    plain = load_model({"preset": "tiny"}, overrides=over,
+                       quant=QuantConfig(weights=weights, group_size=32))
+    assert loaded.weight_bytes - plain.weight_bytes == head_bytes - (
+        0 if tied else cfg.vocab_size * cfg.hidden_size * 4)
+    ops = {op.name: op for op in step_costs(cfg, [SeqWork(1, 16)], "float32", quant)}
+    assert ops["lm_head"].weight_bytes == head_bytes
+    requests = random_requests([5, 3], gen=5, vocab=cfg.vocab_size)
+    out = make_engine(loaded, requests, backend="cpu").run(requests,
+                                                         realtime_arrivals=False).outputs
+    for r in requests:
+        assert out[r.request_id] == greedy_recompute(model, r.prompt_ids, 5)
