@@ -42,7 +42,7 @@ def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    _fsync_dir(target.parent)
+    fsync_dir(target.parent)
 
 
 def write_json_atomic(path: str | os.PathLike[str], obj: Any, *, sort_keys: bool = False) -> None:
@@ -50,7 +50,7 @@ def write_json_atomic(path: str | os.PathLike[str], obj: Any, *, sort_keys: bool
     write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=sort_keys, allow_nan=False) + "\n")
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
     """Make a rename in `directory` durable; not every file system allows it."""
     try:
         dir_fd = os.open(directory, os.O_RDONLY)

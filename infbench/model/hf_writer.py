@@ -25,6 +25,7 @@ from torch import nn
 
 from infbench.core.config import ModelConfig
 from infbench.core.errors import ConfigError, UserError
+from infbench.core.io import fsync_dir
 from infbench.model.layers import SwiGLUMLP
 from infbench.model.quant import QuantLinear
 from infbench.model.tokenizer import Tokenizer
@@ -187,10 +188,4 @@ def _replace_dir(tmp: Path, target: Path) -> None:
         raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
-    dir_fd = os.open(target.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    except OSError:
-        pass
-    finally:
-        os.close(dir_fd)
+    fsync_dir(target.parent)
