@@ -3,6 +3,7 @@
 #include <torch/extension.h>
 
 #include "cpu_kernels.h"
+#include "paged_view.h"
 
 void bind_quant(pybind11::module_& m);  // bindings_quant.cpp
 void bind_decode_layer(pybind11::module_& m);  // decode_layer.cpp
@@ -65,50 +66,12 @@ infbench_cpu::PagedAttention paged_args(const char* op, const torch::Tensor& q,
                                         const torch::Tensor& block_tables,
                                         const torch::Tensor& context_lens, int64_t num_q_heads,
                                         double scale, const c10::optional<int64_t>& window) {
-  check_cpu(k_cache, "k_cache");
-  check_cpu(v_cache, "v_cache");
-  check_cpu(block_tables, "block_tables");
-  TORCH_CHECK(k_cache.dim() == 4 && v_cache.dim() == 4,
-              op, ": caches are (num_blocks, block_size, heads, dim)");
-  TORCH_CHECK(k_cache.size(0) == v_cache.size(0) && k_cache.size(1) == v_cache.size(1) &&
-              k_cache.size(2) == v_cache.size(2), op, ": k_cache and v_cache shapes differ");
   TORCH_CHECK(k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type(),
               op, ": q, k_cache and v_cache must share a dtype");
-  TORCH_CHECK(k_cache.stride(3) == 1 && v_cache.stride(3) == 1, op, ": cache rows must be contiguous");
-  TORCH_CHECK(block_tables.dim() == 2 && block_tables.scalar_type() == torch::kInt32 &&
-              block_tables.stride(1) == 1, op, ": block_tables must be (B, max_blocks) int32 rows");
-  TORCH_CHECK(q.size(-1) == k_cache.size(3), op, ": q and k_cache head dims differ");
-  const int64_t num_kv_heads = k_cache.size(2);
-  TORCH_CHECK(num_kv_heads > 0 && num_q_heads % num_kv_heads == 0, op, ": ", num_q_heads,
-              " query heads are not a multiple of ", num_kv_heads, " KV heads");
-  TORCH_CHECK(!window.has_value() || *window > 0, op, ": window must be a positive token count");
-  // Every context must fit its table: the kernels read table entries up to it.
-  const int64_t capacity = block_tables.size(1) * k_cache.size(1);
-  const int32_t* lens = context_lens.data_ptr<int32_t>();
-  for (int64_t b = 0; b < context_lens.size(0); ++b)
-    TORCH_CHECK(lens[b] >= 0 && lens[b] <= capacity, op, ": context length ", lens[b],
-                " of sequence ", b, " does not fit its block table (", capacity, " slots)");
-  infbench_cpu::PagedAttention a{};
-  a.k_cache = k_cache.data_ptr();
-  a.v_cache = v_cache.data_ptr();
-  a.k_stride_block = k_cache.stride(0);
-  a.k_stride_slot = k_cache.stride(1);
-  a.k_stride_head = k_cache.stride(2);
-  a.v_stride_block = v_cache.stride(0);
-  a.v_stride_slot = v_cache.stride(1);
-  a.v_stride_head = v_cache.stride(2);
-  a.block_tables = block_tables.data_ptr<int32_t>();
-  a.table_stride = block_tables.stride(0);
-  a.context_lens = lens;
-  a.block_size = k_cache.size(1);
-  a.num_q_heads = num_q_heads;
-  a.num_kv_heads = num_kv_heads;
-  a.head_dim = k_cache.size(3);
-  a.v_head_dim = v_cache.size(3);
-  a.scale = static_cast<float>(scale);
-  a.window = window.value_or(0);
-  a.dtype = dtype_of(q, op);
-  return a;
+  const int32_t* lens = infbench_cpu::check_paged(op, q, k_cache, v_cache, block_tables,
+                                                  context_lens, num_q_heads, window);
+  return infbench_cpu::paged_view(k_cache, v_cache, block_tables, lens, num_q_heads, scale,
+                                  window.value_or(0), dtype_of(q, op));
 }
 
 // q (B, Hq, D) or (B, Q, Hq, D) over the paged cache -> q's shape with Dv, in q's dtype.

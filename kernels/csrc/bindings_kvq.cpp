@@ -4,6 +4,7 @@
 #include <torch/extension.h>
 
 #include "kv_quant.h"
+#include "paged_view.h"
 
 namespace {
 
@@ -52,41 +53,11 @@ infbench_cpu::PagedAttentionInt8 paged_args(
   check_pool(op, k_cache, k_scales, "k_cache");
   check_pool(op, v_cache, v_scales, "v_cache");
   check_cpu(block_tables, op, "block_tables");
-  TORCH_CHECK(k_cache.size(0) == v_cache.size(0) && k_cache.size(1) == v_cache.size(1) &&
-              k_cache.size(2) == v_cache.size(2), op, ": k_cache and v_cache shapes differ");
-  TORCH_CHECK(block_tables.dim() == 2 && block_tables.scalar_type() == torch::kInt32 &&
-              block_tables.stride(1) == 1, op, ": block_tables must be (B, max_blocks) int32 rows");
-  TORCH_CHECK(q.size(-1) == k_cache.size(3), op, ": q and k_cache head dims differ");
-  const int64_t num_kv_heads = k_cache.size(2);
-  TORCH_CHECK(num_kv_heads > 0 && num_q_heads % num_kv_heads == 0, op, ": ", num_q_heads,
-              " query heads are not a multiple of ", num_kv_heads, " KV heads");
-  TORCH_CHECK(!window.has_value() || *window > 0, op, ": window must be a positive token count");
-  const int64_t capacity = block_tables.size(1) * k_cache.size(1);
-  const int32_t* lens = context_lens.data_ptr<int32_t>();
-  for (int64_t b = 0; b < context_lens.size(0); ++b)
-    TORCH_CHECK(lens[b] >= 0 && lens[b] <= capacity, op, ": context length ", lens[b],
-                " of sequence ", b, " does not fit its block table (", capacity, " slots)");
+  const int32_t* lens = infbench_cpu::check_paged(op, q, k_cache, v_cache, block_tables,
+                                                  context_lens, num_q_heads, window);
   infbench_cpu::PagedAttentionInt8 p{};
-  infbench_cpu::PagedAttention& a = p.a;
-  a.k_cache = k_cache.data_ptr();
-  a.v_cache = v_cache.data_ptr();
-  a.k_stride_block = k_cache.stride(0);
-  a.k_stride_slot = k_cache.stride(1);
-  a.k_stride_head = k_cache.stride(2);
-  a.v_stride_block = v_cache.stride(0);
-  a.v_stride_slot = v_cache.stride(1);
-  a.v_stride_head = v_cache.stride(2);
-  a.block_tables = block_tables.data_ptr<int32_t>();
-  a.table_stride = block_tables.stride(0);
-  a.context_lens = lens;
-  a.block_size = k_cache.size(1);
-  a.num_q_heads = num_q_heads;
-  a.num_kv_heads = num_kv_heads;
-  a.head_dim = k_cache.size(3);
-  a.v_head_dim = v_cache.size(3);
-  a.scale = static_cast<float>(scale);
-  a.window = window.value_or(0);
-  a.dtype = activation_dtype(q, op);
+  p.a = infbench_cpu::paged_view(k_cache, v_cache, block_tables, lens, num_q_heads, scale,
+                                 window.value_or(0), activation_dtype(q, op));
   p.k_scales = k_scales.data_ptr<float>();
   p.ks_stride_block = k_scales.stride(0);
   p.ks_stride_slot = k_scales.stride(1);

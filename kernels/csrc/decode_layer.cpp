@@ -12,6 +12,7 @@
 #include <torch/extension.h>
 
 #include "cpu_kernels.h"
+#include "paged_view.h"
 #include "quant_kernels.h"
 
 namespace {
@@ -182,26 +183,8 @@ class DecodeLayer {
       infbench_cpu::store_kv(s, slots, T);
     }
     // 5. paged decode attention
-    infbench_cpu::PagedAttention a{};
-    a.k_cache = k_cache.data_ptr();
-    a.v_cache = v_cache.data_ptr();
-    a.k_stride_block = k_cache.stride(0);
-    a.k_stride_slot = k_cache.stride(1);
-    a.k_stride_head = k_cache.stride(2);
-    a.v_stride_block = v_cache.stride(0);
-    a.v_stride_slot = v_cache.stride(1);
-    a.v_stride_head = v_cache.stride(2);
-    a.block_tables = tables.data_ptr<int32_t>();
-    a.table_stride = tables.stride(0);
-    a.context_lens = lens;
-    a.block_size = k_cache.size(1);
-    a.num_q_heads = heads_;
-    a.num_kv_heads = kv_heads_;
-    a.head_dim = head_dim_;
-    a.v_head_dim = head_dim_;
-    a.scale = scale_;
-    a.window = window_;
-    a.dtype = dt;
+    const auto a = infbench_cpu::paged_view(k_cache, v_cache, tables, lens, heads_, scale_,
+                                            window_, dt);
     auto attn = torch::empty({T, q_size}, x.options());
     infbench_cpu::paged_decode_attention(a, q, row, row, head_dim_, attn.data_ptr(), T, 1);
     // 6. output projection, 7. post-attention norm with the residual add
