@@ -303,13 +303,50 @@ class EngineSection(_Section):
 
 
 class SpeculativeSection(_Section):
-    method: Literal["none", "ngram", "draft"] = "none"
+    method: Literal["none", "ngram", "draft", "medusa", "eagle"] = "none"
+    """ngram: prompt lookup; draft: a draft model (by default the target itself, cut by
+    draft_layers or quantized by draft_quant); medusa / eagle: heads trained by
+    `infbench train-draft` (checkpoint in `heads`)."""
     num_tokens: PosInt = 4
     """Draft tokens proposed per step (k)."""
+    draft_model: str | None = None
+    """method draft: a preset, HF directory or .gguf sharing the target's vocabulary;
+    unset: the target's own weights."""
+    draft_layers: PosInt | None = None
+    """method draft: keep only the draft's first N layers (the layer-skipping self-draft
+    when the draft is the target)."""
+    draft_quant: Literal["none", "int8", "int4"] = "none"
+    """method draft: quantize the draft's projections (int4 in groups of draft_group_size):
+    the quantized target as its own draft."""
+    draft_group_size: Literal[32, 64, 128] = 64
+    heads: str | None = None
+    """method medusa / eagle: the head checkpoint written by `infbench train-draft`."""
+    ngram_max: PosInt = 4
+    """method ngram: the longest suffix looked up."""
+    ngram_min: PosInt = 1
     acceptance: Fraction = 0.7
-    """Per-token acceptance probability a: a step yields (1 - a^(k+1)) / (1 - a) tokens."""
+    """`infbench predict` only: per-token acceptance probability a (a run measures it)."""
     draft_cost_ratio: NonNegFloat | None = None
-    """Cost of one draft step relative to one target step (default: ngram 0, draft 0.1)."""
+    """`infbench predict` only: cost of one draft step relative to one target step
+    (default: ngram 0, draft 0.1; a run measures it)."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SpeculativeSection:
+        m = self.method
+        draft_only = {"draft_model": self.draft_model, "draft_layers": self.draft_layers,
+                      "draft_quant": None if self.draft_quant == "none" else self.draft_quant}
+        for key, value in draft_only.items():
+            if value is not None and m != "draft":
+                raise ValueError(f"{key} is a setting of method draft (method is {m!r})")
+        if m in ("medusa", "eagle") and not self.heads:
+            raise ValueError(f"method {m} needs heads: the checkpoint of "
+                             f"`infbench train-draft --method {m}`")
+        if self.heads is not None and m not in ("medusa", "eagle"):
+            raise ValueError(f"heads is a setting of methods medusa and eagle (method is {m!r})")
+        if self.ngram_min > self.ngram_max:
+            raise ValueError(f"ngram_min ({self.ngram_min}) must be <= ngram_max "
+                             f"({self.ngram_max})")
+        return self
 
 
 Percentile = Annotated[float, Field(gt=0, le=100, strict=True, allow_inf_nan=False)]
@@ -553,7 +590,11 @@ class Scenario(_Section):
                            self.model.overrides.model_dump(exclude_unset=True))},
                 workload=WorkloadPoint(**wl),
                 engine=EngineConfig(**self.engine.model_dump()),
-                speculative=SpeculativeConfig(spec.method, spec.num_tokens, spec.acceptance, ratio),
+                speculative=SpeculativeConfig(
+                    spec.method, spec.num_tokens, spec.acceptance, ratio,
+                    draft_model=spec.draft_model, draft_layers=spec.draft_layers,
+                    draft_quant=spec.draft_quant, draft_group_size=spec.draft_group_size,
+                    heads=spec.heads, ngram_max=spec.ngram_max, ngram_min=spec.ngram_min),
                 measure=MeasureConfig(**self.measure.model_dump()),
                 gate=GateConfig(**self.gate.model_dump()) if self.gate is not None else None,
                 swept=swept,
@@ -625,10 +666,36 @@ class WorkloadPoint:
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    method: str = "none"  # none | ngram | draft (only none runs in the engine today)
+    """The scenario's `speculative` section (SpeculativeSection documents the keys)."""
+
+    method: str = "none"  # none | ngram | draft | medusa | eagle
     num_tokens: int = 4
-    acceptance: float = 0.7
-    draft_cost_ratio: float = 0.0
+    acceptance: float = 0.7  # predict only
+    draft_cost_ratio: float = 0.0  # predict only
+    draft_model: str | None = None
+    draft_layers: int | None = None
+    draft_quant: str = "none"
+    draft_group_size: int = 64
+    heads: str | None = None
+    ngram_max: int = 4
+    ngram_min: int = 1
+
+    @property
+    def enabled(self) -> bool:
+        return self.method != "none"
+
+    @property
+    def label(self) -> str:
+        """method and its draft, e.g. `draft(layers 8)`, `draft(int4)`, `ngram`."""
+        if self.method != "draft":
+            return self.method
+        parts = [] if self.draft_model is None else [self.draft_model]
+        if self.draft_layers is not None:
+            parts.append(f"layers {self.draft_layers}")
+        if self.draft_quant != "none":
+            parts.append(self.draft_quant if self.draft_quant == "int8"
+                         else f"int4-g{self.draft_group_size}")
+        return f"draft({', '.join(parts) or 'target'})"
 
 
 @dataclass(frozen=True)

@@ -225,6 +225,20 @@ class BlockManager:
         seq.block_table = BlockTable()
         self._seq_hashes.pop(seq.seq_id, None)
 
+    def truncate(self, seq: Sequence, num_tokens: int) -> int:
+        """Free the blocks past the first `num_tokens` positions (the slots of rejected
+        speculative tokens); returns how many.  Never touches a hashed (committed) block:
+        commit only covers computed tokens, which are kept."""
+        keep = cdiv(num_tokens, self.block_size)
+        table = seq.block_table
+        num_freed = 0
+        while len(table) > keep:
+            block = table.pop()
+            if block != RELEASED:
+                self._decref(block)
+            num_freed += 1
+        return num_freed
+
     def fork(self, parent: Sequence, child: Sequence) -> None:
         if child.block_table:
             raise ValueError(f"fork: child seq {child.seq_id} already holds blocks")

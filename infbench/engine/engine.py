@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from infbench.core.config import EngineConfig, ModelConfig
+from infbench.core.scenario import SpeculativeConfig
 from infbench.core.errors import ConfigError, DoesNotFitError, UserError
 from infbench.engine.backend import get_ops
 from infbench.engine.block_manager import BlockManager, StateSlots
@@ -36,7 +37,8 @@ from infbench.engine.kv_groups import GroupedBlockManager, kv_group_windows, pla
 from infbench.engine.records import RequestRecord, StepRecord
 from infbench.engine.request import Request
 from infbench.engine.runner import ModelRunner
-from infbench.engine.scheduler import Scheduler
+from infbench.engine.scheduler import Scheduler, SchedulerOutput
+from infbench.engine.spec.base import Proposer, SpecRequest
 from infbench.engine.sequence import Sequence as Seq
 from infbench.model.context import LanguageModel
 from infbench.model.loader import LoadedModel
@@ -89,16 +91,23 @@ class KVSizing:
 class Engine:
     @classmethod
     def create(cls, loaded: LoadedModel, engine_cfg: EngineConfig, device: str | torch.device,
-               dtype: str, *, sizing: KVSizing, seed: int = 0, kv_quant: str = "none") -> Engine:
+               dtype: str, *, sizing: KVSizing, seed: int = 0, kv_quant: str = "none",
+               speculative: SpeculativeConfig | None = None,
+               source: dict[str, str] | None = None) -> Engine:
         """An engine over a loaded model; EOS comes from its tokenizer (None without one).
 
         `kv_quant` (`model.quant.kv`): none (the KV cache in `dtype`), int8, or fp8 (CUDA).
+        `speculative`: a scenario's speculative section (engine/spec/build.py builds its
+        proposer; `source`, the target's model source, lets a quantized self-draft load).
         """
         tok = loaded.tokenizer
-        return cls(loaded.model, loaded.config, engine_cfg, torch.device(device), dtype,
-                   weight_bytes=loaded.weight_bytes, sizing=sizing, seed=seed,
-                   eos_token_id=tok.eos_token_id if tok is not None else None,
-                   kv_quant=kv_quant)
+        engine = cls(loaded.model, loaded.config, engine_cfg, torch.device(device), dtype,
+                     weight_bytes=loaded.weight_bytes, sizing=sizing, seed=seed,
+                     eos_token_id=tok.eos_token_id if tok is not None else None,
+                     kv_quant=kv_quant)
+        if speculative is not None and speculative.enabled:
+            engine.enable_speculation(speculative, loaded, source)
+        return engine
 
     def __init__(self, model: LanguageModel, cfg: ModelConfig, engine_cfg: EngineConfig,
                  device: torch.device, dtype: str, *, weight_bytes: int,
@@ -172,6 +181,29 @@ class Engine:
         if engine_cfg.cuda_graphs:
             self._enable_cuda_graphs()
         self.seed = seed
+        # Speculative decoding (enable_speculation): the proposer, its settings, and
+        # whether runs speculate (set_speculation turns it off for a same-run baseline).
+        self.proposer: Proposer | None = None
+        self.spec: SpeculativeConfig | None = None
+        self.speculating = False
+        self.reset()
+
+    def enable_speculation(self, spec: SpeculativeConfig, loaded: LoadedModel,
+                           source: dict[str, str] | None = None) -> None:
+        """Build the proposer of `spec` and speculate from the next run on."""
+        from infbench.engine.spec.build import build_proposer
+
+        self.proposer = build_proposer(spec, loaded, self, target_source=source, seed=self.seed)
+        self.spec = spec
+        self.set_speculation(True)
+
+    def set_speculation(self, on: bool) -> None:
+        """Speculate (True) or decode plainly (False) from the next run on."""
+        if on and self.proposer is None:
+            raise ValueError("enable_speculation first")
+        self.speculating = on
+        self.runner.feature_sink = (self.proposer.observe if on and self.proposer is not None
+                                    and self.proposer.needs_features else None)
         self.reset()
 
     def _enable_cuda_graphs(self) -> None:
@@ -204,9 +236,15 @@ class Engine:
             self.block_manager = BlockManager(
                 self.kv.num_blocks, self.engine_cfg.block_size, caching)
         slots = StateSlots(self.states.num_slots) if self.states is not None else None
-        self.scheduler = Scheduler(self.engine_cfg, self.block_manager, state_slots=slots,
-                                   window=self.window, eos_token_id=self.eos_token_id)
+        speculating = getattr(self, "speculating", False)
+        self.scheduler = Scheduler(
+            self.engine_cfg, self.block_manager, state_slots=slots, window=self.window,
+            eos_token_id=self.eos_token_id,
+            num_spec_tokens=self.spec.num_tokens if speculating and self.spec else 0)
         self.runner.reset()  # fresh sampler streams and persistent batch
+        proposer = getattr(self, "proposer", None)
+        if proposer is not None:
+            proposer.reset()
         self._step_index = 0
 
     def add_request(self, request: Request) -> Seq:
@@ -223,6 +261,7 @@ class Engine:
     def step(self, clock: Callable[[], float]) -> tuple[StepRecord, list[Seq]]:
         start = clock()
         out = self.scheduler.schedule()
+        draft_time = self._propose(out) if self.speculating else 0.0
         device_time = None
         if self.device.type == "cuda":
             begin, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
@@ -263,16 +302,43 @@ class Engine:
             num_preempted=len(out.preempted),
             context_lens=[s.start_pos + s.num_new_tokens for s in scheduled],
             query_lens=query_lens,
-            logits_lens=[1 if s.num_samples > 0 else 0 for s in scheduled],
+            logits_lens=[s.num_new_tokens if s.spec_tokens else 1 if s.num_samples > 0 else 0
+                         for s in scheduled],
             device_time_s=device_time,
+            spec_drafts=[d for d, _ in self.runner.verified],
+            spec_accepted=[a for _, a in self.runner.verified],
+            draft_time_s=draft_time,
         )
         self._step_index += 1
         for seq in finished:
             self.runner.sampler.release((seq.request_id, seq.sample_index))
             self.runner.release(seq.seq_id)
+            if self.proposer is not None:
+                self.proposer.release(seq.seq_id)
         for seq in out.preempted:  # recomputed later with new blocks: its rows can go
             self.runner.release(seq.seq_id)
         return record, finished
+
+    def _propose(self, out: SchedulerOutput) -> float:
+        """Ask the proposer for the drafts of every decode given room for them; returns the
+        seconds it took.  A sequence given fewer drafts (none: a plain decode) computes
+        fewer tokens; its unused slots are released after verification."""
+        items = [s for s in out.scheduled if s.num_spec > 0]
+        if not items:
+            return 0.0
+        assert self.proposer is not None
+        t0 = time.perf_counter()
+        requests = [SpecRequest(s.seq.seq_id, s.seq.token_ids, s.num_spec, s.seq.sampling,
+                                s.seq.block_table, s.seq.num_preemptions) for s in items]
+        proposals = self.proposer.propose(requests)
+        for item, proposal in zip(items, proposals, strict=True):
+            tokens = proposal.tokens[:item.num_spec]
+            item.num_new_tokens = 1 + len(tokens)
+            if tokens:
+                item.spec_tokens = tokens
+                if proposal.probs is not None:
+                    item.spec_probs = proposal.probs[:len(tokens)]
+        return time.perf_counter() - t0
 
     def _kv_bytes_used(self) -> int:
         """Bytes of the used blocks: used blocks x block_size x bytes per slot, per group."""

@@ -22,6 +22,7 @@ from infbench.core.checkpoint_config import model_source
 from infbench.core.config import DTYPES, KV_QUANT, EngineConfig, ModelConfig
 from infbench.core.device import auto_dtype, available_memory_bytes, resolve_device
 from infbench.core.errors import UserError
+from infbench.core.scenario import SpeculativeConfig
 from infbench.engine.engine import Engine, KVSizing
 from infbench.engine.records import RequestRecord
 from infbench.engine.request import Request, SamplingParams
@@ -96,7 +97,11 @@ class LLM:
         seed: int = 0,
         num_threads: int | None = None,
         kv_quant: str = "none",
+        speculative: SpeculativeConfig | None = None,
+        source: dict[str, str] | None = None,
     ) -> None:
+        """`speculative`: speculative decoding (a scenario's section; docs/speculative.md);
+        `source`, the model source of a loaded `model`, lets a quantized self-draft load."""
         if kv_quant not in KV_QUANT:
             raise UserError(f"kv_quant={kv_quant!r}: allowed: {', '.join(KV_QUANT)}")
         if kv_cache_memory is not None and num_kv_blocks is not None:
@@ -136,7 +141,8 @@ class LLM:
         sizing = KVSizing.for_max_model_len(self.max_model_len, self.engine_config,
                                             num_kv_blocks)
         self.engine = Engine.create(self._loaded, self.engine_config, self.device, self.dtype,
-                                    sizing=sizing, seed=seed, kv_quant=kv_quant)
+                                    sizing=sizing, seed=seed, kv_quant=kv_quant,
+                                    speculative=speculative, source=source)
         self._ids = itertools.count()
 
     @property

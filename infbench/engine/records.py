@@ -35,6 +35,11 @@ class StepRecord:
     # Exact bytes of the used blocks: sum over KV groups of used blocks x block_size x
     # that group's bytes per token slot (None in records written before KV groups).
     kv_bytes_used: int | None = None
+    # Speculative decoding: per verification in the step, the drafts proposed and how many
+    # the target accepted; and the host time the proposer took (included in duration_s).
+    spec_drafts: list[int] = field(default_factory=list)
+    spec_accepted: list[int] = field(default_factory=list)
+    draft_time_s: float = 0.0
 
 
 @dataclass

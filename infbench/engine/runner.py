@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -23,8 +24,9 @@ from infbench.core.config import LayerSpec
 from infbench.engine.cuda_graphs import DecodeGraphs
 from infbench.engine.input_batch import TableRows
 from infbench.engine.kv_cache import KVCache, StatePool
-from infbench.engine.sampler import Sampler
+from infbench.engine.sampler import Sampler, argmax_rows, filtered_probs
 from infbench.engine.scheduler import ScheduledSeq, SchedulerOutput
+from infbench.engine.spec.verify import verify_greedy, verify_sampled
 from infbench.model.context import LanguageModel, LayerState
 from infbench.model.ops import Ops
 
@@ -50,6 +52,10 @@ class StepInputs:
     state_slots: torch.Tensor  # (B,) int64 (-1 when the model has no recurrent state)
     # KV groups 1.. (group 0 is the fields above): (slot_mapping, decode_tables, prefill_tables)
     groups: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    # Logits rows per sampled sequence, when a speculative verification (1 + k rows) is in
+    # the step; empty: one row each.
+    logits_counts: list[int] = field(default_factory=list)
+    order: list[ScheduledSeq] = field(default_factory=list)  # the B sequences, decodes first
 
 
 class PagedAttentionContext:
@@ -197,6 +203,10 @@ class ModelRunner:
         self.device = device
         self.seed = seed
         self.sampler = Sampler(seed)
+        # Speculative decoding: a proposer's `observe` when it drafts from hidden states,
+        # and (drafts, accepted) per verification of the last step.
+        self.feature_sink: Callable[[int, int, int, torch.Tensor], None] | None = None
+        self.verified: list[tuple[int, int]] = []
         self.table_rows: list[TableRows] = []  # the persistent batch's block tables
 
     def prepare(self, out: SchedulerOutput) -> StepInputs:
@@ -211,13 +221,19 @@ class ModelRunner:
         """
         bs = self.kv.block_size
         # Decodes first, in scheduled order: the stable partition sorted(key=is_prefill) gives.
-        decodes = [s for s in out.scheduled if not s.is_prefill]
+        # Speculative verifications (a decode plus its drafts) lead the multi-token part.
+        decodes = [s for s in out.scheduled if not s.is_prefill and not s.spec_tokens]
+        specs = [s for s in out.scheduled if s.spec_tokens]
         prefills = [s for s in out.scheduled if s.is_prefill]
-        order = decodes + prefills if prefills else decodes
+        multi = specs + prefills if specs else prefills
+        order = decodes + multi if multi else decodes
         nd, num_seqs = len(decodes), len(order)
         seqs = [s.seq for s in order]
         # A decode computes the token it sampled last step: output_ids[-1], read in place.
         ids = [s.seq.output_ids[-1] for s in decodes]
+        for s in specs:
+            ids.append(s.seq.output_ids[-1])
+            ids.extend(s.spec_tokens or ())
         for s in prefills:
             seq, start, n = s.seq, s.start_pos, s.num_new_tokens
             if n == 1:  # one token, read in place: no token_ids list needed
@@ -227,21 +243,31 @@ class ModelRunner:
             else:
                 ids.extend(seq.token_ids[start:start + n])
         starts = np.array([s.start_pos for s in order], dtype=np.int64)
-        # Decodes compute one token each; only prefill chunks need their lengths read.
+        # Decodes compute one token each; only multi-token parts need their lengths read.
         lens = np.ones(num_seqs, dtype=np.int64)
-        if prefills:
-            lens[nd:] = [s.num_new_tokens for s in prefills]
+        if multi:
+            lens[nd:] = [s.num_new_tokens for s in multi]
         seq_cu = np.zeros(num_seqs + 1, dtype=np.int64)
         np.cumsum(lens, out=seq_cu[1:])
         num_tokens = int(seq_cu[-1])
         ends = starts + lens  # context length of each sequence after this step
-        # The last token of each sampled sequence needs logits: every decode's one token,
+        # Rows that need logits: every decode's one token, every row of a verification,
         # and the last token of each prefill chunk that completes its sequence.
-        sampled = decodes + [s for s in prefills if s.num_samples > 0]
+        sampled = decodes + specs + [s for s in prefills if s.num_samples > 0]
         logits_rows = list(range(nd))
+        logits_counts: list[int] = []
+        if specs:
+            logits_counts = [1] * nd
+            for b, s in enumerate(specs):
+                logits_rows += range(int(seq_cu[nd + b]), int(seq_cu[nd + b + 1]))
+                logits_counts.append(s.num_new_tokens)
         if prefills:
-            logits_rows += [int(seq_cu[nd + b + 1]) - 1 for b, s in enumerate(prefills)
-                            if s.num_samples > 0]
+            first = nd + len(specs)
+            done = [int(seq_cu[first + b + 1]) - 1 for b, s in enumerate(prefills)
+                    if s.num_samples > 0]
+            logits_rows += done
+            if specs:
+                logits_counts += [1] * len(done)
         if num_tokens == num_seqs:  # every sequence computes one token
             positions, token_seq = starts, None
         else:
@@ -292,6 +318,8 @@ class ModelRunner:
             prefill_context_lens=i32(ends[nd:]),
             logits_rows=logits_rows,
             sampled_seqs=sampled,
+            logits_counts=logits_counts,
+            order=order,
             seq_cu_seqlens=i64(seq_cu),
             seq_start_pos=i64(starts),
             state_slots=i64(state_slots),
@@ -331,28 +359,45 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> dict[int, list[int]]:
-        """Run one step; returns the sampled tokens per sequence id."""
+        """Run one step; returns the sampled tokens per sequence id (a verified
+        speculative step: the accepted drafts and the token after them)."""
         self.kv.copy_blocks(out.block_copies)
         inputs = self.prepare(out)
+        self.verified = []
+        sink = self.feature_sink
         if not inputs.logits_rows:  # only partial prefill chunks: no token to sample
-            self.model(inputs.input_ids, inputs.positions,
-                       PagedAttentionContext(self.kv, self.ops, inputs, self.states))
+            hidden = self.model(inputs.input_ids, inputs.positions,
+                                PagedAttentionContext(self.kv, self.ops, inputs, self.states))
+            if sink is not None:
+                self._observe(inputs, hidden, {})
             return {}
         logits = None
+        full_hidden = None
         sampled = inputs.sampled_seqs
-        if self.graphs is not None and (
+        if self.graphs is not None and sink is None and (
                 inputs.num_decode == len(sampled) == len(out.scheduled)
                 and all(s.num_samples == 1 for s in sampled)):  # a plain decode step
             logits = self.graphs.run(inputs.input_ids, inputs.positions, inputs.slot_mapping,
                                      inputs.decode_tables, inputs.decode_context_lens)
         if logits is None:
             ctx = PagedAttentionContext(self.kv, self.ops, inputs, self.states)
-            hidden = self.model(inputs.input_ids, inputs.positions, ctx)  # (T, H)
+            hidden = full_hidden = self.model(inputs.input_ids, inputs.positions, ctx)  # (T, H)
             if len(inputs.logits_rows) < hidden.shape[0]:
                 rows = torch.from_numpy(np.array(inputs.logits_rows, dtype=np.int64))
                 hidden = hidden.index_select(0, rows.to(self.device))
             # else every row needs logits (a decode step): no gather of all T rows
             logits = self.model.compute_logits(hidden)  # (N, V) float32
+        if inputs.logits_counts:  # speculative verifications in this step
+            result = self._verify(logits, inputs)
+        else:
+            result = self._sample(logits, inputs)
+        if sink is not None and full_hidden is not None:
+            self._observe(inputs, full_hidden, result)
+        return result
+
+    def _sample(self, logits: torch.Tensor, inputs: StepInputs) -> dict[int, list[int]]:
+        """One row of logits per sampled sequence."""
+        sampled = inputs.sampled_seqs
         seqs = [s.seq for s in sampled]
         params = [q.sampling for q in seqs]
         if inputs.num_decode == len(sampled) and not any([p.temperature for p in params]):
@@ -368,6 +413,51 @@ class ModelRunner:
             [self.sample_seed(q.request_id, p.seed) for q, p in zip(seqs, params, strict=True)],
         )
         return {q.seq_id: t for q, t in zip(seqs, tokens, strict=True)}
+
+    def _verify(self, logits: torch.Tensor, inputs: StepInputs) -> dict[int, list[int]]:
+        """Sample the plain rows and verify the drafts of the speculative ones
+        (engine/spec/verify.py); `verified` gets (drafts, accepted) per verification."""
+        result: dict[int, list[int]] = {}
+        seqs = [s.seq for s in inputs.sampled_seqs]
+        greedy = (argmax_rows(logits) if any(q.sampling.is_greedy for q in seqs) else [])
+        offset = 0
+        for item, count in zip(inputs.sampled_seqs, inputs.logits_counts, strict=True):
+            seq, params = item.seq, item.seq.sampling
+            rows = range(offset, offset + count)
+            offset += count
+            key = (seq.request_id, seq.sample_index)
+            seed = self.sample_seed(seq.request_id, params.seed) + seq.sample_index
+            if not item.spec_tokens:
+                if params.is_greedy:
+                    result[seq.seq_id] = [greedy[rows[0]]] * item.num_samples
+                else:
+                    result[seq.seq_id] = self.sampler.sample(
+                        logits[rows[0]:rows[0] + 1], [params], [key], [item.num_samples],
+                        [seed - seq.sample_index])[0]
+                continue
+            drafts = item.spec_tokens
+            if params.is_greedy:
+                tokens = verify_greedy(greedy[rows[0]:rows[-1] + 1], drafts)
+            else:
+                p = torch.stack([filtered_probs(logits[r].float(), params) for r in rows]).cpu()
+                tokens = verify_sampled(p, drafts, item.spec_probs,
+                                        self.sampler.generator(key, seed))
+            self.verified.append((len(drafts), len(tokens) - 1))
+            result[seq.seq_id] = tokens
+        return result
+
+    def _observe(self, inputs: StepInputs, hidden: torch.Tensor,
+                 result: dict[int, list[int]]) -> None:
+        """Hand a proposer that drafts from hidden states the rows whose KV is now valid."""
+        sink = self.feature_sink
+        assert sink is not None
+        cu = inputs.seq_cu_seqlens.tolist()
+        for b, item in enumerate(inputs.order):
+            seq = item.seq
+            count = cu[b + 1] - cu[b]
+            if item.spec_tokens:
+                count = len(result[seq.seq_id])  # the input token and the accepted drafts
+            sink(seq.seq_id, seq.num_preemptions, item.start_pos, hidden[cu[b]:cu[b] + count])
 
     def sample_seed(self, request_id: str, seed: int | None) -> int:
         """The request's seed, or one derived from the run seed and the request id."""

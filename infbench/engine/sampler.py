@@ -26,6 +26,10 @@ class Sampler:
             self._generators[key] = gen
         return gen
 
+    def generator(self, key: tuple[str, int], seed: int) -> torch.Generator:
+        """The stream of sample `key` (made with `seed` on first use)."""
+        return self._generator(key, seed)
+
     def release(self, key: tuple[str, int]) -> None:
         self._generators.pop(key, None)
 
@@ -50,7 +54,7 @@ class Sampler:
             if p.is_greedy:
                 out.append([argmax[i]] * n)
                 continue
-            probs = _filtered_probs(logits[i].float(), p).cpu()  # (V,)
+            probs = filtered_probs(logits[i].float(), p).cpu()  # (V,)
             req, first = keys[i]
             toks = []
             for j in range(n):
@@ -79,7 +83,7 @@ def argmax_rows(logits: torch.Tensor) -> list[int]:
     return logits.argmax(dim=-1).tolist()  # type: ignore[no-any-return]
 
 
-def _filtered_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+def filtered_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     """Softmax of logits / temperature after top-k and top-p (nucleus) filtering."""
     logits = logits / p.temperature
     if p.top_k > 0 and p.top_k < logits.numel():

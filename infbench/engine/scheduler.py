@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from infbench.core.config import EngineConfig
 from infbench.core.errors import UserError
@@ -36,7 +37,13 @@ class ScheduledSeq:
     # 0: the chunk does not reach the end; 1: sample one token; seq.n: the prompt
     # completes and the sequence forks into n samples.
     num_samples: int
-    is_prefill: bool  # False only for a plain one-token decode of a generated token
+    is_prefill: bool  # False only for a decode of a generated token (plain or speculative)
+    # Speculative decoding: slots allotted for up to `num_spec` drafts after the decoded
+    # token; the engine fills `spec_tokens` (at most num_spec) before the step runs and
+    # sets num_new_tokens to 1 + len(spec_tokens).
+    num_spec: int = 0
+    spec_tokens: list[int] | None = None
+    spec_probs: Any = None  # (len(spec_tokens), V) draft q, or None: drafted deterministically
 
 
 @dataclass
@@ -67,6 +74,7 @@ class Scheduler:
         state_slots: StateSlots | None = None,
         window: int | None = None,
         eos_token_id: int | None = None,
+        num_spec_tokens: int = 0,
     ):
         if state_slots is not None and block_manager.enable_prefix_caching:
             # A cached block restores KV, not a recurrent state: a hit would skip tokens
@@ -80,6 +88,8 @@ class Scheduler:
         self.state_slots = state_slots
         self.window = window
         self.eos_token_id = eos_token_id
+        # Speculative decoding: each decode gets room for up to this many drafts (k).
+        self.num_spec_tokens = num_spec_tokens
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.forked: list[tuple[Sequence, Sequence]] = []  # (parent, child) of the last update
@@ -162,6 +172,7 @@ class Scheduler:
         running, scheduled = self.running, out.scheduled
         try_append = self.block_manager.try_append_slots
         running_status = SeqStatus.RUNNING
+        spec = self.num_spec_tokens
         i = 0
         while i < len(running) and budget > 0:
             seq = running[i]
@@ -170,6 +181,12 @@ class Scheduler:
             # One token left after generated ones: a decode of the last sampled token.
             is_decode = num_remaining == 1 and len(seq.output_ids) > 0
             num_new = 1 if num_remaining == 1 else self._chunk_size(num_remaining, budget)
+            num_spec = 0
+            if spec and is_decode:
+                # Drafts beyond max_tokens could never be emitted; the budget caps them too.
+                num_spec = max(0, min(spec, seq.sampling.max_tokens - len(seq.output_ids) - 1,
+                                      budget - 1))
+                num_new += num_spec
             if num_new == 0:
                 i += 1
                 continue
@@ -185,7 +202,7 @@ class Scheduler:
                 break  # seq was the last running sequence
             if copies:
                 out.block_copies.extend(copies)
-            scheduled.append(ScheduledSeq(seq, start, 1, 1, False) if is_decode
+            scheduled.append(ScheduledSeq(seq, start, num_new, 1, False, num_spec) if is_decode
                              else self._scheduled(seq, num_new))
             budget -= num_new
             i += 1
@@ -278,6 +295,9 @@ class Scheduler:
             commit = None
         for item in out.scheduled:
             seq = item.seq
+            if item.spec_tokens:
+                self._update_speculative(item, sampled[seq.seq_id], now_s, finished)
+                continue
             end = seq.num_computed_tokens + item.num_new_tokens
             if commit is not None and (not commit_on_fill
                                        or end // bs > seq.num_computed_tokens // bs):
@@ -315,6 +335,30 @@ class Scheduler:
                 if reason is not None:
                     self._finish(member, reason, finished)
         return finished
+
+    def _update_speculative(self, item: ScheduledSeq, tokens: list[int], now_s: float,
+                            finished: list[Sequence]) -> None:
+        """A verified step: `tokens` are the accepted drafts and the target's token after
+        them.  The KV of the input token and the accepted drafts is kept; the slots of
+        rejected drafts are rolled back (blocks past the kept tokens are freed)."""
+        seq = item.seq
+        assert item.spec_tokens is not None
+        if not 1 <= len(tokens) <= len(item.spec_tokens) + 1:
+            raise ValueError(f"seq {seq.seq_id}: {len(tokens)} tokens from verifying "
+                             f"{len(item.spec_tokens)} drafts")
+        bm = self.block_manager
+        seq.num_computed_tokens = item.start_pos + len(tokens)  # input + accepted drafts
+        bm.commit(seq)
+        if self.window is not None:
+            bm.release_outside_window(seq, self.window)
+        for token in tokens:
+            seq.output_ids.append(token)
+            seq.token_times_s.append(now_s)
+            reason = self._stop_reason(seq, token)
+            if reason is not None:
+                self._finish(seq, reason, finished)
+                return
+        bm.truncate(seq, seq.num_computed_tokens)
 
     def _finish(self, seq: Sequence, reason: str | None, finished: list[Sequence]) -> None:
         seq.status = SeqStatus.FINISHED
