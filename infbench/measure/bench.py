@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from infbench.core.device import resolve_device
-from infbench.core.errors import UserError
+from infbench.core.errors import ConfigError, UserError
 from infbench.engine.records import StepRecord
 
 if TYPE_CHECKING:
@@ -139,6 +139,7 @@ def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None
     from infbench.engine.kv_cache import kv_quant_refusal
     from infbench.measure import accuracy as accuracy_mod
     from infbench.measure import metrics as metrics_mod
+    from infbench.measure import speculative as spec_mod
     from infbench.measure.calibrate import measure_reference_bandwidth
     from infbench.measure.prediction import predict_point
     from infbench.measure.traffic import annotate_steps, stage_traffic
@@ -157,11 +158,7 @@ def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None
             raise UserError(f"{point.source}: model.quant.kv={quant.kv!r}: {reason}")
 
     refuse_kv_quant()  # the device, before the model is loaded
-    if point.speculative.method != "none":
-        raise UserError(
-            f"{point.source}: speculative.method={point.speculative.method!r} is priced by "
-            "`infbench predict`, but the engine has no speculative decoding yet; allowed in "
-            "`infbench run`: none")
+    spec = point.speculative if point.speculative.enabled else None
     slowdown = injected_slowdown()
     if slowdown:
         print(f"note: {point.name} point {point.index} ({point.label}): {SLOWDOWN_ENV}="
@@ -193,9 +190,12 @@ def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None
         torch.cuda.reset_peak_memory_stats()
     with warnings.catch_warnings():  # reported below, once per point, from engine.disabled
         warnings.filterwarnings("ignore", message="engine.cuda_graphs ignored")
-        engine = Engine.create(loaded, engine_cfg, dev, point.dtype, seed=seed,
-                               sizing=KVSizing.for_requests(requests, engine_cfg.block_size),
-                               kv_quant=quant.kv)
+        try:
+            engine = Engine.create(loaded, engine_cfg, dev, point.dtype, seed=seed,
+                                   sizing=KVSizing.for_requests(requests, engine_cfg.block_size),
+                                   kv_quant=quant.kv, speculative=spec, source=source)
+        except ConfigError as exc:
+            raise UserError(f"{point.source}: {exc}") from None
     for item in engine.disabled:
         print(f"note: {point.name} point {point.index} ({point.label}): engine.{item['feature']} "
               f"is off for this model: {item['reason']}", file=sys.stderr)
@@ -210,6 +210,10 @@ def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None
     for i in range(point.measure.warmup):
         phase(f"warm-up {i + 1}/{point.measure.warmup}")
         engine.run(requests, realtime_arrivals=False)
+        if spec is not None:  # the plain baseline is timed too: warm it as well
+            engine.set_speculation(False)
+            engine.run(requests, realtime_arrivals=False)
+            engine.set_speculation(True)
     hw = get_hardware(point.hardware)
     runs: list[dict[str, Any]] = []
     last_steps: list[StepRecord] = []
@@ -245,6 +249,18 @@ def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None
             m["normalized"]["output_tokens_per_s_over_torch_reference"] = (
                 m["output_tokens_per_s"] / m["torch_reference"]["output_tokens_per_s"])
             ref_before = ref_after
+        if spec is not None:
+            # The same workload decoded plainly, right after: speedup_measured's baseline.
+            phase(f"repeat {i + 1}/{point.measure.repeats}: plain baseline")
+            engine.set_speculation(False)
+            base = engine.run(requests, realtime_arrivals=realtime)
+            engine.set_speculation(True)
+            base_m = metrics_mod.from_request_rows(
+                metrics_mod.request_rows(base.requests), point.measure.percentiles, base.wall_s)
+            accepted = spec_mod.acceptance(out.steps)
+            m["speculative"] = {"method": spec.label, "num_tokens": spec.num_tokens, **accepted,
+                                **spec_mod.compare(accepted, m, base_m,
+                                                   spec_mod.plain_decode_step_s(base.steps))}
         runs.append(m)
         # The stored steps and per-request rows both come from the last repeat.
         last_steps, last_costs = out.steps, step_costs

@@ -116,6 +116,31 @@ class Noise(_Closed):
     warnings: list[str] = Field(default_factory=list)
 
 
+class Speculative(_Closed):
+    """Speculative decoding measured in a run (measure/speculative.py, docs/speculative.md):
+    acceptance, and the speed-up against the same workload decoded plainly right after."""
+
+    method: str | None = None
+    num_tokens: int | None = None
+    num_verifications: int | None = None
+    num_draft_tokens: int | None = None
+    num_accepted_tokens: int | None = None
+    acceptance_rate: Number | None = None  # accepted / proposed drafts
+    acceptance_per_token: Number | None = None  # the a of the prediction
+    acceptance_by_position: list[Number | None] = Field(default_factory=list)
+    mean_draft_tokens: Number | None = None
+    mean_accepted_tokens: Number | None = None  # tokens emitted per verification
+    draft_time_s: Number | None = None
+    num_draft_steps: int | None = None
+    baseline_tpot_s: Number | None = None
+    baseline_output_tokens_per_s: Number | None = None
+    baseline_decode_step_s: Number | None = None
+    speedup_measured: Number | None = None  # baseline TPOT / speculative TPOT
+    throughput_ratio: Number | None = None  # output tokens/s over the baseline's
+    draft_cost_ratio: Number | None = None  # c
+    speedup_predicted: Number | None = None
+
+
 class Metrics(_Closed):
     """One measured run's metrics (a result's `metrics` is the median of its repeats)."""
 
@@ -147,6 +172,7 @@ class Metrics(_Closed):
     torch_reference: TorchReference | None = None
     normalized: Normalized | None = None
     noise: Noise | None = None
+    speculative: Speculative | None = None
 
 
 class Accuracy(_Closed):
@@ -266,6 +292,9 @@ class Step(_Closed):
     logits_lens: list[int] = Field(default_factory=list)
     device_time_s: Number | None = None
     kv_bytes_used: int | None = None
+    spec_drafts: list[int] = Field(default_factory=list)
+    spec_accepted: list[int] = Field(default_factory=list)
+    draft_time_s: Number | None = None
     stage: str | None = None
     flops: Number | None = None
     bytes: Number | None = None
