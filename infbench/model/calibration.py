@@ -139,7 +139,7 @@ def for_each_layer(model: Transformer, ids: list[int], on_layer: LayerCallback,
     of every nn.Linear inside it (keyed by its name within the layer)."""
     config = model.config
     window = min(window, config.max_seq_len)
-    device = model.embed_tokens.weight.device
+    device = model.device
     bounds = list(range(0, len(ids), window)) + [len(ids)]
     positions = torch.cat([torch.arange(b - a, device=device)
                            for a, b in zip(bounds, bounds[1:], strict=False)])  # (T,)

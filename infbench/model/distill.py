@@ -62,7 +62,7 @@ def batches(ids: Sequence[int], steps: int, window: int = DISTILL_WINDOW,
 
 def _logits(model: Transformer, windows: Sequence[torch.Tensor]) -> torch.Tensor:
     """Next-token logits (T, V) float32 of windows packed into one dense forward."""
-    device = model.embed_tokens.weight.device
+    device = model.device
     ids = torch.cat(list(windows)).to(device)  # (T,)
     positions = torch.cat([torch.arange(w.numel()) for w in windows]).to(device)  # (T,)
     bounds = [0]

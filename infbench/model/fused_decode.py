@@ -40,7 +40,7 @@ def projection_spec(module: nn.Module, dtype: torch.dtype) -> ProjSpec | None:
 def build_decode_layers(model: Any, attention: type[nn.Module]) -> list[Any | None]:
     """One DecodeLayer or None per layer of `model` (a Transformer whose softmax-attention
     mixer class is `attention`)."""
-    dtype = model.embed_tokens.weight.dtype
+    dtype = model.dtype
     plans: list[Any | None] = []
     layer: Any
     for layer in model.layers:

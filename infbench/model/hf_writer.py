@@ -85,7 +85,7 @@ def hf_config(cfg: ModelConfig, tokenizer: Tokenizer | None, dtype: str) -> dict
 
 
 def _weight(module: nn.Module) -> torch.Tensor:
-    if not isinstance(module, nn.Linear):
+    if not isinstance(module, nn.Linear | nn.Embedding):
         raise ConfigError(f"cannot write a {type(module).__name__} as a float weight")
     return module.weight
 
@@ -94,7 +94,7 @@ def hf_tensors(model: Transformer) -> dict[str, torch.Tensor]:
     """Every weight under its Hugging Face name, contiguous CPU copies (fused ones split)."""
     if any(isinstance(m, QuantLinear) for m in model.modules()):
         raise ConfigError("a quantized model cannot be written as a float checkpoint")
-    out: dict[str, torch.Tensor] = {"model.embed_tokens.weight": model.embed_tokens.weight,
+    out: dict[str, torch.Tensor] = {"model.embed_tokens.weight": _weight(model.embed_tokens),
                                     "model.norm.weight": model.norm.weight}
     if model.lm_head is not None:
         out["lm_head.weight"] = _weight(model.lm_head)
@@ -148,7 +148,7 @@ def save_checkpoint(loaded: LoadedModel, out: str | os.PathLike[str], *,
     target = Path(out)
     check_target(target, overwrite)
     dtype = {torch.float32: "float32", torch.float16: "float16",
-             torch.bfloat16: "bfloat16"}[loaded.model.embed_tokens.weight.dtype]
+             torch.bfloat16: "bfloat16"}[loaded.model.dtype]
     config = hf_config(loaded.config, loaded.tokenizer, dtype)
     tensors = hf_tensors(loaded.model)
     try:

@@ -76,7 +76,7 @@ def windows_of(ids: Sequence[int] | torch.Tensor, window: int) -> list[torch.Ten
 
 def _layer_inputs(model: Transformer, window: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
                                                                       DenseContext]:
-    device = model.embed_tokens.weight.device
+    device = model.device
     ids = window.to(device)
     positions = torch.arange(ids.numel(), device=device)  # (L,)
     return model.embed_tokens(ids), positions, DenseContext.single(ids.numel(), model.config)

@@ -198,7 +198,8 @@ class Transformer(nn.Module):
         self.config = config
         self.dtype = dtype
         self.layer_specs = config.layers()
-        self.embed_tokens = nn.Embedding(
+        # nn.Embedding, or model/quant.QuantEmbedding for a GGUF's quantized token_embd
+        self.embed_tokens: nn.Module = nn.Embedding(
             config.vocab_size, config.hidden_size, dtype=dtype, device=device
         )
         self.layers = nn.ModuleList(
@@ -213,6 +214,11 @@ class Transformer(nn.Module):
         # Not persistent: derived from the config, never part of a checkpoint.
         self.register_buffer("rope_cache", self._rope_cache(device), persistent=False)
 
+    @property
+    def device(self) -> torch.device:
+        """Where the weights live (the final norm's: the embedding may be a quantized table)."""
+        return self.norm.weight.device
+
     def _rope_cache(self, device: Any) -> torch.Tensor:
         c = self.config
         return build_rope_cache(
@@ -222,7 +228,7 @@ class Transformer(nn.Module):
     def init_rope_cache(self) -> None:
         """Recompute the RoPE table and the mixers' config-derived buffers (FAVOR+ random
         features) in place, after `to_empty` left them uninitialized."""
-        self.rope_cache = self._rope_cache(self.embed_tokens.weight.device)
+        self.rope_cache = self._rope_cache(self.device)
         for layer in self.layers:
             init_buffers = getattr(layer.self_attn, "init_buffers", None)
             if init_buffers is not None:
@@ -240,7 +246,7 @@ class Transformer(nn.Module):
                     set_ops(ops)
         # The cpu backend runs decode steps a whole layer per C++ call (model/fused_decode.py).
         self.decode_layers: list[Any | None] | None = None
-        if ops.name == "cpu" and self.embed_tokens.weight.device.type == "cpu":
+        if ops.name == "cpu" and self.device.type == "cpu":
             from infbench.model.fused_decode import build_decode_layers
 
             self.decode_layers = build_decode_layers(self, Attention)
@@ -279,10 +285,15 @@ class Transformer(nn.Module):
         head_q = getattr(self, "head_q", None)  # quant.head int8 of a tied head
         if head_q is not None:
             return head_q.logits(hidden)  # type: ignore[no-any-return]
-        head_logits = getattr(self.lm_head, "logits", None)  # an untied head in int8
+        # A quantized head: an untied one in int8, or a GGUF file's own format (native
+        # weights), tied (the embedding's table) or not.
+        head = self.embed_tokens if self.lm_head is None else self.lm_head
+        head_logits = getattr(head, "logits", None)
         if head_logits is not None:
             return head_logits(hidden)  # type: ignore[no-any-return]
         if self.lm_head is None:  # tied (N, V)
             backend = self.ops.name if getattr(self, "ops", None) is not None else "torch"
-            return tied_logits(hidden, self.embed_tokens.weight, backend)
+            weight = self.embed_tokens.weight  # (V, H)
+            assert isinstance(weight, torch.Tensor)
+            return tied_logits(hidden, weight, backend)
         return self.lm_head(hidden).float()  # (N, V)
