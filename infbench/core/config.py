@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from infbench.core.errors import ConfigError
-from infbench.core.gguf_types import format_bits
+from infbench.core.gguf_types import TOP_LEVEL, format_bits
 
 # Allowed values, defined once: each Literal types the scenario schema (core/scenario.py), and
 # its tuple feeds the dataclass checks, the CLI validators (commands/_options.py) and help texts.
@@ -209,7 +209,9 @@ class QuantConfig:
 
     weights: none | int8 (symmetric, one fp16 scale per output channel) | int4 (groups of
       `group_size` input columns, an fp16 scale and an fp16 minimum per group: Q4_1's
-      layout) | native (a GGUF file's own Q4_0/Q4_1/Q8_0 tensors, run without a float copy).
+      layout) | native (a GGUF file's own Q4_0/Q4_1/Q8_0/Q4_K/Q6_K tensors, run without a
+      float copy: the decoder projections, and the token embedding / LM head when the file
+      stores them in one of those types).
     method: how int8/int4 weights are chosen: rtn (round to nearest) | awq (int4 with
       activation-aware per-input-channel scales) | llm_int8 (int8 with the input columns
       whose activations pass `outlier_threshold` kept in the model dtype).
@@ -217,11 +219,13 @@ class QuantConfig:
     head: the LM head: model (the model dtype, as AWQ/GPTQ checkpoints keep it) | int8 (one
       fp16 scale per vocabulary row, as llama.cpp stores output.weight; a tied head gets its
       own int8 copy and the input embedding stays in the model dtype for the row gather).
+      Under native weights a head the file stores quantized keeps the file's format.
     kv: none (the model dtype) | int8 | fp8 (one byte per value plus a float32 scale per
       token per KV head, `kernels/kv_quant.py`; fp8 is e4m3 and needs a CUDA GPU).
     native_mix: with native weights, (roofline operator, stored format, weights) of the GGUF
-      file's projections (`core/gguf_types.native_mix`); not a scenario key: filled in from
-      the file (`checkpoint_config.native_quant`).  Empty: priced in the model dtype.
+      file's projections, and "embed" / "lm_head" rows for a quantized token embedding or
+      head (`core/gguf_types.native_mix`); not a scenario key: filled in from the file
+      (`checkpoint_config.native_quant`).  Empty: priced in the model dtype.
     """
 
     weights: str = "none"
@@ -255,19 +259,37 @@ class QuantConfig:
     def weight_bits(self, in_features: int, dtype_bytes: int, op: str = "") -> float:
         """Average stored bits per weight element of one projection, scales included,
         exactly as `kernels/quant_format.py` stores them.  Native weights: the mean over the
-        file's matrices that operator `op` reads (all of them when `op` has none).  The LM
-        head (`op` "lm_head") follows `head`."""
-        if op == "lm_head":
-            return 8.0 + 16.0 / in_features if self.head == "int8" else 8.0 * dtype_bytes
+        file's matrices that operator `op` reads (all projections when `op` has none).  The
+        embedding (`op` "embed") and the LM head ("lm_head") are in the model dtype unless
+        the file stores them natively; otherwise the head follows `head`."""
+        native = self.native_bits(op, dtype_bytes)
+        if op in TOP_LEVEL.values():
+            if native is not None:
+                return native
+            if op == "lm_head" and self.head == "int8":
+                return 8.0 + 16.0 / in_features
+            return 8.0 * dtype_bytes
         if self.weights == "int8":
             return 8.0 + 16.0 / in_features  # one fp16 scale per output row
         if self.weights == "int4":
             return 4.0 + 2 * 16.0 / self.group_size  # fp16 scale + fp16 minimum per group
-        if self.weights == "native" and self.native_mix:
-            rows = [r for r in self.native_mix if r[0] == op] or list(self.native_mix)
-            bits = sum(n * format_bits(fmt, dtype_bytes) for _, fmt, n in rows)
-            return bits / sum(n for _, _, n in rows)
+        if native is not None:
+            return native
         return 8.0 * dtype_bytes
+
+    def native_bits(self, op: str, dtype_bytes: int) -> float | None:
+        """Native weights: the mean stored bits of the file's matrices that `op` reads (a
+        projection operator the file lacks: all its projections); None when not native,
+        or for an embedding / LM head the file stores in float."""
+        if self.weights != "native" or not self.native_mix:
+            return None
+        rows = [r for r in self.native_mix if r[0] == op]
+        if not rows and op not in TOP_LEVEL.values():
+            rows = [r for r in self.native_mix if r[0] not in TOP_LEVEL.values()]
+        if not rows:
+            return None
+        return sum(n * format_bits(fmt, dtype_bytes) for _, fmt, n in rows) / sum(
+            n for _, _, n in rows)
 
     def kv_bytes(self, dtype_bytes: int) -> int:
         """Bytes of one cached K/V value: the model dtype's, or one (int8 / fp8 e4m3)."""

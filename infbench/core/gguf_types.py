@@ -12,8 +12,11 @@ per group of 32: Q4_1's layout) and `int8/G` (int8 codes, one fp16 scale per gro
     Q6_K -> int8/16  each 16-column sub-block: q - 32, scale = d * sc (to fp16)
 
 Every other loadable type (F32, F16, BF16, Q5_0, Q5_1, Q5_K, Q2_K, Q3_K) is dequantized to
-the model dtype by the `gguf` library: there is no 5-, 3- or 2-bit kernel.  The embedding,
-the LM head and the norms always run in the model dtype.
+the model dtype by the `gguf` library: there is no 5-, 3- or 2-bit kernel.  The token
+embedding (`token_embd`) and an untied LM head (`output`) follow the same table: in a
+native format they stay quantized (the embedding gathers and dequantizes only its rows;
+a tied head multiplies the embedding's own bytes), otherwise they are dequantized.  The
+norms always run in the model dtype.
 
 A fused projection (q/k/v -> qkv_proj, gate/up -> gate_up_proj) is one matrix, so it runs
 natively only when all its parts map to the same format; otherwise it is dequantized.
@@ -42,6 +45,8 @@ FILE_BITS = {"F32": 32.0, "F16": 16.0, "BF16": 16.0, "Q4_0": 4.5, "Q4_1": 5.0, "
 
 _PROJECTION = re.compile(r"blk\.(\d+)\.(attn_q|attn_k|attn_v|attn_output|ffn_gate|ffn_up|"
                          r"ffn_down)\.weight")
+# Tensors outside the layers that can stay quantized -> the roofline operator that reads them
+TOP_LEVEL = {"token_embd.weight": "embed", "output.weight": "lm_head"}
 # GGUF leaf -> (the engine matrix it becomes part of, the roofline operator that reads it)
 _LEAF = {
     "attn_q": ("qkv_proj", "qkv_proj"), "attn_k": ("qkv_proj", "qkv_proj"),
@@ -85,14 +90,17 @@ def projection(name: str) -> tuple[int, str, str] | None:
 
 
 def stored_formats(tensors: Iterable[TensorInfo]) -> dict[str, str]:
-    """The stored format of every projection tensor under `weights: native` (FLOAT where it
-    is dequantized); tensors outside the decoder projections are absent (model dtype)."""
+    """The stored format of every projection tensor, and of `token_embd` / `output`, under
+    `weights: native` (FLOAT where it is dequantized); the other tensors (norms) are absent
+    (model dtype)."""
     groups: dict[tuple[int, str], list[TensorInfo]] = defaultdict(list)
+    formats: dict[str, str] = {}
     for t in tensors:
         where = projection(t.name)
         if where is not None:
             groups[(where[0], where[1])].append(t)
-    formats: dict[str, str] = {}
+        elif t.name in TOP_LEVEL:
+            formats[t.name] = NATIVE_FORMATS.get(t.type_name, FLOAT)
     for parts in groups.values():
         kinds = {NATIVE_FORMATS.get(t.type_name, FLOAT) for t in parts}
         fmt = kinds.pop() if len(kinds) == 1 else FLOAT  # mixed parts: one float matrix
@@ -102,7 +110,10 @@ def stored_formats(tensors: Iterable[TensorInfo]) -> dict[str, str]:
 
 def native_mix(tensors: Iterable[TensorInfo]) -> tuple[tuple[str, str, int], ...]:
     """(roofline operator, stored format, weights) summed over a file's projections: what
-    `QuantConfig.weight_bits` prices for `weights: native`."""
+    `QuantConfig.weight_bits` prices for `weights: native`.  A quantized `token_embd` adds
+    an "embed" row, and an "lm_head" row when it is also the (tied) head, which reads the
+    same bytes; a quantized `output` adds the "lm_head" row.  A float embedding or head has
+    no row (it follows the model dtype and `quant.head`)."""
     infos = list(tensors)
     formats = stored_formats(infos)
     sums: dict[tuple[str, str], int] = defaultdict(int)
@@ -110,18 +121,43 @@ def native_mix(tensors: Iterable[TensorInfo]) -> tuple[tuple[str, str, int], ...
         where = projection(t.name)
         if where is not None:
             sums[(where[2], formats[t.name])] += t.numel
+    top = {t.name: t for t in infos if t.name in TOP_LEVEL}
+    if "output.weight" not in top and "token_embd.weight" in top:  # tied: the head reads it
+        top["output.weight"] = top["token_embd.weight"]
+    for name, t in top.items():
+        fmt = NATIVE_FORMATS.get(t.type_name, FLOAT)
+        if fmt != FLOAT:
+            sums[(TOP_LEVEL[name], fmt)] += t.numel
     return tuple(sorted((op, fmt, n) for (op, fmt), n in sums.items()))
 
 
+def describe_top_level(tensors: Iterable[TensorInfo], dtype: str) -> str:
+    """`embedding + tied LM head Q8_0 -> int8/32`: what `weights: native` does with the
+    token embedding and the LM head ("" when both are float in the file)."""
+    top = {t.name: t for t in tensors if t.name in TOP_LEVEL}
+    parts = []
+    for name, what in (("token_embd.weight", "embedding"), ("output.weight", "LM head")):
+        t = top.get(name)
+        if t is None or t.type_name in ("F32", "F16", "BF16"):
+            continue
+        if name == "token_embd.weight" and "output.weight" not in top:
+            what = "embedding + tied LM head"
+        fmt = NATIVE_FORMATS.get(t.type_name)
+        parts.append(f"{what} {t.type_name} -> {fmt}" if fmt is not None else
+                     f"{what} {t.type_name} dequantized to {dtype} (no kernel for this type)")
+    return ", ".join(parts)
+
+
 def describe_native(tensors: Iterable[TensorInfo], dtype: str) -> str:
-    """`native Q4_1 x210 -> int4/32; dequantized to float32: Q5_K x14 (no 5-bit kernel)`."""
+    """`native Q4_1 x210 -> int4/32; dequantized to float32: Q5_K x14 (no kernel for this
+    type); embedding + tied LM head Q8_0 -> int8/32`."""
     infos = list(tensors)
     formats = stored_formats(infos)
     native: dict[tuple[str, str], int] = defaultdict(int)
     dequant: dict[tuple[str, str], int] = defaultdict(int)
     for t in infos:
         fmt = formats.get(t.name)
-        if fmt is None:
+        if fmt is None or t.name in TOP_LEVEL:
             continue
         if fmt != FLOAT:
             native[(t.type_name, fmt)] += 1
@@ -138,4 +174,7 @@ def describe_native(tensors: Iterable[TensorInfo], dtype: str) -> str:
     if dequant:
         parts.append(f"dequantized to {dtype}: " + ", ".join(
             f"{name} x{n} ({why})" for (name, why), n in sorted(dequant.items())))
-    return "; ".join(parts) if parts else "native: no decoder projections in the file"
+    if not parts:
+        parts.append("native: no decoder projections in the file")
+    top = describe_top_level(infos, dtype)
+    return "; ".join([*parts, top] if top else parts)

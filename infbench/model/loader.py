@@ -9,7 +9,9 @@ stops with a `UserError`.
 
 With `quant.weights: native` the projections a GGUF file stores as Q4_0/Q4_1/Q8_0/Q4_K/
 Q6_K are swapped for `QuantLinear`s while still on the meta device and filled from the
-file's blocks (`model/gguf_blocks.py`): no float copy of them ever exists.
+file's blocks (`model/gguf_blocks.py`): no float copy of them ever exists.  The same holds
+for `token_embd` (a `QuantEmbedding`, whose table is also the tied LM head) and `output`
+(a `QuantLinear` LM head) stored in one of those types.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from infbench.core.device import available_memory_bytes
 from infbench.core.errors import ConfigError, DamagedFileError, DoesNotFitError, UserError
 from infbench.core.gguf_types import (
     FLOAT,
+    TOP_LEVEL,
     TensorInfo,
     describe_native,
     native_mix,
@@ -57,9 +60,11 @@ from infbench.model.gguf_blocks import empty_format, format_parts, map_rows, nat
 from infbench.model.layers import SwiGLUMLP
 from infbench.model.prune import apply_prune
 from infbench.model.quant import (
+    QuantEmbedding,
     QuantLinear,
     quantize_head,
     quantize_model,
+    quantized_head,
     stored_weight_bytes,
 )
 from infbench.model.tokenizer import Tokenizer
@@ -121,6 +126,11 @@ def load_model(
             detail = quantize_with_calibration(loaded.model, loaded.tokenizer, quant, seed)
         loaded.weight_bytes = stored_weight_bytes(loaded.model)
         loaded.source += f"; {quant.weights} {quant.method} {detail}"
+    if quant is not None and quant.head == "int8" and native:
+        kept = quantized_head(loaded.model)
+        if kept is not None:  # the file's own format already: no second, int8 copy
+            loaded.source += (f"; quant.head int8 not applied: the LM head is the file's "
+                              f"{kept.kind}/{kept.group_size} already")
     if quant is not None and quantize_head(loaded.model, quant):
         loaded.weight_bytes = stored_weight_bytes(loaded.model)
         loaded.source += "; LM head int8"
@@ -266,7 +276,7 @@ def _finish(
 
 def _init_random(model: Transformer, seed: int) -> None:
     """Seeded N(0, 0.02) matrices and unit norms, generated in place on the model's device."""
-    gen = torch.Generator(device=model.embed_tokens.weight.device).manual_seed(seed)
+    gen = torch.Generator(device=model.device).manual_seed(seed)
     with torch.no_grad():
         for _, param in model.named_parameters():
             if param.dim() == 1:  # RMSNorm weights
@@ -308,9 +318,16 @@ class _WeightSink:
     def __init__(self, model: Transformer, origin: str) -> None:
         self.origin = origin
         self.params = dict(model.named_parameters())
-        # Native projections, under the name their float weight would have.
-        self.native = {f"{prefix}.weight": module for prefix, module in model.named_modules()
-                       if isinstance(module, QuantLinear)}
+        # Native projections, under the name their float weight would have; a quantized
+        # embedding's table under the embedding's name.
+        modules = dict(model.named_modules())
+        tables = {id(m.table) for m in modules.values() if isinstance(m, QuantEmbedding)}
+        self.native: dict[str, QuantLinear] = {}
+        for prefix, module in modules.items():
+            if isinstance(module, QuantEmbedding):
+                self.native[f"{prefix}.weight"] = module.table
+            elif isinstance(module, QuantLinear) and id(module) not in tables:
+                self.native[f"{prefix}.weight"] = module
         self.shards: dict[str, list[int]] = {}  # fused parameter -> row counts per shard
         for prefix, module in model.named_modules():
             if isinstance(module, Attention):
@@ -480,10 +497,21 @@ def unpermute_rope_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
 
 
 def _swap_native_linears(model: Transformer, formats: dict[str, str], dtype: torch.dtype) -> None:
-    """Replace (on the meta device) every projection whose GGUF parts run natively."""
+    """Replace (on the meta device) every projection whose GGUF parts run natively, and a
+    quantized token embedding / LM head."""
+    cfg = model.config
+    embed_fmt = formats.get("token_embd.weight", FLOAT)
+    if embed_fmt != FLOAT:  # the gather (and a tied head) read the file's rows
+        table = empty_format(embed_fmt, cfg.vocab_size, cfg.hidden_size, "meta")
+        model.embed_tokens = QuantEmbedding(table, dtype)
+    head_fmt = formats.get("output.weight", FLOAT)
+    if head_fmt != FLOAT and isinstance(model.lm_head, torch.nn.Linear) \
+            and model.lm_head.bias is None:
+        head = empty_format(head_fmt, cfg.vocab_size, cfg.hidden_size, "meta")
+        model.lm_head = QuantLinear(head, None, dtype)
     modules: dict[str, str] = {}
     for gguf_name, fmt in formats.items():
-        if fmt == FLOAT:
+        if fmt == FLOAT or gguf_name in TOP_LEVEL:
             continue
         match = _LAYER.fullmatch(_gguf_to_hf(gguf_name, "GGUF file"))
         if match is None or match.group(2) not in _LEAVES:

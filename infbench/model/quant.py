@@ -4,7 +4,10 @@
 attention / MLA / SSM projections and the MLP matrices) with a `QuantLinear` holding the
 packed weights of `kernels/quant_format.py`; the float weights are dropped, so the model
 holds only what `QuantConfig.weight_bits` prices.  The embedding, the LM head and the norms
-stay in the model dtype (as in AWQ/GPTQ checkpoints and `roofline/shapes.py`).
+stay in the model dtype (as in AWQ/GPTQ checkpoints and `roofline/shapes.py`), except
+`quant.head: int8` (`quantize_head`) and a GGUF file's quantized `token_embd` / `output`
+under `weights: native`, which the loader builds as a `QuantEmbedding` / `QuantLinear`
+of the file's own format.
 
 A `QuantLinear` runs through the engine's backend (`set_backend`, called by
 `linear.use_cpu_linears`): `cpu` runs the C++ dequantize-in-GEMV kernels
@@ -23,6 +26,7 @@ from torch import nn
 
 from infbench.core.config import QuantConfig
 from infbench.core.errors import ConfigError
+from infbench.model.gguf_blocks import map_rows
 from kernels.cpu_linear import gemm
 from kernels.cpu_quant_linear import MAX_ROWS as CPU_MAX_ROWS
 from kernels.cpu_quant_linear import cpu_dequantize, cpu_quant_linear
@@ -105,11 +109,18 @@ class QuantLinear(nn.Module):
         return self.reference(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The product in float32 (an int8 LM head: no rounding of the logits to bf16)."""
+        """The product in float32 (a quantized LM head: no rounding of the logits to bf16 on
+        the CPU).  CUDA: the Triton kernels of `forward`, as the float head's F.linear."""
+        if hidden.is_cuda:
+            return self.forward(hidden).float()
         if (hidden.device.type == "cpu" and self.backend == "cpu" and hidden.dim() == 2
-                and hidden.shape[0] <= CPU_MAX_ROWS
                 and hidden.dtype in (torch.float32, torch.bfloat16)):
-            return cpu_quant_linear(hidden, self.weight_format(), self.bias, out_float32=True)
+            if hidden.shape[0] <= CPU_MAX_ROWS:
+                return cpu_quant_linear(hidden, self.weight_format(), self.bias,
+                                        out_float32=True)
+            # many rows (perplexity windows): the float matrix once, then the BLAS GEMM
+            return gemm(hidden, cpu_dequantize(self.weight_format(), hidden.dtype), self.bias,
+                        out_float32=True)
         return self.reference(hidden).float()
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:
@@ -120,6 +131,51 @@ class QuantLinear(nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"{self.kind}, group_size={self.group_size}")
+
+
+class QuantEmbedding(nn.Module):
+    """A token embedding whose table stays in a stored format (a GGUF file's Q8_0 / Q4_K /
+    ... `token_embd` under `weights: native`).
+
+    The gather reads the quantized rows of the step's tokens and dequantizes only those, to
+    the model dtype: the same values as a float table dequantized from the same bytes.
+    `table` is a `QuantLinear` over the same (V, H) matrix; a tied LM head runs through its
+    `logits` (`Transformer.compute_logits`), so the head and the embedding share one copy
+    of the bytes, which `stored_weight_bytes` counts once."""
+
+    def __init__(self, weight: Int8Weight | Int4Weight, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = weight.shape
+        self.dtype = dtype
+        self.table = QuantLinear(weight, None, dtype)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids (...,) -> (..., H) in the model dtype."""
+        flat = ids.reshape(-1)  # (T,)
+        rows = map_rows(self.table.weight_format(), lambda t: t.index_select(0, flat))
+        return rows.dequantize().to(self.dtype).view(*ids.shape, self.embedding_dim)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The tied LM head: hidden (N, H) -> float32 logits (N, V) on the same bytes."""
+        return self.table.logits(hidden)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}"
+
+
+def quantized_head(model: nn.Module) -> QuantLinear | None:
+    """The QuantLinear that computes the logits when the LM head is stored quantized (an
+    int8 copy `head_q`, a quantized `lm_head`, or a quantized tied embedding), else None."""
+    head_q = getattr(model, "head_q", None)
+    if isinstance(head_q, QuantLinear):
+        return head_q
+    lm_head = getattr(model, "lm_head", None)
+    if isinstance(lm_head, QuantLinear):
+        return lm_head
+    embed = getattr(model, "embed_tokens", None)
+    if lm_head is None and isinstance(embed, QuantEmbedding):
+        return embed.table
+    return None
 
 
 def quantizable_linears(model: nn.Module) -> Iterator[tuple[nn.Module, str, nn.Linear]]:
@@ -169,8 +225,9 @@ def quantize_head(model: nn.Module, quant: QuantConfig) -> bool:
     """`quant.head` int8: the LM head as an int8 QuantLinear (one fp16 scale per vocabulary
     row).  An untied `lm_head` is replaced; a tied one gets `head_q`, an int8 copy of the
     embedding, which `Transformer.compute_logits` uses (the embedding stays for the gather).
-    Returns whether it quantized."""
-    if quant.head != "int8":
+    A head that is stored quantized already (a GGUF file's own format under `weights:
+    native`) is kept as it is.  Returns whether it quantized."""
+    if quant.head != "int8" or quantized_head(model) is not None:
         return False
     lm_head = getattr(model, "lm_head", None)
     source: Any = lm_head if isinstance(lm_head, nn.Linear) else model.embed_tokens

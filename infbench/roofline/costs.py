@@ -63,8 +63,10 @@ def _to_ops(rows: Totals, stage: str, layer: int | None) -> list[OpCost]:
 def _model_level(cfg: ModelConfig, num_tokens: int, num_logits: int, a: int,
                  first: Totals, last: Totals, quant: QuantConfig) -> None:
     d, v = cfg.hidden_size, cfg.vocab_size
-    # The embedding is a gather: only the rows of this step's tokens are read.
-    add(first, "embed", "gather", weight=num_tokens * d * a, act=num_tokens * d * a)
+    # The embedding is a gather: only the rows of this step's tokens are read (in a GGUF
+    # file's own format under native weights).
+    row_bytes = d * quant.weight_bits(d, a, "embed") / 8.0
+    add(first, "embed", "gather", weight=num_tokens * row_bytes, act=num_tokens * d * a)
     add(last, "norm", "elementwise", flops=4.0 * num_tokens * d, weight=d * a,
         act=2.0 * num_tokens * d * a)
     if num_logits:

@@ -7,7 +7,9 @@ traffic of `step_costs` all come from this one list, so they cannot disagree.
 Quantization (`QuantConfig.weights`) applies to the projection matrices inside the
 blocks (attention/MLA/SSM projections, MLP and expert matrices).  The embedding,
 the LM head, norms, convolution, SSM parameters, biases and the MoE router stay in
-the model dtype, as in AWQ/GPTQ checkpoints.  KV bytes use `quant.kv_bytes`;
+the model dtype, as in AWQ/GPTQ checkpoints; the exceptions are `quant.head: int8` and,
+under native weights, a GGUF file's quantized token embedding / LM head, which
+`QuantConfig.weight_bits` prices in the file's format.  KV bytes use `quant.kv_bytes`;
 recurrent state (linear attention, SSM) is held in the model dtype.
 """
 
@@ -171,12 +173,16 @@ def layer_weights(cfg: ModelConfig, spec: LayerSpec) -> list[Weight]:
 
 def model_weights(cfg: ModelConfig, quant: QuantConfig | None = None) -> list[Weight]:
     """Weights outside the layers: embedding, final norm, LM head (absent when tied, unless
-    `quant.head` int8 stores a quantized copy of the tied embedding for it)."""
+    `quant.head` int8 stores a quantized copy of the tied embedding for it; a GGUF file's
+    quantized tied embedding under native weights is the head itself, so it has no copy).
+    The embedding and the head are priced by `QuantConfig.weight_bits` (the model dtype
+    unless quantized)."""
     v, d = cfg.vocab_size, cfg.hidden_size
-    ws = [Weight("embed", v, d, quantized=False), Weight("norm", 1, d, quantized=False)]
-    head_int8 = quant is not None and quant.head == "int8"
-    if not cfg.tie_word_embeddings or head_int8:
-        ws.append(Weight("lm_head", d, v, quantized=head_int8))
+    q = quant or QuantConfig()
+    ws = [Weight("embed", v, d), Weight("norm", 1, d, quantized=False)]
+    head_copy = q.head == "int8" and q.native_bits("lm_head", 1) is None
+    if not cfg.tie_word_embeddings or head_copy:
+        ws.append(Weight("lm_head", d, v))
     return ws
 
 

@@ -105,7 +105,7 @@ def test_quick_run_measures_infbench_and_writes_the_json(
     assert data["kind"] == peers.KIND and data["args"]["gen"] == 6
     native, floats = data["rows"]
     assert (native["engine"], floats["engine"]) == (peers.NATIVE, "infbench float32")
-    assert native["weight_bytes"] == 179_741_952 and floats["weight_bytes"] == 538_060_032
+    assert native["weight_bytes"] == 96_576_768 and floats["weight_bytes"] == 538_060_032
     for row in data["rows"]:
         assert row["decode_tokens_per_s"] > 0 and len(row["rounds"]) == 1
     assert data["skipped"][0]["engine"] == "llama.cpp"

@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from model_checkpoints import llama_cpp_permute
+from torch.utils._python_dispatch import TorchDispatchMode
 
 QK_K = 256
 LEAVES = {
@@ -151,12 +153,32 @@ def quantize(w: np.ndarray, type_name: str) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------ files
+class FloatAllocations(TorchDispatchMode):
+    """Records (shape, dtype) of every real (non-meta) float tensor torch creates: a load
+    under `weights: native` must make no float copy of a matrix it keeps quantized."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[tuple[tuple[int, ...], torch.dtype]] = set()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, tuple | list) else [out]:
+            if isinstance(t, torch.Tensor) and t.is_floating_point() and t.device.type != "meta":
+                self.seen.add((tuple(t.shape), t.dtype))
+        return out
+
+
+# ------------------------------------------------------------------------ files
 def write_quantized_gguf(model: Any, path: Path, types: dict[str, str] | str,
-                         embedding: str = "F32") -> dict[str, np.ndarray]:
+                         embedding: str = "F32", head: str = "F32") -> dict[str, np.ndarray]:
     """Write a HF Llama as a llama.cpp-style GGUF whose projections are quantized.
 
     types: one GGUF type for every projection, or HF leaf (q_proj, ..., down_proj) -> type
-    (leaves not named stay F32).  Returns the file's data of every tensor (by GGUF name)."""
+    (leaves not named stay F32); embedding: token_embd's type; head: output's type (an
+    untied model only: a tied one has no output tensor).  Returns the file's data of every
+    tensor (by GGUF name)."""
     import gguf
 
     c = model.config
@@ -181,7 +203,7 @@ def write_quantized_gguf(model: Any, path: Path, types: dict[str, str] | str,
         elif name == "lm_head.weight":
             if c.tie_word_embeddings:
                 continue
-            out = "output.weight"
+            out, kind = "output.weight", head
         else:
             parts = name.split(".")  # model.layers.N.(self_attn|mlp).X.weight
             leaf = parts[-2]

@@ -13,16 +13,20 @@ from typing import Any
 import pytest
 import torch
 from cli_helpers import run_cli
-from gguf_quant import write_quantized_gguf
+from gguf_quant import FloatAllocations, write_quantized_gguf
 from model_checkpoints import write_hf_llama
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from infbench.core.checkpoint_config import native_quant
 from infbench.core.config import QuantConfig
 from infbench.core.errors import UserError
 from infbench.model.context import DenseContext
 from infbench.model.loader import LoadedModel, load_model
-from infbench.model.quant import QuantLinear, quantizable_linears, stored_weight_bytes
+from infbench.model.quant import (
+    QuantEmbedding,
+    QuantLinear,
+    quantizable_linears,
+    stored_weight_bytes,
+)
 from infbench.roofline.shapes import weight_bytes
 
 NATIVE = QuantConfig(weights="native")
@@ -58,8 +62,9 @@ def test_native_logits_equal_the_dequantize_then_float_path(
     write_quantized_gguf(hf_model, file, types, embedding="Q8_0")
     native = load_model({"gguf": str(file)}, dtype=dtype, quant=NATIVE)
     floats = load_model({"gguf": str(file)}, dtype=dtype)
-    linears = [m for m in native.model.modules() if isinstance(m, QuantLinear)]
+    linears = [m for m in native.model.layers.modules() if isinstance(m, QuantLinear)]
     assert len(linears) == 2 * 4 and not list(quantizable_linears(native.model))
+    assert isinstance(native.model.embed_tokens, QuantEmbedding)  # the file's Q8_0 rows
     ids = torch.arange(2, 33)
     a, b = _logits(native, ids).float(), _logits(floats, ids).float()
     # float32: the same weights multiplied in another order; bfloat16 rounds them alike
@@ -82,22 +87,6 @@ def test_q4_1_file_bytes_are_kept_bit_for_bit(tmp_path: Path, hf_model: Any) -> 
     assert torch.equal(o_proj.mins, blocks[..., 2:4].contiguous().view(torch.float16)[..., 0])
 
 
-class _Allocations(TorchDispatchMode):
-    """Records (shape, dtype) of every real (non-meta) float tensor torch creates."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: set[tuple[tuple[int, ...], torch.dtype]] = set()
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
-                           kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, tuple | list) else [out]:
-            if isinstance(t, torch.Tensor) and t.is_floating_point() and t.device.type != "meta":
-                self.seen.add((tuple(t.shape), t.dtype))
-        return out
-
-
 def test_no_float_copy_of_a_native_weight_is_made(
         tmp_path: Path, hf_model: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     file = tmp_path / "q41.gguf"
@@ -113,7 +102,7 @@ def test_no_float_copy_of_a_native_weight_is_made(
         return out
 
     monkeypatch.setattr(gguf.quants, "dequantize", spy)
-    with _Allocations() as allocations:
+    with FloatAllocations() as allocations:
         loaded = load_model({"gguf": str(file)}, quant=NATIVE)
     shapes = {shape for shape, _ in allocations.seen}
     assert not shapes & PROJECTIONS, "a float matrix of a projection's shape was allocated"
@@ -268,8 +257,15 @@ def test_smollm2_q4_1_native_logits_equal_the_dequantized_model(
         smollm2: tuple[LoadedModel, LoadedModel]) -> None:
     native, floats = smollm2
     assert "native Q4_1 x210 -> int4/32" in native.source
-    assert sum(isinstance(m, QuantLinear) for m in native.model.modules()) == 30 * 4
+    assert "embedding + tied LM head Q8_0 -> int8/32" in native.source
+    assert sum(isinstance(m, QuantLinear) for m in native.model.layers.modules()) == 30 * 4
+    # The tied head multiplies the embedding's own Q8_0 bytes: one table, held once.
+    embed = native.model.embed_tokens
+    assert isinstance(embed, QuantEmbedding) and native.model.lm_head is None
+    assert (embed.table.kind, embed.table.group_size) == ("int8", 32)
     ids = torch.arange(100, 164)
+    # The gather dequantizes only the rows it reads, to exactly the float model's values.
+    assert torch.equal(embed(ids), floats.model.embed_tokens(ids))
     a, b = _logits(native, ids), _logits(floats, ids)
     assert (a - b).abs().max().item() <= 1e-4
     assert torch.equal(a.argmax(-1), b.argmax(-1))
@@ -282,9 +278,10 @@ def test_smollm2_native_stored_bytes_equal_the_prediction(
     priced = weight_bytes(native.config, "float32",
                           native_quant(NATIVE, {"preset": "smollm2-135m"}))
     assert priced == native.weight_bytes == stored_weight_bytes(native.model)
-    # Q4_1 projections at 5 bits per weight; the tied embedding stays float32 (dequantized
-    # from Q8_0), as do the norms.
-    assert native.weight_bytes == 179_741_952 and floats.weight_bytes == 538_060_032
+    # Q4_1 projections at 5 bits per weight, the tied Q8_0 embedding at 8.5 bits (held once
+    # for the gather and the head), the norms in float32.
+    assert native.weight_bytes == 66_355_200 + 30_081_024 + 140_544 == 96_576_768
+    assert floats.weight_bytes == 538_060_032
 
 
 def test_predict_native_prices_the_file_and_refuses_a_preset(
