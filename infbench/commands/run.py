@@ -236,6 +236,19 @@ def _exit_on_sigterm() -> Any:
         return None
 
 
+def _spec_method(value: str) -> str:
+    allowed = ("none", "ngram", "draft", "medusa", "eagle")
+    if value not in allowed:
+        raise typer.BadParameter(f"{value!r}; allowed: {', '.join(allowed)}")
+    return value
+
+
+def _draft_quant(value: str) -> str:
+    if value not in ("none", "int8", "int4"):
+        raise typer.BadParameter(f"{value!r}; allowed: none, int8, int4")
+    return value
+
+
 def generate(
     model: str = typer.Option(
         ..., "--model", callback=opt.non_empty,
@@ -264,6 +277,22 @@ def generate(
                                    f"float32), {opt.choices(opt.DTYPES)}"),
     backend: str = typer.Option("auto", "--backend", callback=opt.backend,
                                 help=opt.choices(opt.BACKENDS)),
+    speculative: str = typer.Option(
+        "none", "--speculative", callback=_spec_method,
+        help="Speculative decoding: none, ngram (prompt lookup), draft (a draft model; the "
+             "target itself unless --draft-model), medusa or eagle (--draft-heads)."),
+    num_spec: int = typer.Option(4, "--num-speculative-tokens", callback=opt.positive_int,
+                                 help="Draft tokens per step k (>= 1)."),
+    draft_model: str | None = typer.Option(
+        None, "--draft-model", help=f"Draft model (--speculative draft). {opt.MODEL_HELP}"),
+    draft_layers: int | None = typer.Option(
+        None, "--draft-layers", callback=opt.positive_int,
+        help="Keep the draft's first N layers (the target's when no --draft-model: the "
+             "layer-skipping self-draft)."),
+    draft_quant: str = typer.Option("none", "--draft-quant", callback=_draft_quant,
+                                    help="Quantize the draft: none, int8, int4 (groups of 64)."),
+    draft_heads: str | None = typer.Option(
+        None, "--draft-heads", help="Medusa / EAGLE checkpoint from `infbench train-draft`."),
 ) -> None:
     """Complete one prompt: the completion on stdout, speed on stderr."""
     from infbench.core.config import EngineConfig
@@ -274,6 +303,8 @@ def generate(
 
     if (prompt is None) == (prompt_ids is None):
         raise UserError("give exactly one of --prompt TEXT or --prompt-ids 1,2,3")
+    spec = _spec_config(speculative, num_spec, draft_model, draft_layers, draft_quant,
+                        draft_heads)
     dev = resolve_device(device)
     if dtype == "auto":
         dtype, why = auto_dtype(dev)
@@ -308,7 +339,8 @@ def generate(
     # The Python API's engine, sized for exactly this one sequence (nothing more is zeroed).
     llm = LLM(loaded, backend=backend, seed=seed, max_num_seqs=1,
               max_model_len=len(ids) + max_tokens,
-              kv_cache_memory=EngineConfig.kv_cache_memory)
+              kv_cache_memory=EngineConfig.kv_cache_memory, speculative=spec,
+              source=model_source(model))
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p,
                             max_tokens=max_tokens, seed=seed)
     out = llm.generate([ids], params)[0]
@@ -323,6 +355,44 @@ def generate(
     print(f"{len(ids)} prompt tokens, {len(toks)} generated ({out.outputs[0].finish_reason}); "
           f"TTFT {ttft * 1e3:.1f} ms, decode {tps:.1f} tokens/s, backend {llm.engine.ops.name}, "
           f"device {dev}, dtype {dtype}", file=sys.stderr)
+    if spec is not None:
+        from infbench.measure.speculative import acceptance
+
+        acc = acceptance(llm.last_steps)
+        if acc["num_verifications"]:
+            print(f"speculative {spec.label}, k={spec.num_tokens}: {acc['num_accepted_tokens']}"
+                  f"/{acc['num_draft_tokens']} drafts accepted "
+                  f"({acc['acceptance_rate']:.0%}), {acc['mean_accepted_tokens']:.2f} tokens "
+                  f"per verification", file=sys.stderr)
+        else:
+            print(f"speculative {spec.label}: no drafts were proposed", file=sys.stderr)
+
+
+def _spec_config(method: str, k: int, draft_model: str | None, draft_layers: int | None,
+                 draft_quant: str, heads: str | None) -> Any:
+    """The generate flags as a scenario's speculative section (its checks, its errors)."""
+    from pydantic import ValidationError
+
+    from infbench.core.scenario import SpeculativeConfig, SpeculativeSection
+
+    if method == "none":
+        given = [flag for flag, v in (("--draft-model", draft_model),
+                                      ("--draft-layers", draft_layers),
+                                      ("--draft-heads", heads)) if v is not None]
+        if given or draft_quant != "none":
+            raise UserError(f"{(given or ['--draft-quant'])[0]} needs --speculative")
+        return None
+    try:
+        sec = SpeculativeSection(method=method, num_tokens=k, draft_model=draft_model,
+                                 draft_layers=draft_layers, draft_quant=draft_quant,
+                                 heads=heads)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise UserError(f"--speculative {method}: {first['msg'].removeprefix('Value error, ')}"
+                        ) from None
+    return SpeculativeConfig(sec.method, sec.num_tokens, draft_model=sec.draft_model,
+                             draft_layers=sec.draft_layers, draft_quant=sec.draft_quant,
+                             draft_group_size=sec.draft_group_size, heads=sec.heads)
 
 
 def schema(

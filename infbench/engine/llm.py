@@ -24,7 +24,7 @@ from infbench.core.device import auto_dtype, available_memory_bytes, resolve_dev
 from infbench.core.errors import UserError
 from infbench.core.scenario import SpeculativeConfig
 from infbench.engine.engine import Engine, KVSizing
-from infbench.engine.records import RequestRecord
+from infbench.engine.records import RequestRecord, StepRecord
 from infbench.engine.request import Request, SamplingParams
 from infbench.model import loader
 from infbench.model.tokenizer import Tokenizer
@@ -144,6 +144,7 @@ class LLM:
                                     sizing=sizing, seed=seed, kv_quant=kv_quant,
                                     speculative=speculative, source=source)
         self._ids = itertools.count()
+        self.last_steps: list[StepRecord] = []
 
     @property
     def config(self) -> ModelConfig:
@@ -187,6 +188,7 @@ class LLM:
         except BaseException:
             self.engine.reset()  # leave no half-served sequences for the next call
             raise
+        self.last_steps = run.steps  # the engine's step records of this call
         by_request: dict[str, list[RequestRecord]] = {r.request_id: [] for r in requests}
         for rec in run.requests:
             by_request[rec.request_id.partition("/")[0]].append(rec)
