@@ -87,7 +87,9 @@ def report(
                                  help="Print the rows as JSON on stdout instead of a table."),
 ) -> None:
     """Measured vs predicted TTFT, TPOT and throughput, with the model's error %; results
-    of a scenario with variants also get one row per variant (bytes, speed, accuracy)."""
+    of a scenario with variants also get one row per variant (bytes, speed, accuracy), and
+    speculative points a table of acceptance and speed-up (also spec_* columns in the
+    --json / --markdown / --csv rows)."""
     from rich.console import Console
 
     from infbench.results.gate import load_results
@@ -98,17 +100,21 @@ def report(
         write_csv,
         write_markdown,
     )
+    from infbench.results.speculative import spec_rows, spec_table
     from infbench.results.variants import variant_rows, variant_table
 
     loaded = load_results(results)
     df = report_frame(loaded)
     variants = variant_rows(loaded)
+    speculative = spec_rows(loaded)
     if as_json:
         _print_json(report_rows(loaded))
     else:
         Console().print(report_table(df))
         if variants:  # a scenario with `variants:`: one row per variant
             Console().print(variant_table(variants))
+        if speculative:  # points run with `speculative.method` set
+            Console().print(spec_table(speculative))
     if markdown is not None:
         write_markdown(df, markdown)
     if csv is not None:
@@ -167,14 +173,16 @@ def plots(
     as_json: bool = typer.Option(False, "--json",
                                  help="Print the written paths as JSON on stdout."),
 ) -> None:
-    """Latency-throughput, distributions and measured-roofline figures, and speed vs
-    perplexity when the results carry accuracy (quantized or pruned points)."""
+    """Latency-throughput, distributions and measured-roofline figures, speed vs
+    perplexity when the results carry accuracy (quantized or pruned points), and speed-up
+    against k when they carry speculative metrics."""
     from infbench.plots.analytic import FIGURE_FORMATS, check_size
     from infbench.plots.measured import (
         accuracy_speed_figure,
         distributions_figure,
         latency_throughput_figure,
         measured_roofline_figure,
+        speculative_figure,
     )
     from infbench.results.gate import load_results
 
@@ -196,6 +204,9 @@ def plots(
     speed_accuracy = out / f"accuracy_speed.{fmt}"  # only when the results carry perplexity
     if accuracy_speed_figure(loaded, speed_accuracy, size=size) is not None:
         paths["accuracy_speed"] = speed_accuracy
+    speedup = out / f"speculative_speedup.{fmt}"  # only when the results carry speculative
+    if speculative_figure(loaded, speedup, size=size) is not None:
+        paths["speculative_speedup"] = speedup
     if as_json:
         _print_json({name: str(path) for name, path in paths.items()})
         return

@@ -17,6 +17,10 @@ returns the coordinates it plotted, so tests check values rather than pixels.
   samples (`requests[i].itl_s`), else of decode-step durations, labelled as such (every
   running sequence gets one token per decode step); and TTFT / TPOT / ITL / E2E
   p50 / p90 / p99, one colour per run and one marker per metric.
+- `accuracy_speed_figure`: decode tok/s against perplexity, one marker per variant and batch.
+- `speculative_figure`: speed-up over plain decoding against the draft tokens k, measured
+  (solid) and predicted from the measured acceptance and draft cost (dashed), one colour
+  per variant and one panel per batch size, a line at 1.0 (no gain).
 """
 
 from __future__ import annotations
@@ -472,4 +476,61 @@ def accuracy_speed_figure(results: list[dict[str, Any]], out: str | os.PathLike[
         legend = ax.legend(handles=handles, fontsize="x-small", loc="best")
         path = save_figure(fig, Path(out))
     return {"points": points, "path": str(path), "figure": fig,
+            "legend": [t.get_text() for t in legend.get_texts()]}
+
+
+def speculative_figure(results: list[dict[str, Any]], out: str | os.PathLike[str],
+                       size: str = "column") -> dict[str, Any] | None:
+    """x: draft tokens per step k; y: speed-up over plain decoding (baseline TPOT /
+    speculative TPOT); one panel per batch size, one colour per variant, measured solid,
+    predicted from the measured acceptance and draft cost dashed, a grey line at 1.0 (no
+    gain).  None (nothing written) when no result carries `metrics.speculative`."""
+    from matplotlib.lines import Line2D
+
+    from infbench.plots.analytic import figure_style, new_figure, save_figure
+    from infbench.results.speculative import spec_rows
+
+    rows = spec_rows(results)
+    if not rows:
+        return None
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    batches = list(dict.fromkeys(r["batch_size"] for r in rows))
+    batches.sort(key=lambda b: (b is None, b or 0))
+    lines: list[dict[str, Any]] = []
+    with figure_style(size):
+        fig = new_figure(size)
+        axes = fig.subplots(1, len(batches), sharey=True, squeeze=False)[0]
+        colours = dict(zip(variants, _run_colours(len(variants)), strict=True))
+        for ax, batch in zip(axes, batches, strict=True):
+            ax.axhline(1.0, color="#888888", linewidth=0.8, zorder=0)
+            for variant in variants:
+                pts = [r for r in rows if r["variant"] == variant and r["batch_size"] == batch
+                       and r["num_tokens"] is not None]
+                for kind, key, style in (("measured", "speedup_measured", "-"),
+                                         ("predicted", "speedup_predicted", "--")):
+                    xy = [(r["num_tokens"], r[key]) for r in pts if r[key] is not None]
+                    if not xy:
+                        continue
+                    ks, ys = [x for x, _ in xy], [y for _, y in xy]
+                    lines.append({"variant": variant, "batch_size": batch, "kind": kind,
+                                  "k": ks, "speedup": ys})
+                    ax.plot(ks, ys, linestyle=style, marker="o" if kind == "measured" else "",
+                            color=colours[variant])
+            ks_here = sorted({r["num_tokens"] for r in rows
+                              if r["batch_size"] == batch and r["num_tokens"] is not None})
+            if ks_here:
+                ax.set_xticks(ks_here)
+            ax.set_title("batch ?" if batch is None else f"batch {batch}", fontsize="small")
+            ax.set_xlabel("draft tokens k")
+            ax.grid(True, which="major", alpha=0.3)
+        axes[0].set_ylabel("speed-up over plain decode")
+        fig.suptitle("Speculative decoding speed-up\n" + figure_caption(results))
+        handles = [Line2D([], [], color=colours[v], linestyle="-", label=v)
+                   for v in variants]
+        handles += [Line2D([], [], color="#555555", marker="o", linestyle="-",
+                           label="measured"),
+                    Line2D([], [], color="#555555", linestyle="--", label="predicted")]
+        legend = axes[0].legend(handles=handles, fontsize="x-small", loc="best")
+        path = save_figure(fig, Path(out))
+    return {"lines": lines, "batch_sizes": batches, "path": str(path), "figure": fig,
             "legend": [t.get_text() for t in legend.get_texts()]}

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from infbench.core.io import write_text_atomic
 from infbench.results.accessor import metric, scenario_number
+from infbench.results.speculative import EXPORTED as SPEC_EXPORTED
+from infbench.results.speculative import has_speculative, spec_row
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -157,8 +159,10 @@ def _first(result: dict[str, Any], *names: str) -> float | None:
 
 def report_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The rows of `report_frame` as plain dicts (None where a value is unknown); the
-    accuracy columns only where some result has an `accuracy` section."""
+    accuracy columns only where some result has an `accuracy` section, the `spec_*` columns
+    (results/speculative.py) only where some result has `metrics.speculative`."""
     with_accuracy = has_accuracy(results)
+    with_spec = has_speculative(results)
     rows = []
     for r in results:
         scenario = r.get("scenario") or {}
@@ -200,9 +204,16 @@ def report_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "perplexity_change_pct": _scaled(metric(r, "accuracy.perplexity_change"), 100),
                 "greedy_agreement": metric(r, "accuracy.greedy_agreement")}
                if with_accuracy else {}),
+            **(_spec_columns(r) if with_spec else {}),
             "file": r.get("_path"),
         })
     return rows
+
+
+def _spec_columns(result: dict[str, Any]) -> dict[str, Any]:
+    """The `spec_*` columns of one point (all None for a point without speculative metrics)."""
+    row = spec_row(result) or {}
+    return {f"spec_{key}": row.get(key) for key in SPEC_EXPORTED}
 
 
 def report_frame(results: list[dict[str, Any]]) -> pd.DataFrame:
@@ -210,7 +221,8 @@ def report_frame(results: list[dict[str, Any]]) -> pd.DataFrame:
     import pandas as pd
 
     df = pd.DataFrame(report_rows(results))
-    numeric = [c for c in df.columns if c not in ("label", "name", "hardware", "file")]
+    numeric = [c for c in df.columns
+               if c not in ("label", "name", "hardware", "file", "spec_method")]
     df[numeric] = df[numeric].apply(pd.to_numeric)  # None -> NaN
     return df
 
