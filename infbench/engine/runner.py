@@ -26,7 +26,7 @@ from infbench.engine.input_batch import TableRows
 from infbench.engine.kv_cache import KVCache, StatePool
 from infbench.engine.sampler import Sampler, argmax_rows, filtered_probs
 from infbench.engine.scheduler import ScheduledSeq, SchedulerOutput
-from infbench.engine.spec.verify import verify_greedy, verify_sampled
+from infbench.engine.verify import verify_greedy, verify_sampled
 from infbench.model.context import LanguageModel, LayerState
 from infbench.model.ops import Ops
 
@@ -38,7 +38,8 @@ class StepInputs:
     input_ids: torch.Tensor  # (T,) int64
     positions: torch.Tensor  # (T,) int64
     slot_mapping: torch.Tensor  # (T,) int64
-    num_decode: int  # the first num_decode tokens are single-token decodes
+    num_decode: int  # the first num_decode tokens are decode rows (one token each, over
+    # its context up to its own position; a verification has 1 + k of them)
     decode_tables: torch.Tensor  # (num_decode, max_blocks) int32
     decode_context_lens: torch.Tensor  # (num_decode,) int32
     prefill_cu_seqlens: torch.Tensor  # (num_prefill_seqs + 1,) int32, offsets into the prefill part
@@ -56,6 +57,7 @@ class StepInputs:
     # the step; empty: one row each.
     logits_counts: list[int] = field(default_factory=list)
     order: list[ScheduledSeq] = field(default_factory=list)  # the B sequences, decodes first
+    num_decode_seqs: int = 0  # sequences served by the decode rows (0: one row each)
 
 
 class PagedAttentionContext:
@@ -82,6 +84,11 @@ class PagedAttentionContext:
         inp = self.inputs
         return LayerState(self.states.layer(layer.index), inp.state_slots, inp.seq_cu_seqlens,
                           inp.seq_start_pos, inp.num_decode)
+
+    @property
+    def num_decode_seqs(self) -> int:
+        """Sequences the decode rows belong to (fewer than the rows in a speculative step)."""
+        return self.inputs.num_decode_seqs or self.inputs.num_decode
 
     @property
     def num_decode(self) -> int:
@@ -221,19 +228,26 @@ class ModelRunner:
         """
         bs = self.kv.block_size
         # Decodes first, in scheduled order: the stable partition sorted(key=is_prefill) gives.
-        # Speculative verifications (a decode plus its drafts) lead the multi-token part.
+        # A speculative verification (a decode plus its k drafts) runs as k + 1 decode rows
+        # of its sequence, row i attending over the context up to its own position: the
+        # same kernels, in the same order, as k + 1 plain decode steps, so greedy
+        # speculation emits exactly the tokens plain decoding would (in bf16 as well).
         decodes = [s for s in out.scheduled if not s.is_prefill and not s.spec_tokens]
         specs = [s for s in out.scheduled if s.spec_tokens]
         prefills = [s for s in out.scheduled if s.is_prefill]
-        multi = specs + prefills if specs else prefills
-        order = decodes + multi if multi else decodes
-        nd, num_seqs = len(decodes), len(order)
+        if specs:
+            decodes += specs  # plain decodes, then verifications: all served by decode rows
+        order = decodes + prefills if prefills else decodes
+        nd, num_seqs = len(decodes), len(order)  # nd: sequences served by decode rows
         seqs = [s.seq for s in order]
         # A decode computes the token it sampled last step: output_ids[-1], read in place.
         ids = [s.seq.output_ids[-1] for s in decodes]
-        for s in specs:
-            ids.append(s.seq.output_ids[-1])
-            ids.extend(s.spec_tokens or ())
+        if specs:
+            ids = []
+            for s in decodes:
+                ids.append(s.seq.output_ids[-1])
+                if s.spec_tokens:
+                    ids.extend(s.spec_tokens)
         for s in prefills:
             seq, start, n = s.seq, s.start_pos, s.num_new_tokens
             if n == 1:  # one token, read in place: no token_ids list needed
@@ -243,27 +257,25 @@ class ModelRunner:
             else:
                 ids.extend(seq.token_ids[start:start + n])
         starts = np.array([s.start_pos for s in order], dtype=np.int64)
-        # Decodes compute one token each; only multi-token parts need their lengths read.
+        # Decodes compute one token each; only verifications and prefill chunks need
+        # their lengths read.
         lens = np.ones(num_seqs, dtype=np.int64)
-        if multi:
-            lens[nd:] = [s.num_new_tokens for s in multi]
+        if specs:
+            lens[:nd] = [s.num_new_tokens for s in decodes]
+        if prefills:
+            lens[nd:] = [s.num_new_tokens for s in prefills]
         seq_cu = np.zeros(num_seqs + 1, dtype=np.int64)
         np.cumsum(lens, out=seq_cu[1:])
         num_tokens = int(seq_cu[-1])
+        num_decode_rows = int(seq_cu[nd])
         ends = starts + lens  # context length of each sequence after this step
         # Rows that need logits: every decode's one token, every row of a verification,
         # and the last token of each prefill chunk that completes its sequence.
-        sampled = decodes + specs + [s for s in prefills if s.num_samples > 0]
-        logits_rows = list(range(nd))
-        logits_counts: list[int] = []
-        if specs:
-            logits_counts = [1] * nd
-            for b, s in enumerate(specs):
-                logits_rows += range(int(seq_cu[nd + b]), int(seq_cu[nd + b + 1]))
-                logits_counts.append(s.num_new_tokens)
+        sampled = decodes + [s for s in prefills if s.num_samples > 0]
+        logits_rows = list(range(num_decode_rows))
+        logits_counts = lens[:nd].tolist() if specs else []
         if prefills:
-            first = nd + len(specs)
-            done = [int(seq_cu[first + b + 1]) - 1 for b, s in enumerate(prefills)
+            done = [int(seq_cu[nd + b + 1]) - 1 for b, s in enumerate(prefills)
                     if s.num_samples > 0]
             logits_rows += done
             if specs:
@@ -289,6 +301,8 @@ class ModelRunner:
                 return torch.zeros(0, dtype=torch.int32, device=dev)
             return torch.from_numpy(array[rows, : int(lengths.max()) or 1]).to(dev)
 
+        # The sequence of each decode row (a verification has several).
+        decode_seq = None if not specs or token_seq is None else token_seq[:num_decode_rows]
         # Per KV group: the slot of every token, and the decode and prefill block tables.
         seq_ids = [seq.seq_id for seq in seqs]
         paged: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
@@ -299,20 +313,24 @@ class ModelRunner:
             array = table_rows.array  # (rows, max_blocks) int32
             token_rows = rows if token_seq is None else rows[token_seq]  # (T,)
             slots = array[token_rows, block_col].astype(np.int64) * bs + block_off  # (T,)
+            dec_rows, dec_lengths = ((rows[:nd], lengths[:nd]) if decode_seq is None
+                                     else (rows[decode_seq], lengths[decode_seq]))
             paged.append((torch.from_numpy(slots).to(dev),
-                          table_tensor(rows[:nd], lengths[:nd], array),
+                          table_tensor(dec_rows, dec_lengths, array),
                           table_tensor(rows[nd:], lengths[nd:], array)))
         pre_cu = seq_cu[nd:] - seq_cu[nd]  # (num_prefill_seqs + 1,) offsets in the prefill part
         # Without a state pool every sequence's state_slot is -1: no need to read them.
         state_slots = (np.full(num_seqs, -1, dtype=np.int64) if self.states is None
                        else np.array([seq.state_slot for seq in seqs], dtype=np.int64))
+        # A decode row's context: up to and including its own position.
+        decode_lens = ends[:nd] if decode_seq is None else positions[:num_decode_rows] + 1
         return StepInputs(
             input_ids=torch.from_numpy(np.array(ids, dtype=np.int64)).to(dev),
             positions=i64(positions),
             slot_mapping=paged[0][0],
-            num_decode=nd,
+            num_decode=num_decode_rows,
             decode_tables=paged[0][1],
-            decode_context_lens=i32(ends[:nd]),
+            decode_context_lens=i32(decode_lens),
             prefill_cu_seqlens=i32(pre_cu),
             prefill_tables=paged[0][2],
             prefill_context_lens=i32(ends[nd:]),
@@ -320,6 +338,7 @@ class ModelRunner:
             sampled_seqs=sampled,
             logits_counts=logits_counts,
             order=order,
+            num_decode_seqs=nd,
             seq_cu_seqlens=i64(seq_cu),
             seq_start_pos=i64(starts),
             state_slots=i64(state_slots),
@@ -416,7 +435,7 @@ class ModelRunner:
 
     def _verify(self, logits: torch.Tensor, inputs: StepInputs) -> dict[int, list[int]]:
         """Sample the plain rows and verify the drafts of the speculative ones
-        (engine/spec/verify.py); `verified` gets (drafts, accepted) per verification."""
+        (engine/verify.py); `verified` gets (drafts, accepted) per verification."""
         result: dict[int, list[int]] = {}
         seqs = [s.seq for s in inputs.sampled_seqs]
         greedy = (argmax_rows(logits) if any(q.sampling.is_greedy for q in seqs) else [])

@@ -347,6 +347,8 @@ class Scheduler:
             raise ValueError(f"seq {seq.seq_id}: {len(tokens)} tokens from verifying "
                              f"{len(item.spec_tokens)} drafts")
         bm = self.block_manager
+        # engine/spec/build.py refuses speculation over several KV groups.
+        assert isinstance(bm, BlockManager), "speculation needs one KV group"
         seq.num_computed_tokens = item.start_pos + len(tokens)  # input + accepted drafts
         bm.commit(seq)
         if self.window is not None:

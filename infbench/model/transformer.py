@@ -174,6 +174,24 @@ class DecoderLayer(nn.Module):
         return self.mlp(h), residual
 
 
+def _run_chunked(plan: Any, x: torch.Tensor, residual: torch.Tensor | None,
+                 positions: torch.Tensor, args: tuple[torch.Tensor, ...]
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A fused decode layer over more than 32 rows, 32 at a time.  Rows of one sequence
+    come in position order, so a chunk only reads K/V that this or an earlier chunk of the
+    layer has stored."""
+    k_cache, v_cache, slots, tables, lens = args
+    xs, rs = [], []
+    for lo in range(0, x.shape[0], MAX_FUSED_DECODES):
+        hi = lo + MAX_FUSED_DECODES
+        xc, rc = plan.run(x[lo:hi], None if residual is None else residual[lo:hi],
+                          positions[lo:hi], k_cache, v_cache, slots[lo:hi], tables[lo:hi],
+                          lens[lo:hi])
+        xs.append(xc)
+        rs.append(rc)
+    return torch.cat(xs), torch.cat(rs)
+
+
 class Transformer(nn.Module):
     """Decoder-only LM: embed -> layers -> final norm; `compute_logits` applies the LM head.
 
@@ -266,12 +284,19 @@ class Transformer(nn.Module):
             residual: torch.Tensor | None = None
             fused: list[Any | None] | None = getattr(self, "decode_layers", None)
             args_of: Any = getattr(ctx, "decode_layer_args", None)
-            if fused is None or args_of is None or x.shape[0] > MAX_FUSED_DECODES:
+            # Up to 32 decode rows per call; a speculative step's 1 + k rows per sequence
+            # go in chunks of 32 when its sequences alone would fit (the rows a plain step
+            # of those sequences would take this path with: the same tokens either way).
+            rows = x.shape[0]
+            seqs = int(getattr(ctx, "num_decode_seqs", 0) or rows)
+            if fused is None or args_of is None or min(rows, seqs) > MAX_FUSED_DECODES:
                 fused = [None] * len(self.layers)
             for layer, plan in zip(cast(list[DecoderLayer], self.layers), fused, strict=True):
                 args = None if plan is None else args_of(layer.self_attn.layer)
-                if plan is not None and args is not None:  # decodes: one C++ call per layer
-                    x, residual = plan.run(x, residual, positions, *args)
+                if plan is not None and args is not None and rows <= MAX_FUSED_DECODES:
+                    x, residual = plan.run(x, residual, positions, *args)  # one C++ call
+                elif plan is not None and args is not None:
+                    x, residual = _run_chunked(plan, x, residual, positions, args)
                 else:
                     x, residual = layer.forward_fused(x, residual, positions, ctx,
                                                       self.rope_cache, ops)

@@ -1,4 +1,4 @@
-"""Verification rules (engine/spec/verify.py) and the n-gram lookup, without an engine."""
+"""Verification rules (engine/verify.py) and the n-gram lookup, without an engine."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from infbench.engine.spec.ngram import NgramProposer, lookup
-from infbench.engine.spec.verify import verify_greedy, verify_sampled
+from infbench.engine.verify import verify_greedy, verify_sampled
 from infbench.measure.speculative import predicted_speedup
 
 # chi-square critical values at p = 0.001 by degrees of freedom (tables; no scipy here)

@@ -2,7 +2,7 @@
 
 The engine (engine/engine.py) asks the proposer for drafts at the start of each step,
 after the scheduler has given every speculating sequence room for 1 + k tokens, and the
-target verifies them in the same step (engine/spec/verify.py).  A proposer sees each
+target verifies them in the same step (engine/verify.py).  A proposer sees each
 sequence as a `SpecRequest` and answers with a `Proposal` per request:
 
 - `tokens`: up to `num_drafts` draft tokens that follow `token_ids` (fewer, even none, is
