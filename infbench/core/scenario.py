@@ -316,8 +316,8 @@ class SpeculativeSection(_Section):
     """method draft: keep only the draft's first N layers (the layer-skipping self-draft
     when the draft is the target)."""
     draft_quant: Literal["none", "int8", "int4"] = "none"
-    """method draft: quantize the draft's projections (int4 in groups of draft_group_size):
-    the quantized target as its own draft."""
+    """method draft: quantize the draft's projections (int4 in groups of draft_group_size)
+    and its LM head (int8): the quantized target as its own draft."""
     draft_group_size: Literal[32, 64, 128] = 64
     heads: str | None = None
     """method medusa / eagle: the head checkpoint written by `infbench train-draft`."""

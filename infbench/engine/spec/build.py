@@ -79,7 +79,10 @@ def _draft_proposer(spec: SpeculativeConfig, target: LoadedModel, engine: Any,
                               "or --model) to load a quantized copy of it")
         quant = None
         if spec.draft_quant != "none":
-            quant = QuantConfig(weights=spec.draft_quant, group_size=spec.draft_group_size)
+            # The LM head in int8 too, as llama.cpp stores it: a draft's cost is what
+            # matters, and on a 135M model the float head is a third of what it reads.
+            quant = QuantConfig(weights=spec.draft_quant, group_size=spec.draft_group_size,
+                                head="int8")
         loaded = load_model(source, dtype=dtype, device=str(device), seed=seed, quant=quant)
         if loaded.config.vocab_size != target.config.vocab_size:
             raise UserError(
