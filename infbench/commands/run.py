@@ -383,9 +383,9 @@ def _spec_config(method: str, k: int, draft_model: str | None, draft_layers: int
             raise UserError(f"{(given or ['--draft-quant'])[0]} needs --speculative")
         return None
     try:
-        sec = SpeculativeSection(method=method, num_tokens=k, draft_model=draft_model,
-                                 draft_layers=draft_layers, draft_quant=draft_quant,
-                                 heads=heads)
+        sec = SpeculativeSection.model_validate({
+            "method": method, "num_tokens": k, "draft_model": draft_model,
+            "draft_layers": draft_layers, "draft_quant": draft_quant, "heads": heads})
     except ValidationError as exc:
         first = exc.errors()[0]
         raise UserError(f"--speculative {method}: {first['msg'].removeprefix('Value error, ')}"

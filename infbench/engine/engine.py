@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import torch
 
 from infbench.core.config import EngineConfig, ModelConfig
-from infbench.core.scenario import SpeculativeConfig
 from infbench.core.errors import ConfigError, DoesNotFitError, UserError
+from infbench.core.scenario import SpeculativeConfig
 from infbench.engine.backend import get_ops
 from infbench.engine.block_manager import BlockManager, StateSlots
 from infbench.engine.cuda_graphs import DecodeGraphs
@@ -38,8 +38,8 @@ from infbench.engine.records import RequestRecord, StepRecord
 from infbench.engine.request import Request
 from infbench.engine.runner import ModelRunner
 from infbench.engine.scheduler import Scheduler, SchedulerOutput
-from infbench.engine.spec.base import Proposer, SpecRequest
 from infbench.engine.sequence import Sequence as Seq
+from infbench.engine.spec.base import Proposer, SpecRequest
 from infbench.model.context import LanguageModel
 from infbench.model.loader import LoadedModel
 
