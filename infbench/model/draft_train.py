@@ -74,8 +74,8 @@ class DraftTrainConfig:
     heldout_sequences: int = 8
     prompt_tokens: int = 64
     new_tokens: int = 64
-    batch_positions: int = 256  # Medusa: positions per step
-    batch_sequences: int = 2  # EAGLE: whole sequences per step
+    batch_positions: int = 128  # Medusa: positions per step
+    batch_sequences: int = 4  # EAGLE: whole sequences per step
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:

@@ -91,6 +91,15 @@ TABLE: dict[str, dict[str, Case]] = {
                          "--layers: must be >= 0 (got -1)"),
         "missing_argument": (["--layers", "1"], "--model"),  # a required option
     },
+    "train-draft": {
+        "unknown_option": (["--method", "medusa", "--model", "tiny", "--steps", "1", "--bogus"],
+                           "--bogus"),
+        "missing_value": (["--method", "medusa", "--model", "tiny", "--steps"], "--steps"),
+        "wrong_type": (["--method", "medusa", "--model", "tiny", "--steps", "abc"], "--steps"),
+        "out_of_range": (["--method", "medusa", "--model", "tiny", "--steps", "0"],
+                         "--steps: must be >= 1 (got 0)"),
+        "missing_argument": (["--model", "tiny", "--steps", "1"], "--method"),
+    },
     "schema": {
         "unknown_option": (["--bogus"], "--bogus"),
         "missing_value": None,
