@@ -11,9 +11,9 @@ settled (accepted drafts are the tokens the draft itself fed), so the next propo
 resumes from there: usually one token (the target's correction), two when all k drafts
 were accepted, the whole prompt for a new sequence or after a preemption (`epoch`).
 
-Each proposal is one forward over the catch-up chunks of all sequences (the varlen
-prefill path; the fused decode path when every chunk is one token), then k - 1 batched
-one-token decode steps.  Greedy requests draft by argmax (q one-hot); sampled requests
+Each proposal is one forward over the catch-up chunks of all sequences (as decode rows when
+they are short, the usual one or two tokens: the fused decode path on the cpu backend; the
+varlen prefill path for a prompt), then k - 1 batched one-token decode steps.  Greedy requests draft by argmax (q one-hot); sampled requests
 draw from the draft's distribution under the request's temperature / top-k / top-p, with
 a generator per sequence, and return that q for the rejection rule.
 """
@@ -32,10 +32,17 @@ from infbench.model.context import LanguageModel
 from infbench.model.ops import Ops
 
 
+# Catch-up chunks up to this long run as decode rows (the fused decode path on the cpu
+# backend); longer ones (a new sequence's prompt) as varlen prefill chunks.
+MAX_DECODE_ROW_CHUNK = 4
+
+
 def paged_inputs(chunks: list[tuple[list[int], int, list[int]]], block_size: int,
                  device: torch.device) -> StepInputs:
-    """StepInputs for chunks of (token ids, first position, block table): all one-token
-    decodes when every chunk has one token, else all varlen prefill chunks.  Logits rows:
+    """StepInputs for chunks of (token ids, first position, block table).  Short chunks
+    (every one at most MAX_DECODE_ROW_CHUNK tokens: the usual catch-up of one or two
+    tokens, and the one-token draft steps) run as decode rows, row i of a chunk attending
+    up to its own position; otherwise all chunks are varlen prefill chunks.  Logits rows:
     the last token of each chunk."""
     lens = np.array([len(ids) for ids, _, _ in chunks], dtype=np.int64)
     starts = np.array([start for _, start, _ in chunks], dtype=np.int64)
@@ -56,16 +63,18 @@ def paged_inputs(chunks: list[tuple[list[int], int, list[int]]], block_size: int
         return torch.from_numpy(np.ascontiguousarray(x)).to(device)
 
     empty = torch.zeros(0, dtype=torch.int32, device=device)
-    decode = bool((lens == 1).all())
+    decode = int(lens.max()) <= MAX_DECODE_ROW_CHUNK
+    rows = len(ids)
     return StepInputs(
         input_ids=dev(np.array(ids, dtype=np.int64)), positions=dev(positions.astype(np.int64)),
-        slot_mapping=dev(slots), num_decode=len(chunks) if decode else 0,
-        decode_tables=dev(tables) if decode else empty,
-        decode_context_lens=dev(ends) if decode else empty,
+        slot_mapping=dev(slots), num_decode=rows if decode else 0,
+        decode_tables=dev(tables[token_seq]) if decode else empty,
+        decode_context_lens=dev((positions + 1).astype(np.int32)) if decode else empty,
         prefill_cu_seqlens=dev(np.zeros(1, np.int32) if decode else cu.astype(np.int32)),
         prefill_tables=empty.view(0, 1) if decode else dev(tables),
         prefill_context_lens=empty if decode else dev(ends),
         logits_rows=(cu[1:] - 1).tolist(), sampled_seqs=[],
+        num_decode_seqs=len(chunks) if decode else 0,
         seq_cu_seqlens=dev(cu), seq_start_pos=dev(starts),
         state_slots=dev(np.full(len(chunks), -1, dtype=np.int64)))
 
