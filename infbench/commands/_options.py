@@ -10,6 +10,7 @@ always passes; the command body applies its own default.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -74,6 +75,18 @@ def non_negative_float(value: float | None) -> float | None:
         if value < 0:
             raise typer.BadParameter(f"must be >= 0 (got {value})")
     return value
+
+
+def positive_finite(value: float | None) -> float | None:
+    """A finite number > 0 (a learning rate)."""
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise typer.BadParameter(f"must be a finite number > 0 (got {value})")
+    return value
+
+
+def note(message: str) -> None:
+    """Progress on stderr (stdout keeps the table or the JSON)."""
+    print(message, file=sys.stderr, flush=True)
 
 
 def unit_interval(value: float | None) -> float | None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -35,17 +34,6 @@ def _fraction(value: float | None) -> float | None:
     return value
 
 
-def _learning_rate(value: float | None) -> float | None:
-    if value is not None and not (math.isfinite(value) and value > 0):
-        raise typer.BadParameter(f"must be a finite number > 0 (got {value})")
-    return value
-
-
-def _note(message: str) -> None:
-    """Progress on stderr (stdout keeps the table or the JSON)."""
-    print(message, file=sys.stderr, flush=True)
-
-
 def prune(
     model: str = typer.Option(..., "--model", callback=opt.non_empty,
                               help=f"{opt.MODEL_HELP} It needs a tokenizer."),
@@ -57,7 +45,7 @@ def prune(
     distill_steps: int = typer.Option(0, "--distill-steps", callback=opt.non_negative_int,
                                       help="AdamW steps of logit distillation against the "
                                            "unpruned model (0: none)."),
-    lr: float = typer.Option(1e-4, "--lr", callback=_learning_rate,
+    lr: float = typer.Option(1e-4, "--lr", callback=opt.positive_finite,
                              help="Distillation learning rate."),
     calibration_tokens: int = typer.Option(1024, "--calibration-tokens",
                                            callback=opt.positive_int,
@@ -126,7 +114,7 @@ def run_prune(source: dict[str, str], model: str, config: Any, distill_steps: in
     test_ids = token_ids(loaded.tokenizer, "test", eval_tokens)
 
     def measure(stage: str) -> float:
-        _note(f"perplexity of the {stage} model on {len(test_ids)} test tokens ...")
+        opt.note(f"perplexity of the {stage} model on {len(test_ids)} test tokens ...")
         begin = time.perf_counter()
         value = perplexity(loaded.model, test_ids)
         seconds[f"eval_{stage}"] = time.perf_counter() - begin
@@ -134,7 +122,7 @@ def run_prune(source: dict[str, str], model: str, config: Any, distill_steps: in
 
     rows: list[dict[str, Any]] = [_row("original", loaded, measure("original"))]
     teacher = copy.deepcopy(loaded.model) if distill_steps else None
-    _note(f"pruning: layers {config.layers}, MLP fraction {config.mlp_fraction:g}, "
+    opt.note(f"pruning: layers {config.layers}, MLP fraction {config.mlp_fraction:g}, "
           f"{config.calibration_tokens} calibration tokens ...")
     begin = time.perf_counter()
     pruned = apply_prune(loaded, config)
@@ -142,10 +130,10 @@ def run_prune(source: dict[str, str], model: str, config: Any, distill_steps: in
     rows.append(_row("pruned", loaded, measure("pruned")))
     distilled: dict[str, Any] | None = None
     if teacher is not None:
-        _note(f"distilling: {distill_steps} steps, lr {lr:g} ...")
+        opt.note(f"distilling: {distill_steps} steps, lr {lr:g} ...")
         cal = loaded.tokenizer.encode(eval_text("calibration"), add_special_tokens=False)
         result = distill(loaded.model, teacher, cal, distill_steps, lr,
-                         on_step=lambda i, loss: _note(f"  step {i + 1}/{distill_steps}: "
+                         on_step=lambda i, loss: opt.note(f"  step {i + 1}/{distill_steps}: "
                                                        f"KL {loss:.4f}"))
         del teacher
         seconds["distill"] = result.seconds

@@ -11,9 +11,7 @@ float32 on the CPU.
 from __future__ import annotations
 
 import json
-import math
 import re
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -32,17 +30,6 @@ OUT_DIR = Path("results") / "draft-heads"
 
 def register(app: typer.Typer) -> None:
     app.command("train-draft")(train_draft)
-
-
-def _learning_rate(value: float | None) -> float | None:
-    if value is not None and not (math.isfinite(value) and value > 0):
-        raise typer.BadParameter(f"must be a finite number > 0 (got {value})")
-    return value
-
-
-def _note(message: str) -> None:
-    """Progress on stderr (stdout keeps the table or the JSON)."""
-    print(message, file=sys.stderr, flush=True)
 
 
 def default_out(method: str, model_name: str) -> Path:
@@ -66,7 +53,7 @@ def train_draft(
                                          "results/draft-heads/<method>-<model>.safetensors)."),
     seed: int = typer.Option(0, "--seed", callback=opt.seed, help="Seed of the initial "
                                                                   "weights and the batches."),
-    lr: float | None = typer.Option(None, "--lr", callback=_learning_rate,
+    lr: float | None = typer.Option(None, "--lr", callback=opt.positive_finite,
                                     help="Peak learning rate (default 1e-3)."),
     sequences: int = typer.Option(DEFAULT_SEQUENCES, "--sequences", callback=opt.positive_int,
                                   help=f"Prompts the model continues for its training text, "
@@ -111,7 +98,7 @@ def run_train_draft(source: dict[str, str], model: str, method: str, steps: int,
     config = DraftTrainConfig(method=method, steps=steps, num_heads=num_heads, lr=lr, seed=seed,
                               num_sequences=sequences, heldout_sequences=HELDOUT)
     start = time.perf_counter()
-    _note(f"loading {model} ...")
+    opt.note(f"loading {model} ...")
     loaded = loader.load_model(source, dtype="float32", device="cpu", weights="auto")
     if loaded.tokenizer is None:
         raise UserError(f"--model {model}: the model has no tokenizer; `infbench train-draft` "
@@ -122,9 +109,9 @@ def run_train_draft(source: dict[str, str], model: str, method: str, steps: int,
 
     def on_step(step: int, loss: float) -> None:
         if (step + 1) % every == 0 or step == 0:
-            _note(f"  step {step + 1}/{steps}: loss {loss:.4f}")
+            opt.note(f"  step {step + 1}/{steps}: loss {loss:.4f}")
 
-    trained = train_draft_heads(loaded.model, loaded.tokenizer, config, _note, on_step)
+    trained = train_draft_heads(loaded.model, loaded.tokenizer, config, opt.note, on_step)
     # A preset by its name (smollm2-135m), a file or directory by its config's name.
     name = source.get("preset") or loaded.config.name
     path = out if out is not None else default_out(method, name)

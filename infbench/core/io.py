@@ -21,6 +21,12 @@ from infbench.core.errors import UserError
 
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
     """Write `text` to `path` whole or not at all (see the module docstring)."""
+    write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write `data` to `path` whole or not at all: a temporary file beside it, fsync,
+    rename over it, fsync of the directory."""
     target = Path(path)
     if target.is_dir():
         raise UserError(f"{target}: is a directory; give a file path to write")
@@ -32,10 +38,10 @@ def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
     except PermissionError as exc:
         raise UserError(f"{target}: cannot write: permission denied") from exc
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        with os.fdopen(fd, "wb") as fh:
             # mkstemp makes the file 0600; keep the old file's mode, or the usual 0644.
             os.fchmod(fh.fileno(), target.stat().st_mode & 0o777 if target.exists() else 0o644)
-            fh.write(text)
+            fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, target)

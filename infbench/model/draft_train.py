@@ -32,7 +32,6 @@ import hashlib
 import json
 import math
 import os
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -44,7 +43,7 @@ import torch.nn.functional as F
 
 from infbench.core.errors import DamagedFileError, UserError
 from infbench.core.eval_text import eval_text
-from infbench.core.io import fsync_dir
+from infbench.core.io import write_bytes_atomic
 from infbench.core.version import __version__
 from infbench.model.context import DenseContext
 from infbench.model.draft_heads import EagleHead, MedusaHeads
@@ -371,32 +370,8 @@ def save_draft_heads(path: str | os.PathLike[str], heads: DraftHeads, target: Tr
     tensors = {name: t.detach().to("cpu", torch.float32).contiguous()
                for name, t in heads.state_dict().items()}
     out = Path(path)
-    _write_bytes_atomic(out, save(tensors, metadata))
+    write_bytes_atomic(out, save(tensors, metadata))
     return out
-
-
-def _write_bytes_atomic(target: Path, data: bytes) -> None:
-    """`core.io.write_text_atomic` for bytes: a temporary file, fsync, rename, fsync dir."""
-    if target.is_dir():
-        raise UserError(f"{target}: is a directory; give a file path to write")
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    except (NotADirectoryError, FileExistsError) as exc:
-        raise UserError(f"{target}: cannot write: a parent of it is a file") from exc
-    except PermissionError as exc:
-        raise UserError(f"{target}: cannot write: permission denied") from exc
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            os.fchmod(fh.fileno(), 0o644)
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_dir(target.parent)
 
 
 def read_draft_file(path: str | os.PathLike[str]) -> tuple[dict[str, str],

@@ -13,9 +13,10 @@ were accepted, the whole prompt for a new sequence or after a preemption (`epoch
 
 Each proposal is one forward over the catch-up chunks of all sequences (as decode rows when
 they are short, the usual one or two tokens: the fused decode path on the cpu backend; the
-varlen prefill path for a prompt), then k - 1 batched one-token decode steps.  Greedy requests draft by argmax (q one-hot); sampled requests
-draw from the draft's distribution under the request's temperature / top-k / top-p, with
-a generator per sequence, and return that q for the rejection rule.
+varlen prefill path for a prompt), then k - 1 batched one-token decode steps.  Greedy
+requests draft by argmax (q one-hot); sampled requests draw from the draft's distribution
+under the request's temperature / top-k / top-p, with a generator per sequence, and return
+that q for the rejection rule.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from infbench.engine.sampler import argmax_rows, filtered_probs
 from infbench.engine.spec.base import Proposal, Proposer, SpecRequest
 from infbench.model.context import LanguageModel
 from infbench.model.ops import Ops
-
 
 # Catch-up chunks up to this long run as decode rows (the fused decode path on the cpu
 # backend); longer ones (a new sequence's prompt) as varlen prefill chunks.
