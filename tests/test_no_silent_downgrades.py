@@ -1,6 +1,7 @@
 """What a scenario asks for either runs, is refused by name, or is recorded as switched off.
 
-`speculative` is priced by `predict` but the engine has none yet: `run` refuses it.  Prefix
+`speculative` on a model whose state cannot roll back (linear attention, SSM) is refused
+by `run` with the reason, while `predict` keeps pricing it.  Prefix
 caching on a recurrent-state model, or CUDA graphs where the engine runs eagerly, are
 switched off by the engine: the result says so (`engine_disabled`) and stderr notes it once
 per point.
@@ -32,14 +33,17 @@ def _points(tmp: Path, **changes: object) -> list[object]:
     return load_scenario(path).points()  # type: ignore[return-value]
 
 
-def test_run_refuses_speculative_decoding_but_predict_prices_it(tmp_path: Path) -> None:
+def test_run_refuses_speculation_it_cannot_roll_back_but_predict_prices_it(
+        tmp_path: Path) -> None:
     from infbench.core.hardware import get_hardware
     from infbench.measure.bench import run_point
     from infbench.measure.prediction import predict_point
 
-    point = _points(tmp_path, speculative={"method": "ngram", "num_tokens": 3})[0]
-    with pytest.raises(UserError, match="speculative.method='ngram'.*allowed in `infbench "
-                                        "run`: none") as info:
+    point = _points(tmp_path, speculative={"method": "ngram", "num_tokens": 3},
+                    model={**_BASE["model"],  # type: ignore[dict-item]
+                           "attention": {"kind": "linear"}})[0]
+    with pytest.raises(UserError, match="speculative.method='ngram': the model has "
+                                        "linear-attention or SSM layers") as info:
         run_point(point)
     assert str(tmp_path / "s.yaml") in str(info.value)
     predicted = predict_point(point, point.model_config(), get_hardware("cpu"))  # type: ignore[attr-defined]

@@ -33,12 +33,19 @@ from pathlib import Path
 from typing import Any
 
 from infbench.core.errors import ResultSchemaError, UserError
-from infbench.core.scenario import NORMALIZE_MODES, parse_fraction
+from infbench.core.scenario import NORMALIZE_MODES, SpeculativeConfig, parse_fraction
 from infbench.results.accessor import section_metric, split_name, with_default_statistic
 from infbench.results.schema import upgrade
 
 # Scenario keys that may differ between runs of the same benchmark.
 VOLATILE_SCENARIO_KEYS = frozenset({"gate", "measure", "source", "out", "out_dir"})
+# Scenario keys added after results were recorded, with the value that reproduces what
+# those results ran: a result without the key equals a scenario holding that value.
+_SPEC_DEFAULTS = SpeculativeConfig()
+ADDED_SCENARIO_KEYS: dict[str, Any] = {
+    f"scenario.speculative.{name}": getattr(_SPEC_DEFAULTS, name)
+    for name in ("draft_model", "draft_layers", "draft_quant", "draft_group_size", "heads",
+                 "ngram_max", "ngram_min")}
 DEFAULT_METRIC = "output_tokens_per_s"
 
 
@@ -128,7 +135,11 @@ def scenario_difference(a: Any, b: Any, prefix: str = "scenario") -> str | None:
             if key in skip:
                 continue
             if key not in a or key not in b:
-                return f"{prefix}.{key}"
+                path = f"{prefix}.{key}"
+                present = b[key] if key in b else a[key]
+                if path in ADDED_SCENARIO_KEYS and present == ADDED_SCENARIO_KEYS[path]:
+                    continue  # recorded before the key existed, with its default meaning
+                return path
             diff = scenario_difference(a[key], b[key], f"{prefix}.{key}")
             if diff:
                 return diff

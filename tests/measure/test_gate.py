@@ -211,3 +211,17 @@ def test_compare_many_rejects_duplicate_points(fake_result):
     base = [fake_result(point_index=0), fake_result(point_index=1, batch_size=8)]
     with pytest.raises(UserError, match="appears twice"):
         compare_many(base, [fake_result(point_index=0), fake_result(point_index=0)])
+
+
+def test_scenario_keys_added_later_match_their_default() -> None:
+    """A result recorded before the speculative draft keys existed equals a scenario holding
+    their defaults, and only their defaults."""
+    old = {"speculative": {"method": "none", "num_tokens": 4}}
+    new = {"speculative": {"method": "none", "num_tokens": 4, "draft_model": None,
+                           "draft_layers": None, "draft_quant": "none", "draft_group_size": 64,
+                           "heads": None, "ngram_max": 4, "ngram_min": 1}}
+    assert scenario_difference(old, new) is None
+    new["speculative"]["draft_quant"] = "int4"
+    assert scenario_difference(old, new) == "scenario.speculative.draft_quant"
+    assert scenario_difference({"speculative": {}}, {"speculative": {"x": 1}}) == \
+        "scenario.speculative.x"
