@@ -105,6 +105,21 @@ class _HeadProposer(Proposer):
             return None
         return seq
 
+    def propose(self, requests: list[SpecRequest]) -> list[Proposal]:
+        proposals = [Proposal([]) for _ in requests]
+        with torch.inference_mode():
+            ready = [(i, seq) for i, r in enumerate(requests)
+                     if (seq := self._ready(r)) is not None]
+            if ready:
+                for (i, _), tokens in zip(ready, self._draft(requests, ready), strict=True):
+                    proposals[i] = Proposal(tokens)
+        return proposals
+
+    def _draft(self, requests: list[SpecRequest], ready: list[tuple[int, _Seq]]
+               ) -> list[list[int]]:
+        """The drafts of the ready sequences (request index, state), in order."""
+        raise NotImplementedError
+
     def observe(self, seq_id: int, epoch: int, start_pos: int, hidden: torch.Tensor) -> None:
         with torch.inference_mode():
             self._seq(seq_id, epoch).features.write(start_pos, hidden)
@@ -123,21 +138,14 @@ class MedusaProposer(_HeadProposer):
         super().__init__(target)
         self.heads = heads
 
-    def propose(self, requests: list[SpecRequest]) -> list[Proposal]:
-        proposals = [Proposal([]) for _ in requests]
-        with torch.inference_mode():
-            ready = [(i, seq) for i, r in enumerate(requests)
-                     if (seq := self._ready(r)) is not None]
-            if not ready:
-                return proposals
-            counts = [min(requests[i].num_drafts, self.heads.num_heads) for i, _ in ready]
-            last = torch.cat([seq.features.span(len(requests[i].token_ids) - 2,
-                                                len(requests[i].token_ids) - 1)
-                              for i, seq in ready])  # (B, H): f_{L-2}
-            drafts = self.heads.draft(self.target, last, max(counts)).tolist()  # (B, k)
-            for (i, _), row, count in zip(ready, drafts, counts, strict=True):
-                proposals[i] = Proposal([int(t) for t in row[:count]])
-        return proposals
+    def _draft(self, requests: list[SpecRequest], ready: list[tuple[int, _Seq]]
+               ) -> list[list[int]]:
+        counts = [min(requests[i].num_drafts, self.heads.num_heads) for i, _ in ready]
+        last = torch.cat([seq.features.span(len(requests[i].token_ids) - 2,
+                                            len(requests[i].token_ids) - 1)
+                          for i, seq in ready])  # (B, H): f_{L-2}
+        drafts = self.heads.draft(self.target, last, max(counts)).tolist()  # (B, k)
+        return [[int(t) for t in row[:count]] for row, count in zip(drafts, counts, strict=True)]
 
 
 class EagleProposer(_HeadProposer):
@@ -164,32 +172,24 @@ class EagleProposer(_HeadProposer):
         seq.features.clean()
         return valid
 
-    def propose(self, requests: list[SpecRequest]) -> list[Proposal]:
-        proposals = [Proposal([]) for _ in requests]
-        with torch.inference_mode():
-            ready = [(i, seq) for i, r in enumerate(requests)
-                     if (seq := self._ready(r)) is not None]
-            if not ready:
-                return proposals
-            features, tokens, counts, behind = [], [], [], []
-            for i, seq in ready:
-                ids = requests[i].token_ids
-                if seq.kv is None:
-                    seq.kv = self.head.empty_cache()
-                valid = self._valid_entries(seq, ids)
-                if valid < len(ids) - 1:  # rows j = valid..L-2 became real
-                    features.append(seq.features.span(valid, len(ids) - 1))
-                    tokens += ids[valid + 1:]
-                    counts.append(len(ids) - 1 - valid)
-                    behind.append(seq)
-            if behind:
-                self._catch_up(behind, features, tokens, counts)
-            last_g = torch.stack([_last_g(seq) for _, seq in ready])  # (B, H)
-            drafts = self.head.draft(self.target, last_g, [_kv(seq) for _, seq in ready],
-                                     [requests[i].num_drafts for i, _ in ready])
-            for (i, _), row in zip(ready, drafts, strict=True):
-                proposals[i] = Proposal(row)
-        return proposals
+    def _draft(self, requests: list[SpecRequest], ready: list[tuple[int, _Seq]]
+               ) -> list[list[int]]:
+        features, tokens, counts, behind = [], [], [], []
+        for i, seq in ready:
+            ids = requests[i].token_ids
+            if seq.kv is None:
+                seq.kv = self.head.empty_cache()
+            valid = self._valid_entries(seq, ids)
+            if valid < len(ids) - 1:  # rows j = valid..L-2 became real
+                features.append(seq.features.span(valid, len(ids) - 1))
+                tokens += ids[valid + 1:]
+                counts.append(len(ids) - 1 - valid)
+                behind.append(seq)
+        if behind:
+            self._catch_up(behind, features, tokens, counts)
+        last_g = torch.stack([_last_g(seq) for _, seq in ready])  # (B, H)
+        return self.head.draft(self.target, last_g, [_kv(seq) for _, seq in ready],
+                               [requests[i].num_drafts for i, _ in ready])
 
     def _catch_up(self, seqs: list[_Seq], features: list[torch.Tensor], tokens: list[int],
                   counts: list[int]) -> None:
