@@ -48,7 +48,7 @@ VERSION = 1
 FULL: dict[str, Any] = {"rounds": 3, "prompt": 128, "gen": 64}
 QUICK: dict[str, Any] = {"rounds": 1, "prompt": 8, "gen": 6}
 NOT_INSTALLED = ("llama-cpp-python is not installed (a peer to compare with, not a "
-                 "dependency; building it takes about 25 minutes on 2 cores: "
+                 "dependency; building it takes 8-25 minutes on 2 cores: "
                  "pip install llama-cpp-python): no llama.cpp row")
 FIELDS = {
     "rows[].decode_tokens_per_s": "tokens after the first / the time that produced them "
