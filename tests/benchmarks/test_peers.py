@@ -52,7 +52,7 @@ def test_llama_cpp_absent_is_skipped_with_a_note(monkeypatch: pytest.MonkeyPatch
     assert "needs the llama.cpp row" in data["target"]["detail"]
     text = _text(data)
     assert "llama.cpp: llama-cpp-python is not installed" in text and "NOT RUN" in text
-    assert "about 25 minutes" in text
+    assert "8-25 minutes" in text
 
 
 @needs_smollm2
