@@ -24,6 +24,7 @@ Drafts are argmax tokens (`Proposal.probs` None: verification treats them as one
 from __future__ import annotations
 
 import os
+from abc import abstractmethod
 from dataclasses import dataclass, field
 
 import torch
@@ -115,10 +116,10 @@ class _HeadProposer(Proposer):
                     proposals[i] = Proposal(tokens)
         return proposals
 
+    @abstractmethod
     def _draft(self, requests: list[SpecRequest], ready: list[tuple[int, _Seq]]
                ) -> list[list[int]]:
         """The drafts of the ready sequences (request index, state), in order."""
-        raise NotImplementedError
 
     def observe(self, seq_id: int, epoch: int, start_pos: int, hidden: torch.Tensor) -> None:
         with torch.inference_mode():
