@@ -27,11 +27,17 @@ def _parts(w: Int8Weight | Int4Weight) -> tuple[torch.Tensor, torch.Tensor, torc
 
 
 def cpu_quant_linear(x: torch.Tensor, w: Int8Weight | Int4Weight,
-                     bias: torch.Tensor | None = None, out_float32: bool = False) -> torch.Tensor:
-    """x (M, K) float32/bfloat16 @ dequant(w)^T [+ bias] -> (M, N) in x's dtype."""
+                     bias: torch.Tensor | None = None, out_float32: bool = False,
+                     act_int8: bool = False) -> torch.Tensor:
+    """x (M, K) float32/bfloat16 @ dequant(w)^T [+ bias] -> (M, N) in x's dtype.
+
+    act_int8: at M = 1 on a CPU with AVX512-VNNI, x is quantized to int8 in blocks of 32
+    columns (one scale each) and multiplied with integer dot products (`linear_q8act.cpp`);
+    elsewhere the float path runs.
+    """
     q, scales, mins = _parts(w)
     return module().quant_linear(x, q, scales, mins, w.group_size, bias,  # type: ignore[no-any-return]
-                                 out_float32)
+                                 out_float32, act_int8)
 
 
 def cpu_quant_linear_ref(x: torch.Tensor, w: Int8Weight | Int4Weight,

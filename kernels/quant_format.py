@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 BLOCK = 32  # int4 packing block (columns)
 INT4_GROUP_SIZES = (32, 64, 128)
@@ -72,6 +73,29 @@ class Int4Weight:
         q = self.codes().float().view(n, k // self.group_size, self.group_size)
         w = q * self.scales.float()[..., None] + self.mins.float()[..., None]
         return w.view(n, k)
+
+
+ACT_BLOCK = 32  # int8 activations: columns per scale
+
+
+def quantize_activations(x: torch.Tensor) -> torch.Tensor:
+    """`quant.activations: int8`, as values: each ACT_BLOCK-column block of each row (the
+    last one shorter when ACT_BLOCK does not divide K) rounded to int8 codes
+    round(x * (127 / max|x|)) times its scale max|x| / 127, in float32 (the same arithmetic as
+    the C++ kernels, `kernels/csrc/linear_q8act.cpp`, so their products agree to float
+    rounding).  llama.cpp's Q8_0/Q8_1 activations have the same blocks and rounding."""
+    xf = x.float()
+    k = xf.shape[-1]
+    pad = (-k) % ACT_BLOCK
+    blocks = F.pad(xf, (0, pad)).view(*xf.shape[:-1], -1, ACT_BLOCK)
+    amax = blocks.abs().amax(dim=-1, keepdim=True)
+    # torch.div, not `127.0 / amax`: a float over a tensor is reciprocal(amax) * 127, which
+    # rounds differently from the C++ 127.f / amax and moves codes that sit near a tie
+    inv = torch.where(amax > 0, torch.div(torch.full_like(amax, 127.0), amax),
+                      torch.zeros_like(amax))
+    codes = torch.round(blocks * inv).clamp(-127, 127)
+    out = (codes * (amax / 127.0)).view(*xf.shape[:-1], k + pad)
+    return out[..., :k]
 
 
 def check_int8_shape(n: int, k: int, group_size: int) -> None:

@@ -15,7 +15,7 @@ import typer
 
 from infbench.commands import _options as opt
 from infbench.core.checkpoint_config import model_source
-from infbench.core.config import QUANT_METHODS
+from infbench.core.config import ACTIVATION_QUANT, HEAD_QUANT, QUANT_METHODS
 
 
 def register(app: typer.Typer) -> None:
@@ -36,6 +36,14 @@ def eval_command(
                                     "per output channel."),
     method: str = typer.Option("rtn", "--method", callback=opt.one_of(QUANT_METHODS),
                                help=opt.choices(QUANT_METHODS)),
+    head: str = typer.Option("model", "--head", callback=opt.one_of(HEAD_QUANT),
+                             help="The LM head: model (the model dtype) | int8 (per-row "
+                                  "scales)."),
+    activations: str = typer.Option("float", "--activations",
+                                    callback=opt.one_of(ACTIVATION_QUANT),
+                                    help="What quantized projections multiply: float | int8 "
+                                         "(32-column blocks rounded to int8, llama.cpp's "
+                                         "arithmetic)."),
     kv: str = typer.Option("none", "--kv", callback=opt.kv_quant,
                            help=f"KV-cache quantization: {opt.choices(opt.KV_QUANT)}."),
     tokens: int = typer.Option(2048, "--tokens", callback=opt.positive_int,
@@ -71,8 +79,9 @@ def eval_command(
     if dtype == "auto":
         dtype, why = auto_dtype(dev)
         console.print(f"note: dtype auto -> {dtype} ({why})", highlight=False)
-    qc = QuantConfig(weights=quant, group_size=group_size, kv=kv, method=method)
-    is_quantized = quant != "none" or kv != "none"
+    qc = QuantConfig(weights=quant, group_size=group_size, kv=kv, method=method, head=head,
+                     activations=activations)
+    is_quantized = quant != "none" or kv != "none" or head != "model"
     candidate = load_model(source, dtype=dtype, device=dev, quant=qc if is_quantized else None)
     console.print(f"note: {model}: {candidate.source}; weights {candidate.weights}",
                   highlight=False)
@@ -89,7 +98,8 @@ def eval_command(
     result = compare(figures, reference_figures, plan)
     doc: dict[str, Any] = {
         "model": model, "dtype": dtype, "device": dev, "backend": backend,
-        "quant": {"weights": quant, "group_size": group_size, "method": method, "kv": kv},
+        "quant": {"weights": quant, "group_size": group_size, "method": method, "kv": kv,
+                  "head": head, "activations": activations},
         **result.to_dict(),
         "weight_bytes": candidate_bytes,
         "reference_weight_bytes": reference_bytes if is_quantized else candidate_bytes,
@@ -119,7 +129,10 @@ def _print_table(doc: dict[str, Any]) -> None:
     what = "unquantized" if q["weights"] == "none" and q["kv"] == "none" else (
         f"weights {q['weights']}"
         + (f" g{q['group_size']}" if q["weights"] == "int4" else "")
-        + f" {q['method']}, kv {q['kv']}")
+        + f" {q['method']}, kv {q['kv']}"
+        + (f", head {q['head']}" if q.get("head", "model") != "model" else "")
+        + (f", {q['activations']} activations" if q.get("activations", "float") != "float"
+           else ""))
     table = Table(title=f"accuracy of {doc['model']} ({doc['dtype']}, {what})")
     table.add_column("measure")
     table.add_column("value", justify="right")

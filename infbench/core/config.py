@@ -30,6 +30,7 @@ FeatureMap = Literal["elu", "relu", "favor", "taylor"]
 WeightQuant = Literal["none", "int8", "int4", "native"]
 QuantMethod = Literal["rtn", "awq", "llm_int8"]
 HeadQuant = Literal["model", "int8"]
+ActivationQuant = Literal["float", "int8"]
 KvQuant = Literal["none", "int8", "fp8"]
 Backend = Literal["auto", "torch", "triton", "cpu"]
 Device = Literal["auto", "cpu", "cuda"]
@@ -40,6 +41,7 @@ FEATURE_MAPS: tuple[str, ...] = get_args(FeatureMap)
 WEIGHT_QUANT: tuple[str, ...] = get_args(WeightQuant)
 QUANT_METHODS: tuple[str, ...] = get_args(QuantMethod)
 HEAD_QUANT: tuple[str, ...] = get_args(HeadQuant)
+ACTIVATION_QUANT: tuple[str, ...] = get_args(ActivationQuant)
 INT4_GROUP_SIZES: tuple[int, ...] = (32, 64, 128)
 KV_QUANT: tuple[str, ...] = get_args(KvQuant)
 BACKENDS: tuple[str, ...] = get_args(Backend)
@@ -222,6 +224,11 @@ class QuantConfig:
       Under native weights a head the file stores quantized keeps the file's format.
     kv: none (the model dtype) | int8 | fp8 (one byte per value plus a float32 scale per
       token per KV head, `kernels/kv_quant.py`; fp8 is e4m3 and needs a CUDA GPU).
+    activations: what the quantized projections multiply: float (the activations as they
+      are: the exact product with the dequantized weights) | int8 (each 32-column block of
+      an activation row rounded to int8 with one scale, as llama.cpp does; batch-1 decode
+      then runs integer dot products on CPUs with AVX512-VNNI, `kernels/csrc/linear_q8act.cpp`,
+      and every other path multiplies the same rounded values in float).
     native_mix: with native weights, (roofline operator, stored format, weights) of the GGUF
       file's projections, and "embed" / "lm_head" rows for a quantized token embedding or
       head (`core/gguf_types.native_mix`); not a scenario key: filled in from the file
@@ -235,6 +242,7 @@ class QuantConfig:
     outlier_threshold: float = 6.0
     calibration_tokens: int = 1024
     head: str = "model"
+    activations: str = "float"
     native_mix: tuple[tuple[str, str, int], ...] = ()
 
     def __post_init__(self) -> None:
@@ -242,6 +250,7 @@ class QuantConfig:
         _choice("quant", "kv", self.kv, KV_QUANT)
         _choice("quant", "method", self.method, QUANT_METHODS)
         _choice("quant", "head", self.head, HEAD_QUANT)
+        _choice("quant", "activations", self.activations, ACTIVATION_QUANT)
         _check_positive("quant", group_size=self.group_size)
         check_count("quant", "calibration_tokens", self.calibration_tokens, MAX_DIM)
         check_real("quant", "outlier_threshold", self.outlier_threshold)
@@ -252,6 +261,15 @@ class QuantConfig:
         if needs is not None and self.weights != needs:
             raise ConfigError(f"quant.method={self.method!r} needs quant.weights: {needs} "
                               f"(got {self.weights!r})")
+        if self.activations == "int8":
+            if self.method == "llm_int8":
+                raise ConfigError("quant.activations=int8 does not combine with "
+                                  "quant.method: llm_int8 (it keeps outlier columns in float); "
+                                  "allowed with llm_int8: float")
+            if self.weights == "none" and self.head != "int8":
+                raise ConfigError("quant.activations=int8 rounds the inputs of quantized "
+                                  "projections: it needs quant.weights int8|int4|native or "
+                                  "quant.head: int8")
         if self.method != "rtn" and self.weights in ("none", "native"):
             raise ConfigError(f"quant.method={self.method!r} quantizes weights; allowed with "
                               f"quant.weights: none|native: rtn")

@@ -45,6 +45,7 @@ from pydantic import (
 from infbench.core.checkpoint_config import native_quant, weights_kind
 from infbench.core.config import (
     PRESETS,
+    ActivationQuant,
     AttentionKind,
     Backend,
     Device,
@@ -193,6 +194,9 @@ class AttentionSection(_Section):
     feature_dim: PosInt | None = None
     d_state: PosInt | None = None
     d_conv: PosInt | None = None
+    activations: ActivationQuant = "float"
+    """What quantized projections multiply: float (exact) | int8 (32-column blocks rounded
+    to int8, llama.cpp's arithmetic; integer dot products at batch 1 on AVX512-VNNI CPUs)."""
     expand: PosInt | None = None
     dt_rank: PosInt | None = None
     attn_every: PosInt | None = None

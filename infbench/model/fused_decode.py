@@ -33,7 +33,7 @@ def projection_spec(module: nn.Module, dtype: torch.dtype) -> ProjSpec | None:
         return ("dense", module.weight.detach(), module.bias)
     if type(module) is QuantLinear and module.input_scales is None:
         return ("quant", module.qweight, module.scales, module.mins, module.group_size,
-                module.bias)
+                module.bias, module.act_int8)
     return None
 
 

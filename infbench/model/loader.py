@@ -66,6 +66,7 @@ from infbench.model.quant import (
     quantize_model,
     quantized_head,
     stored_weight_bytes,
+    use_int8_activations,
 )
 from infbench.model.tokenizer import Tokenizer
 from infbench.model.transformer import Attention, Transformer
@@ -134,6 +135,12 @@ def load_model(
     if quant is not None and quantize_head(loaded.model, quant):
         loaded.weight_bytes = stored_weight_bytes(loaded.model)
         loaded.source += "; LM head int8"
+    if quant is not None and quant.activations == "int8":
+        count = use_int8_activations(loaded.model)
+        if count == 0:
+            raise ConfigError("quant.activations=int8: the model has no quantized projection "
+                              "to apply it to; allowed here: float")
+        loaded.source += f"; int8 activations x{count}"
     return loaded
 
 

@@ -30,14 +30,24 @@ from infbench.model.gguf_blocks import map_rows
 from kernels.cpu_linear import gemm
 from kernels.cpu_quant_linear import MAX_ROWS as CPU_MAX_ROWS
 from kernels.cpu_quant_linear import cpu_dequantize, cpu_quant_linear
-from kernels.quant_format import Int4Weight, Int8Weight, quantize_int4, quantize_int8
+from kernels.quant_format import (
+    Int4Weight,
+    Int8Weight,
+    quantize_activations,
+    quantize_int4,
+    quantize_int8,
+)
 
 
 class QuantLinear(nn.Module):
     """y = x @ dequantize(W)^T [+ bias] with W stored as int8 or int4 (kernels/quant_format).
 
     `input_scales` (K,), when set, divides the activations before the product (AWQ folds
-    its per-input-channel scales into the quantized weight this way)."""
+    its per-input-channel scales into the quantized weight this way).
+
+    `act_int8` (`quant.activations: int8`, set by `use_int8_activations`): the activations
+    are rounded to int8 in blocks of 32 columns first (`quantize_activations`); one-row
+    products on the `cpu` backend run that as integer dot products in C++."""
 
     qweight: torch.Tensor  # int8 (N, K) or packed int4 (N, K // 2) uint8
     scales: torch.Tensor
@@ -64,6 +74,7 @@ class QuantLinear(nn.Module):
         self.register_buffer("input_scales",
                              None if input_scales is None else input_scales.to(dtype))
         self.backend = "torch"
+        self.act_int8 = False
 
     # ---- format ----------------------------------------------------------------------
     def weight_format(self) -> Int8Weight | Int4Weight:
@@ -92,6 +103,8 @@ class QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.input_scales is not None:
             x = x / self.input_scales
+        if self.act_int8 and not self._cpu_gemv(x):
+            x = quantize_activations(x).to(x.dtype)
         if x.is_cuda:  # Triton dequantize-in-GEMV / GEMM on this format
             from kernels.quant_matmul import int4_matmul, int8_matmul
             fmt = self.weight_format()
@@ -103,7 +116,8 @@ class QuantLinear(nn.Module):
         if (x.device.type == "cpu" and self.backend == "cpu" and x.dim() == 2
                 and x.dtype in (torch.float32, torch.bfloat16)):
             if x.shape[0] <= CPU_MAX_ROWS:  # decode: dequantize inside the GEMV
-                return cpu_quant_linear(x, self.weight_format(), self.bias)
+                return cpu_quant_linear(x, self.weight_format(), self.bias,
+                                        act_int8=self.act_int8)
             # prefill: rebuild the float matrix once (multi-threaded C++), then the BLAS GEMM
             return gemm(x, cpu_dequantize(self.weight_format(), x.dtype), self.bias)
         return self.reference(x)
@@ -113,15 +127,22 @@ class QuantLinear(nn.Module):
         the CPU).  CUDA: the Triton kernels of `forward`, as the float head's F.linear."""
         if hidden.is_cuda:
             return self.forward(hidden).float()
+        if self.act_int8 and not self._cpu_gemv(hidden):
+            hidden = quantize_activations(hidden).to(hidden.dtype)
         if (hidden.device.type == "cpu" and self.backend == "cpu" and hidden.dim() == 2
                 and hidden.dtype in (torch.float32, torch.bfloat16)):
             if hidden.shape[0] <= CPU_MAX_ROWS:
                 return cpu_quant_linear(hidden, self.weight_format(), self.bias,
-                                        out_float32=True)
+                                        out_float32=True, act_int8=self.act_int8)
             # many rows (perplexity windows): the float matrix once, then the BLAS GEMM
             return gemm(hidden, cpu_dequantize(self.weight_format(), hidden.dtype), self.bias,
                         out_float32=True)
         return self.reference(hidden).float()
+
+    def _cpu_gemv(self, x: torch.Tensor) -> bool:
+        """Whether x goes to the C++ GEMV (which rounds int8 activations itself)."""
+        return (x.device.type == "cpu" and self.backend == "cpu" and x.dim() == 2
+                and x.dtype in (torch.float32, torch.bfloat16) and x.shape[0] <= CPU_MAX_ROWS)
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:
         """Dequantize, then F.linear in x's dtype (the torch backend; prefill on `cpu`)."""
@@ -130,7 +151,8 @@ class QuantLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"{self.kind}, group_size={self.group_size}")
+                f"{self.kind}, group_size={self.group_size}"
+                + (", int8 activations" if self.act_int8 else ""))
 
 
 class QuantEmbedding(nn.Module):
@@ -238,6 +260,18 @@ def quantize_head(model: nn.Module, quant: QuantConfig) -> bool:
     else:
         model.head_q = head
     return True
+
+
+def use_int8_activations(model: nn.Module) -> int:
+    """`quant.activations: int8`: every QuantLinear of `model` (the decoder projections and a
+    quantized LM head / tied embedding table) rounds its inputs to int8 blocks.  Returns how
+    many.  Call before the fused CPU decode layers are built: they read the flag once."""
+    count = 0
+    for module in model.modules():
+        if isinstance(module, QuantLinear):
+            module.act_int8 = True
+            count += 1
+    return count
 
 
 def stored_weight_bytes(model: nn.Module) -> int:

@@ -44,8 +44,9 @@ infbench_cpu::QuantWeight quant_weight(const torch::Tensor& q, const torch::Tens
 torch::Tensor quant_linear(const torch::Tensor& x, const torch::Tensor& q,
                            const torch::Tensor& scales, const c10::optional<torch::Tensor>& mins,
                            int64_t group_size, const c10::optional<torch::Tensor>& bias,
-                           bool out_float32) {
+                           bool out_float32, bool act_int8) {
   auto w = quant_weight(q, scales, mins, group_size);
+  w.act_int8 = act_int8;
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.size(1) == w.K,
               "quant_linear: expected x (M, K) on the CPU");
   TORCH_CHECK(x.size(0) <= 32, "quant_linear: at most 32 rows (dequantize for more)");
@@ -79,7 +80,10 @@ torch::Tensor quant_dequantize(const torch::Tensor& q, const torch::Tensor& scal
 void bind_quant(pybind11::module_& m) {
   m.def("quant_linear", &quant_linear, "x @ dequant(w).T [+ bias] for int8 / int4 weights",
         py::arg("x"), py::arg("q"), py::arg("scales"), py::arg("mins"), py::arg("group_size"),
-        py::arg("bias") = py::none(), py::arg("out_float32") = false);
+        py::arg("bias") = py::none(), py::arg("out_float32") = false,
+        py::arg("act_int8") = false);
+  m.def("quant_gemv_q8act_supported", &infbench_cpu::quant_gemv_q8act_supported,
+        "whether this build has the int8-activation VNNI GEMV (AVX512-VNNI)");
   m.def("quant_dequantize", &quant_dequantize, "dequant(w) as a float matrix", py::arg("q"),
         py::arg("scales"), py::arg("mins"), py::arg("group_size"), py::arg("dtype"));
 }

@@ -33,9 +33,11 @@ struct Proj {
   torch::Tensor w, q, scales, mins, bias32;
   int64_t N = 0, K = 0, group = 0;
   int bits = 0;  // 0: dense
+  bool act_int8 = false;  // quantized: int8 activations (quant_kernels.h)
 
   static Proj make(const py::tuple& spec, torch::ScalarType dtype, const char* name) {
-    // spec: ("dense", w, bias) | ("quant", q, scales, mins_or_None, group_size, bias)
+    // spec: ("dense", w, bias) | ("quant", q, scales, mins_or_None, group_size, bias
+    // [, act_int8])
     Proj p;
     const std::string kind = spec[0].cast<std::string>();
     py::object bias;
@@ -60,6 +62,7 @@ struct Proj {
       p.K = p.bits == 8 ? p.q.size(1) : p.q.size(1) * 2;
       TORCH_CHECK(p.group > 0 && p.K % p.group == 0, "decode_layer: bad group size");
       bias = spec[5];
+      if (spec.size() > 6) p.act_int8 = spec[6].cast<bool>();
     }
     if (!bias.is_none()) p.bias32 = bias.cast<torch::Tensor>().to(torch::kFloat32).contiguous();
     return p;
@@ -78,7 +81,7 @@ struct Proj {
                                    reinterpret_cast<const uint16_t*>(scales.data_ptr()),
                                    mins.defined() ? reinterpret_cast<const uint16_t*>(mins.data_ptr())
                                                   : nullptr,
-                                   N, K, group};
+                                   N, K, group, act_int8};
       auto xf = bf16 ? x.to(torch::kFloat32) : x;
       infbench_cpu::quant_linear(xf.data_ptr<float>(), qw, b, y.data_ptr(), M, bf16);
     }

@@ -420,7 +420,13 @@ inline void quant_gemv_rows(const float* x, const float* xsum, const QuantWeight
   } else {
     const uint8_t* q = static_cast<const uint8_t*>(w.q) + n * (K / 2);
     const uint16_t* mn = w.mins + n * groups;
-    const __m128i low4 = _mm_set1_epi8(0x0f);
+    // The codes become floats by a table lookup: vpermps reads only the low 4 bits of each
+    // index lane, so the zero-extended byte indexes its low nibble as it is and its high
+    // nibble after one shift (one widen, one shift, two permutes per 32 weights, against
+    // two masks, a shift, two widens and two converts; measured 1.3-1.4x on the Emerald
+    // Rapids dev machine).
+    const __m512 codes = _mm512_setr_ps(0.f, 1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 7.f, 8.f, 9.f, 10.f,
+                                        11.f, 12.f, 13.f, 14.f, 15.f);
     for (int64_t g = 0; g < groups; ++g) {
       const int64_t k0 = g * w.group, k1 = k0 + w.group;
       __m512 part[R];
@@ -430,10 +436,9 @@ inline void quant_gemv_rows(const float* x, const float* xsum, const QuantWeight
         for (int r = 0; r < R; ++r) {
           const uint8_t* p = q + r * (K / 2) + b / 2;
           if ((b & 127) == 0) prefetch_ahead(p);
-          const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-          const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(raw, low4)));
-          const __m512 hi = _mm512_cvtepi32_ps(
-              _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(raw, 4), low4)));
+          const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+          const __m512 lo = _mm512_permutexvar_ps(v, codes);
+          const __m512 hi = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), codes);
           part[r] = _mm512_fmadd_ps(hi, xhi, _mm512_fmadd_ps(lo, xlo, part[r]));
         }
       }
@@ -453,6 +458,14 @@ inline void quant_gemv_rows(const float* x, const float* xsum, const QuantWeight
 void quant_linear(const float* x, const QuantWeight& w, const float* bias, void* y, int64_t M,
                   bool y_bf16) {
   const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
+  std::vector<float> xq;
+  if (w.act_int8) {
+    if (M == 1 && quant_gemv_q8act(x, w, bias, y, y_bf16)) return;
+    // the same rounded activations through the float path below
+    xq.resize(static_cast<size_t>(M * w.K));
+    quantize_activation_rows(x, xq.data(), M, w.K);
+    x = xq.data();
+  }
 #if defined(__AVX512F__)
   if (M == 1) {
     const int64_t groups = w.K / w.group;

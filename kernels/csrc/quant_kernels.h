@@ -13,11 +13,23 @@ struct QuantWeight {
   const uint16_t* scales; // fp16 (N, K / group)
   const uint16_t* mins;   // fp16 (N, K / group); int4 only
   int64_t N, K, group;
+  // Batch-1 decode with int8 activations and VNNI dot products (linear_q8act.cpp) where
+  // the CPU has AVX512-VNNI; otherwise, and for more rows, the float path.
+  bool act_int8 = false;
 };
 
 // y (M, N) = x (M, K) fp32 contiguous @ dequant(w)^T [+ bias], y bf16 when y_bf16.
 void quant_linear(const float* x, const QuantWeight& w, const float* bias, void* y, int64_t M,
                   bool y_bf16);
+
+// linear_q8act.cpp: y (N) = int8(x (K)) @ dequant(w)^T [+ bias]; false (nothing written)
+// when this build or this weight's group size has no such path.
+bool quant_gemv_q8act(const float* x, const QuantWeight& w, const float* bias, void* y,
+                      bool y_bf16);
+bool quant_gemv_q8act_supported();
+// out (M, K) = x (M, K) with each 32-column block rounded to int8 codes times its scale
+// (what quant_gemv_q8act multiplies; a shorter last block when 32 does not divide K).
+void quantize_activation_rows(const float* x, float* out, int64_t M, int64_t K);
 
 // out (N, K) = dequant(w), fp32 or bf16 (for the prefill GEMM).
 void quant_dequantize(const QuantWeight& w, void* out, bool out_bf16);

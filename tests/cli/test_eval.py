@@ -42,8 +42,11 @@ def test_unquantized_json(tiny_dir: Path, capsys: pytest.CaptureFixture[str],
 
 
 @pytest.mark.parametrize("quant", [["--quant", "int8"],
-                                   ["--quant", "int4", "--group-size", "32"]],
-                         ids=["int8", "int4-g32"])
+                                   ["--quant", "int4", "--group-size", "32"],
+                                   ["--quant", "int4", "--group-size", "32", "--activations",
+                                    "int8"],
+                                   ["--head", "int8"]],
+                         ids=["int8", "int4-g32", "int4-g32-act8", "head-int8"])
 def test_quantized_against_the_float_reference(tiny_dir: Path, quant: list[str],
                                                capsys: pytest.CaptureFixture[str]) -> None:
     code, stdout, stderr = run_args(["eval", "--model", str(tiny_dir), *SMALL, *quant,
@@ -57,6 +60,8 @@ def test_quantized_against_the_float_reference(tiny_dir: Path, quant: list[str],
     assert doc["reference_perplexity"] != doc["perplexity"]  # the candidate really differs
     assert 0.0 <= doc["greedy_agreement"] <= 1.0
     assert doc["agreement_prompts"] == 3 and doc["agreement_tokens"] == 6
+    assert doc["quant"]["activations"] == ("int8" if "--activations" in quant else "float")
+    assert doc["quant"]["head"] == ("int8" if "--head" in quant else "model")
 
 
 def test_table(tiny_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -75,7 +80,10 @@ def test_table(tiny_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (["--tokens", "0"], "--tokens: must be >= 1"),
     (["--tokens", "1"], "evaluation tokens must be >= 2"),
     (["--kv", "fp16"], "--kv: unknown value 'fp16'"),
-], ids=["bit-width", "group-size", "method", "tokens-0", "tokens-1", "kv"])
+    (["--activations", "int4"], "--activations: unknown value 'int4'"),
+    (["--activations", "int8"], "quant.activations=int8 rounds the inputs of quantized"),
+], ids=["bit-width", "group-size", "method", "tokens-0", "tokens-1", "kv", "act-value",
+        "act-unquantized"])
 def test_bad_input_is_one_line(tiny_dir: Path, capsys: pytest.CaptureFixture[str],
                                args: list[str], message: str) -> None:
     code, stdout, stderr = run_args(["eval", "--model", str(tiny_dir), *args], capsys)

@@ -63,11 +63,17 @@ def test_fused_equals_per_op(scheme, dtype):
 
 
 @pytest.mark.parametrize("quant", [QuantConfig(weights="int8"),
-                                   QuantConfig(weights="int4", group_size=32)],
-                         ids=["int8", "int4"])
-def test_fused_quantized_projections(quant):
+                                   QuantConfig(weights="int4", group_size=32),
+                                   QuantConfig(weights="int8", activations="int8"),
+                                   QuantConfig(weights="int4", group_size=32,
+                                               activations="int8")],
+                         ids=["int8", "int4", "int8-act8", "int4-act8"])
+@pytest.mark.parametrize("lengths", [[4, 7], [6]], ids=["batch2", "batch1"])
+def test_fused_quantized_projections(quant, lengths):
+    """int8 activations: batch 1 runs the integer path inside the fused layer, batch 2 the
+    float path on rounded activations; the per-op path does the same outside it."""
     loaded = load_model({"preset": "tiny"}, quant=quant)
-    requests = random_requests([4, 7], gen=6, vocab=loaded.config.vocab_size)
+    requests = random_requests(lengths, gen=6, vocab=loaded.config.vocab_size)
     per_op, _ = _run(loaded, requests, fused=False)
     fused, plans = _run(loaded, requests, fused=True)
     assert fused == per_op and all(p.calls > 0 for p in plans)

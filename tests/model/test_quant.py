@@ -17,6 +17,8 @@ from infbench.roofline.shapes import weight_bytes
 
 QUANTS = [QuantConfig(weights="int8"), QuantConfig(weights="int4", group_size=32),
           QuantConfig(weights="int4", group_size=64)]
+ACT8 = [QuantConfig(weights="int8", activations="int8"),
+        QuantConfig(weights="int4", group_size=64, activations="int8")]
 
 
 @pytest.mark.parametrize("quant", QUANTS, ids=lambda q: f"{q.weights}-g{q.group_size}")
@@ -69,6 +71,38 @@ def test_engine_cpu_backend_matches_recompute(quant):
         assert out.outputs[r.request_id] == expect
 
 
+@pytest.mark.parametrize("quant", ACT8, ids=lambda q: f"{q.weights}-g{q.group_size}-act8")
+def test_int8_activations_engine_matches_recompute(quant):
+    """The engine's decode (one row: the VNNI path) and a full recompute (many rows: the
+    rounded activations through the float GEMM) give the same greedy tokens."""
+    loaded = load_model({"preset": "tiny"}, quant=quant)
+    flags = [m.act_int8 for m in loaded.model.modules() if isinstance(m, QuantLinear)]
+    assert flags and all(flags) and "int8 activations x8" in loaded.source
+    requests = random_requests([7], gen=6, vocab=loaded.config.vocab_size)
+    engine = make_engine(loaded, requests, backend="cpu")
+    out = engine.run(requests, realtime_arrivals=False)
+    r = requests[0]
+    assert out.outputs[r.request_id] == greedy_recompute(loaded.model, r.prompt_ids, 6)
+
+
+def test_int8_activations_change_the_product_and_need_quantized_weights():
+    lin = nn.Linear(64, 40, bias=False)
+    from infbench.model.quant import rtn
+    q = rtn(lin, QuantConfig(weights="int8"))
+    x = torch.randn(3, 64)
+    exact = q(x)
+    q.act_int8 = True
+    rounded = q(x)
+    assert 0 < (rounded - exact).abs().max().item() < 0.05 * exact.abs().max().item()
+    with pytest.raises(ConfigError, match="needs quant.weights int8|int4|native"):
+        QuantConfig(activations="int8")
+    with pytest.raises(ConfigError, match="does not combine with quant.method: llm_int8"):
+        QuantConfig(weights="int8", method="llm_int8", activations="int8")
+    with pytest.raises(ConfigError, match="quant.activations"):
+        QuantConfig(weights="int8", activations="int4")
+    assert QuantConfig(head="int8", activations="int8").activations == "int8"
+
+
 def test_quant_linear_paths_agree():
     lin = nn.Linear(64, 40, bias=True)
     from infbench.model.quant import rtn
@@ -94,7 +128,8 @@ name: quant_tiny
 device: cpu
 dtype: float32
 hardware: cpu
-model: {preset: tiny, overrides: {max_seq_len: 64}, quant: {weights: int4, group_size: 32}}
+model: {preset: tiny, overrides: {max_seq_len: 64},
+        quant: {weights: int4, group_size: 32, activations: int8}}
 workload: {kind: static, batch_size: 2, prompt_len: 8, gen_len: 4, seed: 0}
 engine: {block_size: 4, max_num_batched_tokens: 32}
 measure: {warmup: 0, repeats: 1}
@@ -105,6 +140,7 @@ measure: {warmup: 0, repeats: 1}
     import json
     result = json.loads(next((tmp_path / "out").glob("quant_tiny_*.json")).read_text())
     assert result["scenario"]["model"]["quant"]["weights"] == "int4"
+    assert result["scenario"]["model"]["quant"]["activations"] == "int8"
 
 
 @pytest.mark.parametrize("tied", [True, False])
