@@ -59,9 +59,9 @@ def test_llama_cpp_absent_is_skipped_with_a_note(monkeypatch: pytest.MonkeyPatch
 def test_every_engine_gets_the_same_file_prompt_and_lengths() -> None:
     calls: list[tuple[Any, ...]] = []
     engines = [(name, weights, _fake(rate, calls)) for (name, weights, _), rate
-               in zip(peers.ENGINES, (120.0, 40.0, 100.0), strict=True)]
+               in zip(peers.ENGINES, (120.0, 90.0, 40.0, 100.0), strict=True)]
     data = peers.run(OPTS, lambda _msg: None, engines)
-    assert len(calls) == 3 and len(set(calls)) == 1  # one file, prompt, gen, rounds, threads
+    assert len(calls) == 4 and len(set(calls)) == 1  # one file, prompt, gen, rounds, threads
     name, prompt, gen, rounds, _ = calls[0]
     assert name == "SmolLM2-135M-Instruct.Q4_1.gguf" and (len(prompt), gen, rounds) == (8, 6, 2)
     # the batch-1 prompt of make bench (cpu_vs_transformers) at the same length
@@ -71,8 +71,9 @@ def test_every_engine_gets_the_same_file_prompt_and_lengths() -> None:
     t = data["target"]
     assert (t["status"], t["measured"]) == ("PASS", pytest.approx(1.2))
     text = _text(data)
-    for row in ("infbench Q4_1 native", "infbench float32", "llama.cpp", "120.0", "1200.0",
-                "40.0", "100.0", "PASS", "1.20x"):
+    assert "with fp32 activations 90.0 tok/s, 0.90x" in t["detail"]
+    for row in ("infbench Q4_1 native, int8 act", "infbench Q4_1 native", "infbench float32",
+                "llama.cpp", "120.0", "1200.0", "90.0", "40.0", "100.0", "PASS", "1.20x"):
         assert row in text
 
 
@@ -103,9 +104,11 @@ def test_quick_run_measures_infbench_and_writes_the_json(
     assert peers.main(["--quick", "--threads", "1", "--out", str(out)]) == 0
     data = json.loads(out.read_text())
     assert data["kind"] == peers.KIND and data["args"]["gen"] == 6
-    native, floats = data["rows"]
-    assert (native["engine"], floats["engine"]) == (peers.NATIVE, "infbench float32")
-    assert native["weight_bytes"] == 96_576_768 and floats["weight_bytes"] == 538_060_032
+    native, native_float, floats = data["rows"]
+    assert [r["engine"] for r in data["rows"]] == [peers.NATIVE, peers.NATIVE_FLOAT,
+                                                   "infbench float32"]
+    assert native["weight_bytes"] == native_float["weight_bytes"] == 96_576_768
+    assert floats["weight_bytes"] == 538_060_032
     for row in data["rows"]:
         assert row["decode_tokens_per_s"] > 0 and len(row["rounds"]) == 1
     assert data["skipped"][0]["engine"] == "llama.cpp"
