@@ -254,9 +254,11 @@ def render(data: dict[str, Any]) -> list[Any]:
         weight = None
         for b in batches:
             row = _find(data["rows"], name, b)
-            weight = weight or (row or {}).get("weight_bytes")
-            cells += [_fmt(row and row["decode_tokens_per_s"]),
-                      _fmt(row and row["vs_float32"], ".2f", "x")]
+            if row is None:
+                cells += ["-", "-"]
+                continue
+            weight = weight or row.get("weight_bytes")
+            cells += [_fmt(row["decode_tokens_per_s"]), _fmt(row["vs_float32"], ".2f", "x")]
         table.add_row(name, _fmt(weight and weight / 1e6), *cells)
     out: list[Any] = [table]
     for t in data["targets"]:

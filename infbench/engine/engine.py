@@ -258,6 +258,18 @@ class Engine:
         self.scheduler.add(seq)
         return seq
 
+    def abort(self, request_id: str, sample_index: int | None = None) -> list[Seq]:
+        """Stop serving a request (one sample with `sample_index`) between steps: its
+        sequences leave the scheduler, their KV blocks and state slots are freed, and the
+        runner, sampler and proposer forget them.  Returns the sequences removed."""
+        removed = self.scheduler.abort(request_id, sample_index)
+        for seq in removed:
+            self.runner.sampler.release((seq.request_id, seq.sample_index))
+            self.runner.release(seq.seq_id)
+            if self.proposer is not None:
+                self.proposer.release(seq.seq_id)
+        return removed
+
     def step(self, clock: Callable[[], float]) -> tuple[StepRecord, list[Seq]]:
         start = clock()
         out = self.scheduler.schedule()

@@ -270,6 +270,32 @@ class Scheduler:
         seq.num_preemptions += 1
         self.waiting.appendleft(seq)
 
+    def abort(self, request_id: str, sample_index: int | None = None) -> list[Sequence]:
+        """Drop a request's sequences (one sample of it with `sample_index`) from the
+        waiting queue and the running batch, freeing their blocks and state slots.
+
+        Prefix-cache entries of the freed blocks stay findable (the blocks become
+        evictable, as for a finished sequence).  Returns the sequences removed, marked
+        finished with reason "abort"; none when the request is unknown or done.
+        """
+        def matches(seq: Sequence) -> bool:
+            return seq.request_id == request_id and (
+                sample_index is None or seq.sample_index == sample_index)
+
+        removed = [s for s in self.waiting if matches(s)]
+        if removed:
+            self.waiting = deque(s for s in self.waiting if not matches(s))
+        running = [s for s in self.running if matches(s)]
+        if running:
+            self.running = [s for s in self.running if not matches(s)]
+            removed += running
+        for seq in removed:
+            self._release(seq)
+            seq.status = SeqStatus.FINISHED
+            seq.finish_reason = "abort"
+            self._live_ids.discard(seq.seq_id)
+        return removed
+
     def _release(self, seq: Sequence) -> None:
         self.block_manager.free(seq)
         if self.state_slots is not None and seq.state_slot >= 0:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernels.cpu_ops import module
 from kernels.cpu_quant_linear import (
     MAX_ROWS,
     cpu_dequantize,
@@ -14,7 +15,6 @@ from kernels.cpu_quant_linear import (
     cpu_quant_linear_cost,
     cpu_quant_linear_ref,
 )
-from kernels.cpu_ops import module
 from kernels.quant_format import (
     ACT_BLOCK,
     Int4Weight,
