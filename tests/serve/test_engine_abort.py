@@ -5,10 +5,19 @@ from __future__ import annotations
 
 import time
 
-from serve.conftest import tiny_engine
-
+from infbench.core.config import EngineConfig
+from infbench.engine.engine import Engine, KVSizing
 from infbench.engine.request import Request, SamplingParams
 from infbench.engine.sequence import SeqStatus
+from infbench.model.loader import load_model
+
+
+def tiny_engine(max_num_seqs: int = 4) -> Engine:
+    loaded = load_model({"preset": "tiny"}, dtype="float32", device="cpu", seed=0)
+    cfg = EngineConfig(block_size=4, max_num_seqs=max_num_seqs, max_num_batched_tokens=64,
+                       backend="torch", kv_cache_memory=float(64 << 20))
+    return Engine.create(loaded, cfg, "cpu", "float32",
+                         sizing=KVSizing.for_max_model_len(128, cfg), seed=0)
 
 
 def _request(rid: str, prompt: list[int], max_tokens: int = 40, n: int = 1) -> Request:
@@ -17,7 +26,7 @@ def _request(rid: str, prompt: list[int], max_tokens: int = 40, n: int = 1) -> R
 
 
 def test_abort_waiting_and_running_requests_frees_their_blocks() -> None:
-    engine, _ = tiny_engine(max_num_seqs=2)
+    engine = tiny_engine(max_num_seqs=2)
     bm = engine.block_manager
     free0 = bm.num_free_blocks
     shared = list(range(1, 17))  # 4 full blocks both prompts share (prefix caching)
@@ -49,7 +58,7 @@ def test_abort_waiting_and_running_requests_frees_their_blocks() -> None:
 
 
 def test_abort_one_sample_keeps_the_others() -> None:
-    engine, _ = tiny_engine(max_num_seqs=4)
+    engine = tiny_engine(max_num_seqs=4)
     bm = engine.block_manager
     free0 = bm.num_free_blocks
     parent = engine.add_request(_request("n3", list(range(1, 10)), max_tokens=12, n=3))
@@ -67,7 +76,7 @@ def test_abort_one_sample_keeps_the_others() -> None:
 
 
 def test_abort_before_the_first_step_and_unknown_ids() -> None:
-    engine, _ = tiny_engine()
+    engine = tiny_engine()
     free0 = engine.block_manager.num_free_blocks
     engine.add_request(_request("x", [1, 2, 3]))
     assert engine.abort("unknown") == []
