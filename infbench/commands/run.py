@@ -86,8 +86,11 @@ def run(
                 progress.start_point(point)
                 rundir.mark(point.index, "running")
                 try:
-                    result = run_point(point, cache=cache, device=device,
-                                       on_step=progress.on_step, on_phase=progress.on_phase)
+                    measure = run_point
+                    if point.target is not None:  # a server, through the client backend
+                        from infbench.client.point import run_target_point as measure
+                    result = measure(point, cache=cache, device=device,
+                                     on_step=progress.on_step, on_phase=progress.on_phase)
                 except UserError as exc:
                     failure = UserError(f"{scenario}: point {point.index} ({point.label}): {exc}")
                     rundir.mark(point.index, "failed", str(exc))

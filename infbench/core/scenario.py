@@ -74,6 +74,7 @@ from infbench.core.metric_names import (
     is_gate_metric,
     percentile_key,
 )
+from infbench.core.target import TargetSection
 
 _ENGINE = EngineConfig()
 # Workload keys whose list values sweep, in the order they nest in the product.
@@ -412,7 +413,12 @@ class Scenario(_Section):
     """auto: float32 on CPU (bf16 is emulated there), bfloat16 on CUDA."""
     hardware: str | None = None
     """A hardware name, `local` (calibrated profile) or a profile .json (default: by device)."""
-    model: ModelSection
+    model: ModelSection | None = None
+    """Required, except with `target:` (there it only names the shape that `prediction`
+    prices, with `hardware`)."""
+    target: TargetSection | None = None
+    """Measure an OpenAI-compatible server instead of the in-process engine
+    (docs/client.md); loads no weights locally."""
     workload: WorkloadSection = Field(default_factory=WorkloadSection)
     engine: EngineSection = Field(default_factory=EngineSection)
     speculative: SpeculativeSection = Field(default_factory=SpeculativeSection)
@@ -436,6 +442,13 @@ class Scenario(_Section):
         if isinstance(data, dict):
             scenario._raw = copy.deepcopy(data)
         return scenario
+
+    @model_validator(mode="after")
+    def _model_or_target(self) -> Scenario:
+        if self.model is None and self.target is None:
+            raise ValueError("model: required key is missing (or give target: to measure a "
+                             "server)")
+        return self
 
     @model_validator(mode="after")
     def _torch_reference_is_measured(self) -> Scenario:
@@ -556,6 +569,8 @@ class Scenario(_Section):
 
     def _model_source(self) -> dict[str, str]:
         m = self.model
+        if m is None:  # a target without a model section
+            return {}
         return {k: v for k, v in (("preset", m.preset), ("path", m.path), ("gguf", m.gguf))
                 if v is not None}
 
@@ -569,7 +584,8 @@ class Scenario(_Section):
         dtype_reason = ""
         if dtype == "auto":
             dtype, why = auto_dtype(device)
-            dtype_reason = f"dtype auto -> {dtype} ({why})"
+            # a target's dtype is the server's business: no note about this machine's
+            dtype_reason = f"dtype auto -> {dtype} ({why})" if self.target is None else ""
         spec = self.speculative
         ratio = spec.draft_cost_ratio
         if ratio is None:
@@ -581,8 +597,9 @@ class Scenario(_Section):
                 device=self.device,
                 dtype=dtype,
                 dtype_reason=dtype_reason,
-                hardware=self.hardware or ("cpu" if device == "cpu" else "h100-sxm"),
-                model={**self._model_source(),
+                hardware=self.hardware or ("cpu" if device == "cpu" else "h100-sxm")
+                if self.target is None else self.hardware or "unknown",
+                model={} if self.model is None else {**self._model_source(),
                        "overrides": self.model.overrides.model_dump(exclude_unset=True),
                        "attention": self.model.attention.model_dump(exclude_unset=True),
                        "quant": self.model.quant.model_dump(),
@@ -603,6 +620,7 @@ class Scenario(_Section):
                 gate=GateConfig(**self.gate.model_dump()) if self.gate is not None else None,
                 swept=swept,
                 source=self._source,
+                target=None if self.target is None else self.target.model_dump(),
             )
         except ConfigError as exc:
             where = f" (at {point_label(swept)})" if swept else ""
@@ -742,6 +760,7 @@ class ScenarioPoint:
     swept: dict[str, Any] = field(default_factory=dict)  # swept keys -> values at this point
     source: str = "<scenario>"  # the scenario file, for error messages
     dtype_reason: str = ""  # with dtype: auto, what it resolved to and why (else empty)
+    target: dict[str, Any] | None = None  # the `target:` section: a server measured instead
 
     @property
     def label(self) -> str:
@@ -753,6 +772,9 @@ class ScenarioPoint:
 
     def model_config(self) -> ModelConfig:
         """The ModelConfig of this point: preset or loaded config, then overrides + attention."""
+        if not self.model:
+            raise UserError(f"{self.source}: model: no model section; this target scenario "
+                            "names no model shape (add model: to price it)")
         try:
             if "preset" in self.model:
                 cfg = ModelConfig.from_name(self.model["preset"])
@@ -804,6 +826,7 @@ class ScenarioPoint:
             "measure": dataclasses.asdict(self.measure),
             "gate": dataclasses.asdict(self.gate) if self.gate is not None else None,
             "swept": dict(self.swept),
+            **({"target": copy.deepcopy(self.target)} if self.target is not None else {}),
         }
 
 

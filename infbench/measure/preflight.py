@@ -42,6 +42,9 @@ def preflight(points: list[Any], out_dir: Path, device: str | None = None) -> li
     free: dict[str, int] = {}
     configs: dict[str, Any] = {}  # a GGUF's config takes seconds to read: once per model
     for point in points:
+        if getattr(point, "target", None) is not None:  # a server: its model is not here
+            check_host_memory(point, request_lengths(point.workload))
+            continue
         key = json.dumps(point.model, sort_keys=True, default=str)
         if key not in configs:
             configs[key] = point.model_config()

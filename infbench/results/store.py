@@ -119,7 +119,7 @@ def build_result(
     steps: list[dict[str, Any]],
     env: dict[str, Any],
     seed: int,
-    hardware: dict[str, Any],
+    hardware: dict[str, Any] | None,
     repeats: list[dict[str, Any]],
     spread: dict[str, Any],
     extra: dict[str, Any] | None = None,

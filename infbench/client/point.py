@@ -1,0 +1,198 @@
+"""One scenario point with `target:` measured against a server -> the same result as `run`.
+
+The counterpart of `measure.bench.run_point` for a remote, OpenAI-compatible server: the
+workload is drawn exactly as for the engine (`generate_requests`, seeded), replayed
+through `client.openai_target` once per warm-up and repeat on one event loop and one
+connection pool, and summarized by the same `metrics` code, so `report`, `compare`, the
+plots and the gate read the result unchanged.  No weights are loaded; only the tokenizer
+named by `target.tokenizer`.  The prediction is filled in only when the scenario names a
+model shape and a hardware; the engine-only fields (steps, KV, MBU) stay empty.
+
+Failed requests are counted and the first error kept (`telemetry.client`, and a note on
+stderr); a repeat in which every request failed is a one-line UserError.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from infbench.client.openai_target import (
+    ClientPlan,
+    TargetRun,
+    fetch_models,
+    open_session,
+    run_requests,
+)
+from infbench.core.checkpoint_config import model_source, resolve_gguf
+from infbench.core.config import REAL_WEIGHTS
+from infbench.core.errors import UserError
+from infbench.core.target import TargetSection
+from infbench.engine.request import Request
+
+CLIENT_BACKEND = "openai-client"
+
+
+def load_tokenizer(name: str, where: str) -> Any:
+    """A tokenizer from a preset of a released model, an HF directory or a .gguf file."""
+    from infbench.model.tokenizer import Tokenizer
+
+    source = model_source(name, f"{where}: target.tokenizer")
+    kind, value = next(iter(source.items()))
+    if kind == "preset":
+        if value.lower() not in REAL_WEIGHTS:
+            raise UserError(f"{where}: target.tokenizer: preset {value!r} has no tokenizer; "
+                            f"allowed: {', '.join(REAL_WEIGHTS)}, an HF directory with "
+                            "tokenizer.json, or a .gguf file")
+        return Tokenizer.from_gguf(resolve_gguf(REAL_WEIGHTS[value.lower()]))
+    if kind == "path":
+        return Tokenizer.from_hf_dir(value)
+    return Tokenizer.from_gguf(resolve_gguf(value))
+
+
+def concurrency_cap(workload: Any) -> int | None:
+    """Streams in flight at most, as the engine's client caps requests: batch_size for kind
+    static, else workload.max_concurrency (None: no cap); times samples_per_prompt, since
+    each sample of a prompt is a request of its own to a server."""
+    samples = int(getattr(workload, "samples_per_prompt", 1) or 1)
+    limit = workload.batch_size if workload.kind == "static" else \
+        getattr(workload, "max_concurrency", None)
+    return None if limit is None else int(limit) * samples
+
+
+def point_requests(point: Any, tokenizer: Any) -> list[Request]:
+    """The point's workload, drawn as the engine draws it (vocabulary from the tokenizer,
+    else from the model section)."""
+    from infbench.measure.workload import generate_requests
+
+    if tokenizer is not None:
+        vocab = tokenizer.vocab_size
+    elif point.model:
+        vocab = point.model_config().vocab_size
+    else:
+        raise UserError(f"{point.source}: target.tokenizer: required without a model section "
+                        "(random prompt ids need the server's vocabulary size)")
+    eos = tokenizer.eos_token_id if tokenizer is not None else None
+    return generate_requests(point.workload, vocab, tokenizer=tokenizer, eos_token_id=eos)
+
+
+def client_env(target: TargetSection, models: Any) -> dict[str, Any]:
+    """env of a client run: this host's facts (the client), the endpoint and its /models."""
+    from infbench.results import store as results_mod
+
+    env = results_mod.env_info("cpu")
+    client = {"host": env.get("host"), "cpu": env.get("device_name"),
+              "cpu_count": env.get("cpu_count")}
+    env.update({
+        "device": "remote", "device_name": f"server at {target.base_url}",
+        "backend": CLIENT_BACKEND, "client": client,
+        "endpoint": {"kind": target.kind, "base_url": target.base_url, "model": target.model,
+                     "endpoint": target.endpoint, "url": target.url,
+                     "prompt_format": "text" if target.sends_text else "tokens",
+                     "tokenizer": target.tokenizer, "models": models},
+    })
+    return env
+
+
+def _summary(run: TargetRun, percentiles: Any) -> dict[str, Any]:
+    from infbench.measure import metrics as metrics_mod
+
+    rows = metrics_mod.request_rows(run.records)
+    m = metrics_mod.from_request_rows(rows, percentiles, run.wall_s)
+    m.update({"num_requests": len(run.records), "wall_s": float(run.wall_s),
+              "num_prompt_tokens": sum(r.num_prompt_tokens for r in run.records),
+              "num_output_tokens": sum(r.num_output_tokens for r in run.records)})
+    return m
+
+
+def run_target_point(point: Any, *, cache: Any = None, device: str | None = None,
+                     on_step: Callable[[Any], None] | None = None,
+                     on_phase: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Measure one ScenarioPoint with `target:` and return its result dict.
+
+    `cache`, `device` and `on_step` are run_point's; a client run has no model to cache,
+    runs on no local device and has no engine steps.
+    """
+    del cache, device, on_step
+    from infbench.core.hardware import get_hardware
+    from infbench.measure import metrics as metrics_mod
+    from infbench.measure.prediction import predict_point
+    from infbench.results import store as results_mod
+
+    if point.target is None:
+        raise ValueError("run_target_point needs a point with a target section")
+    target = TargetSection.model_validate(point.target)
+    phase = on_phase or (lambda _msg: None)
+    tokenizer = None
+    if target.tokenizer is not None:
+        phase("loading tokenizer")
+        tokenizer = load_tokenizer(target.tokenizer, point.source)
+    requests = point_requests(point, tokenizer)
+    cap = concurrency_cap(point.workload)
+    plan = ClientPlan(target, tokenizer, cap)
+    api_key = os.environ.get(target.api_key_env) if target.api_key_env else None
+    if target.api_key_env and not api_key:
+        raise UserError(f"{point.source}: target.api_key_env: environment variable "
+                        f"{target.api_key_env} is not set (or empty)")
+    num_sequences = sum(r.n for r in requests)
+    where = f"{point.name} point {point.index} ({point.label})"
+
+    async def measure() -> tuple[Any, list[TargetRun]]:
+        async with open_session(target, cap or num_sequences) as session:
+            models = await fetch_models(session, target, api_key)
+            passes: list[TargetRun] = []
+            for i in range(point.measure.warmup):
+                phase(f"warm-up {i + 1}/{point.measure.warmup}")
+                warm = await run_requests(plan, requests, session=session, api_key=api_key)
+                _refuse_all_failed(warm, num_sequences, point, "warm-up")
+            for i in range(point.measure.repeats):
+                phase(f"repeat {i + 1}/{point.measure.repeats}")
+                run = await run_requests(plan, requests, session=session, api_key=api_key)
+                _refuse_all_failed(run, num_sequences, point, f"repeat {i + 1}")
+                passes.append(run)
+            return models, passes
+
+    models, passes = asyncio.run(measure())
+    runs = [_summary(run, point.measure.percentiles) for run in passes]
+    summary, spread = metrics_mod.aggregate_repeats(runs)
+    summary["noise"] = metrics_mod.noise(runs)
+    for warning in summary["noise"]["warnings"]:
+        print(f"note: {where}: {warning}", file=sys.stderr)
+    failed = [len(run.failures) for run in passes]
+    first = next((run.failures[0] for run in passes if run.failures), None)
+    if first is not None:
+        print(f"note: {where}: {sum(failed)} of {num_sequences * len(passes)} request(s) "
+              f"failed over {len(passes)} repeat(s); first ({first.request_id}): "
+              f"{first.message}", file=sys.stderr)
+    prediction: dict[str, Any] = {}
+    hardware = None
+    if point.model and point.hardware != "unknown":
+        hw = get_hardware(point.hardware)
+        hardware = hw.to_dict()
+        prediction = predict_point(point, point.model_config(), hw)
+    env = client_env(target, models)
+    env["model_source"] = point.model_source() or None
+    telemetry = {"client": {
+        "num_sent": num_sequences * len(passes), "num_failed": sum(failed),
+        "failed_per_repeat": failed,
+        "first_error": None if first is None else f"{first.request_id}: {first.message}",
+        "max_concurrency": cap, "client_host": socket.gethostname()}}
+    return results_mod.build_result(
+        point.to_dict(), metrics=summary, prediction=prediction, steps=[], env=env,
+        seed=point.workload.seed, hardware=hardware, repeats=runs, spread=spread,
+        extra={"telemetry": telemetry,
+               "requests": metrics_mod.request_rows(passes[-1].records),
+               "engine_disabled": []})
+
+
+def _refuse_all_failed(run: TargetRun, num_sequences: int, point: Any, what: str) -> None:
+    if run.records or not run.failures:
+        return
+    first = run.failures[0]
+    raise UserError(f"{point.source}: target {point.target['base_url']}: all "
+                    f"{num_sequences} request(s) of the {what} failed; first "
+                    f"({first.request_id}): {first.message}")

@@ -1,0 +1,92 @@
+"""Streamed chunks -> per-token timestamps, the way the in-process engine records them.
+
+A server streams text, not tokens: usually one token per chunk, but a chunk can carry
+several (detokenizers hold back partial UTF-8 characters or stop-string prefixes,
+speculative decoding accepts several tokens a step, and a slow client reads merged
+chunks).  Each chunk's token count comes from, in order of trust:
+
+1. token ids the chunk carries (`token_ids`, as some servers send);
+2. the tokenizer: the chunk's text encoded alone (no special tokens), at least 1;
+3. without a tokenizer: 1 per chunk.
+
+When the server reports `usage.completion_tokens`, that total wins and is shared over the
+chunks in proportion to their counts (largest remainders), so token counts are exact
+even where encoding a chunk alone is not.
+
+Timestamps: the tokens of the first chunk all arrive at the first chunk's time (TTFT is
+the time to the first non-empty chunk, and ITL does not count tokens that came with the
+first one).  The k tokens of a later chunk are spread evenly over the gap since the
+previous chunk, the last one at the chunk's own arrival, so each gets gap / k as its ITL.
+That is the caveat: inside a multi-token chunk the per-token times are interpolated, not
+observed (their sum, TPOT and E2E are exact).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One non-empty content chunk: when its bytes arrived, its text, ids when sent."""
+
+    time_s: float
+    text: str
+    token_ids: tuple[int, ...] | None = None
+
+
+def chunk_token_counts(chunks: Sequence[Chunk], tokenizer: Any = None) -> list[int]:
+    """How many tokens each chunk carries, before any `usage` total is applied."""
+    counts = []
+    for chunk in chunks:
+        if chunk.token_ids is not None:
+            counts.append(len(chunk.token_ids))
+        elif tokenizer is not None:
+            counts.append(max(1, len(tokenizer.encode(chunk.text, add_special_tokens=False))))
+        else:
+            counts.append(1)
+    return counts
+
+
+def share_total(counts: Sequence[int], total: int) -> list[int]:
+    """`total` tokens over the chunks in proportion to `counts` (largest remainders).
+
+    Returns `counts` unchanged when they already sum to `total`.  With as many tokens as
+    chunks or more, every chunk keeps at least one token (it did carry text).
+    """
+    if total < 0:
+        raise ValueError(f"total must be >= 0, got {total}")
+    have = sum(counts)
+    if have == total or not counts:
+        return list(counts)
+    floor = 1 if total >= len(counts) else 0
+    rest = total - floor * len(counts)
+    weights = [max(c - floor, 0) for c in counts] if floor else list(counts)
+    wsum = sum(weights)
+    if wsum == 0:  # every chunk had exactly one token: spread the rest evenly
+        weights, wsum = [1] * len(counts), len(counts)
+    exact = [rest * w / wsum for w in weights]
+    shares = [int(x) for x in exact]
+    order = sorted(range(len(counts)), key=lambda i: (shares[i] - exact[i], i))
+    for i in order[:rest - sum(shares)]:
+        shares[i] += 1
+    return [floor + s for s in shares]
+
+
+def token_times(chunks: Sequence[Chunk], counts: Sequence[int]) -> list[float]:
+    """One timestamp per token: the first chunk's tokens at its time, later chunks' spread
+    evenly over the gap since the previous chunk that carried tokens."""
+    times: list[float] = []
+    prev: float | None = None
+    for chunk, k in zip(chunks, counts, strict=True):
+        if k <= 0:
+            continue
+        if prev is None:
+            times.extend([chunk.time_s] * k)
+        else:
+            gap = chunk.time_s - prev
+            times.extend(prev + gap * (j + 1) / k for j in range(k))
+        prev = chunk.time_s
+    return times

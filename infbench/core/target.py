@@ -1,0 +1,104 @@
+"""The scenario's `target:` section: run the workload against a server instead of the engine.
+
+    target:
+      kind: openai                      # the one kind so far: an OpenAI-compatible server
+      base_url: http://127.0.0.1:8000/v1
+      model: Qwen/Qwen2.5-0.5B-Instruct # the name the server serves
+      api_key_env: OPENAI_API_KEY       # optional: the variable holding the bearer token
+      endpoint: completions             # completions | chat
+      tokenizer: smollm2-135m           # optional: a preset name, an HF dir or a .gguf
+      prompt_format: tokens             # tokens (ids to /v1/completions) | text
+
+Validated once, here, with the scenario (pydantic, extra keys refused), so a bad target is
+one line naming the file and the key before anything runs.  The client that uses it lives in
+`infbench/client/`; this module is torch-free like the rest of `core`.
+"""
+
+from __future__ import annotations
+
+import os
+import typing
+from typing import Annotated, Literal
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+TargetKind = Literal["openai"]
+TargetEndpoint = Literal["completions", "chat"]
+PromptFormat = Literal["tokens", "text"]
+TARGET_KINDS: tuple[str, ...] = typing.get_args(TargetKind)
+MAX_TIMEOUT_S = 24 * 3600.0
+
+
+class TargetSection(BaseModel):
+    """An OpenAI-compatible server (vLLM, SGLang, TGI, llama.cpp's server, `infbench serve`)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    kind: TargetKind
+    """openai: an OpenAI-compatible HTTP server, streamed over SSE."""
+    base_url: str
+    """The API root including its version, e.g. http://127.0.0.1:8000/v1."""
+    model: Annotated[str, Field(min_length=1)]
+    """The model name the server serves (the `model` field of every request)."""
+    api_key_env: str | None = None
+    """Name of the environment variable holding the API key (sent as a bearer token)."""
+    endpoint: TargetEndpoint = "completions"
+    """completions: /v1/completions; chat: /v1/chat/completions (prompts sent as text)."""
+    prompt_format: PromptFormat = "tokens"
+    """tokens: the workload's token ids as the prompt (completions only); text: detokenized."""
+    tokenizer: str | None = Field(default=None, validate_default=True)
+    """Where to load a tokenizer from: a preset name (smollm2-135m), an HF directory or a
+    .gguf file.  Counts tokens when the server sends no usage, splits multi-token chunks, and
+    turns prompts into text; only the tokenizer is loaded, never weights."""
+    timeout_s: Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S, strict=True,
+                                      allow_inf_nan=False)] = 600.0
+    """Seconds a connection or a read between two chunks may take before the request fails."""
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"must be an http:// or https:// URL such as "
+                             f"http://127.0.0.1:8000/v1 (got {value!r})")
+        return value.rstrip("/")
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _env_is_set(cls, value: str | None) -> str | None:
+        if value is not None and not os.environ.get(value):
+            raise ValueError(f"environment variable {value} is not set (or empty); export it "
+                             "or remove api_key_env for a server without a key")
+        return value
+
+    @field_validator("prompt_format")
+    @classmethod
+    def _chat_takes_text(cls, value: str, info: ValidationInfo) -> str:
+        if info.data.get("endpoint") == "chat" and value == "tokens":
+            raise ValueError("endpoint chat takes text messages; allowed with chat: text")
+        return value
+
+    @field_validator("tokenizer")
+    @classmethod
+    def _needed_for_text(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("must name a tokenizer source (got an empty string)")
+        if value is None and info.data.get("endpoint") == "chat":
+            raise ValueError("endpoint chat sends prompts as text; name a tokenizer to "
+                             "detokenize the workload's prompts (e.g. smollm2-135m)")
+        if value is None and info.data.get("prompt_format") == "text":
+            raise ValueError("prompt_format text needs a tokenizer to detokenize the "
+                             "workload's prompts (e.g. smollm2-135m)")
+        return value
+
+    @property
+    def sends_text(self) -> bool:
+        """Prompts go out as text (chat, or prompt_format text), not as token ids."""
+        return self.endpoint == "chat" or self.prompt_format == "text"
+
+    @property
+    def url(self) -> str:
+        """The streaming endpoint's URL."""
+        path = "/chat/completions" if self.endpoint == "chat" else "/completions"
+        return self.base_url + path
