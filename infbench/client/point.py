@@ -159,6 +159,10 @@ def run_target_point(point: Any, *, cache: Any = None, device: str | None = None
     models, passes = asyncio.run(measure())
     runs = [_summary(run, point.measure.percentiles) for run in passes]
     summary, spread = metrics_mod.aggregate_repeats(runs)
+    for key in ("num_requests", "num_prompt_tokens", "num_output_tokens"):
+        # Counts differ between repeats only when requests failed; the median of two can
+        # be a half, so the summary keeps the last repeat's, like `requests` below.
+        summary[key] = runs[-1][key]
     summary["noise"] = metrics_mod.noise(runs)
     for warning in summary["noise"]["warnings"]:
         print(f"note: {where}: {warning}", file=sys.stderr)

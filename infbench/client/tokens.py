@@ -61,18 +61,20 @@ def share_total(counts: Sequence[int], total: int) -> list[int]:
     have = sum(counts)
     if have == total or not counts:
         return list(counts)
-    floor = 1 if total >= len(counts) else 0
-    rest = total - floor * len(counts)
-    weights = [max(c - floor, 0) for c in counts] if floor else list(counts)
+    weights = list(counts) if have > 0 else [1] * len(counts)
     wsum = sum(weights)
-    if wsum == 0:  # every chunk had exactly one token: spread the rest evenly
-        weights, wsum = [1] * len(counts), len(counts)
-    exact = [rest * w / wsum for w in weights]
+    exact = [total * w / wsum for w in weights]
     shares = [int(x) for x in exact]
     order = sorted(range(len(counts)), key=lambda i: (shares[i] - exact[i], i))
-    for i in order[:rest - sum(shares)]:
+    for i in order[:total - sum(shares)]:
         shares[i] += 1
-    return [floor + s for s in shares]
+    if total >= len(counts):  # every chunk carried text: at least one token each
+        for i in range(len(shares)):
+            if shares[i] == 0:
+                donor = max(range(len(shares)), key=lambda j: shares[j])
+                shares[donor] -= 1
+                shares[i] = 1
+    return shares
 
 
 def token_times(chunks: Sequence[Chunk], counts: Sequence[int]) -> list[float]:
