@@ -95,7 +95,7 @@ def test_unknown_key_names_file_key_and_allowed(tmp_path: Path) -> None:
     msg = error_of(path)
     assert msg.startswith(f"{path}: workload.batchsize: unknown key")
     assert "did you mean batch_size?" in msg
-    assert "allowed: batch_size, chat, gen_len" in msg
+    assert "allowed: batch_size, burstiness, chat, dataset, gen_len" in msg
 
 
 def test_negative_batch_size(tmp_path: Path) -> None:
@@ -111,7 +111,7 @@ def test_bad_value_inside_a_list_names_its_index(tmp_path: Path) -> None:
 def test_unknown_literal_lists_allowed_values(tmp_path: Path) -> None:
     path = write(tmp_path, "name: x\nmodel: {preset: tiny}\nworkload: {kind: burst}\n")
     assert error_of(path) == (
-        f"{path}: workload.kind: unknown value 'burst'; allowed: static, offline, poisson")
+        f"{path}: workload.kind: unknown value 'burst'; allowed: static, offline, poisson, trace")
     path = write(tmp_path, "name: x\nmodel: {preset: tiny, attention: {kind: flash}}\n")
     assert "model.attention.kind: unknown value 'flash'; allowed: mha, gqa" in error_of(path)
 

@@ -87,12 +87,21 @@ def report(
                                  help="Print the rows as JSON on stdout instead of a table."),
 ) -> None:
     """Measured vs predicted TTFT, TPOT and throughput, with the model's error %; results
-    of a scenario with variants also get one row per variant (bytes, speed, accuracy), and
+    of a scenario with variants also get one row per variant (bytes, speed, accuracy),
     speculative points a table of acceptance and speed-up (also spec_* columns in the
-    --json / --markdown / --csv rows)."""
+    --json / --markdown / --csv rows), and points run with measure.slo a goodput table and,
+    over a rate sweep, the highest rate meeting the SLOs (slo_max_rate in --json rows)."""
     from rich.console import Console
 
     from infbench.results.gate import load_results
+    from infbench.results.goodput import (
+        goodput_rows,
+        goodput_table,
+        group_label,
+        json_rate,
+        max_rate_line,
+        max_rate_summaries,
+    )
     from infbench.results.report import (
         report_frame,
         report_rows,
@@ -107,14 +116,25 @@ def report(
     df = report_frame(loaded)
     variants = variant_rows(loaded)
     speculative = spec_rows(loaded)
+    goodput = goodput_rows(loaded)
+    max_rates = max_rate_summaries(loaded)
     if as_json:
-        _print_json(report_rows(loaded))
+        rows = report_rows(loaded)
+        if max_rates:  # each row: the SLO max rate of its sweep (the same in one sweep)
+            best = {(m["name"], m["group"]): json_rate(m["max_rate"]) for m in max_rates}
+            for row, result in zip(rows, loaded, strict=True):
+                row["slo_max_rate"] = best.get((result.get("name"), group_label(result)))
+        _print_json(rows)
     else:
         Console().print(report_table(df))
         if variants:  # a scenario with `variants:`: one row per variant
             Console().print(variant_table(variants))
         if speculative:  # points run with `speculative.method` set
             Console().print(spec_table(speculative))
+        if goodput:  # points run with `measure.slo`
+            Console().print(goodput_table(goodput))
+            for summary in max_rates:
+                Console().print(max_rate_line(summary), highlight=False)
     if markdown is not None:
         write_markdown(df, markdown)
     if csv is not None:
@@ -174,9 +194,11 @@ def plots(
                                  help="Print the written paths as JSON on stdout."),
 ) -> None:
     """Latency-throughput, distributions and measured-roofline figures, speed vs
-    perplexity when the results carry accuracy (quantized or pruned points), and speed-up
-    against k when they carry speculative metrics."""
+    perplexity when the results carry accuracy (quantized or pruned points), speed-up
+    against k when they carry speculative metrics, and latency and goodput against the
+    request rate for a rate sweep run with measure.slo."""
     from infbench.plots.analytic import FIGURE_FORMATS, check_size
+    from infbench.plots.goodput import goodput_rate_figure
     from infbench.plots.measured import (
         accuracy_speed_figure,
         distributions_figure,
@@ -207,6 +229,9 @@ def plots(
     speedup = out / f"speculative_speedup.{fmt}"  # only when the results carry speculative
     if speculative_figure(loaded, speedup, size=size) is not None:
         paths["speculative_speedup"] = speedup
+    goodput = out / f"goodput_rate.{fmt}"  # only for a rate sweep run with measure.slo
+    if goodput_rate_figure(loaded, goodput, size=size) is not None:
+        paths["goodput_rate"] = goodput
     if as_json:
         _print_json({name: str(path) for name, path in paths.items()})
         return

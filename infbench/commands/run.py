@@ -48,6 +48,7 @@ def run(
     from infbench.measure.bench import ModelCache, run_point
     from infbench.measure.preflight import preflight
     from infbench.results import store as results_mod
+    from infbench.results.goodput import json_rate, max_rate_line, max_rate_summaries
     from infbench.results.report import accuracy_table, run_summary, run_table
     from infbench.results.rundir import RunDir, default_out_dir
 
@@ -115,17 +116,23 @@ def run(
         if status == "interrupted":
             console.print(f"stopped: {len(finished)}/{len(points)} point(s) done in {out_dir}; "
                           "finish with --resume", highlight=False)
+    max_rates = max_rate_summaries(finished)  # a rate sweep run with measure.slo
     if as_json:  # stdout is one JSON document; notes and the gate's verdict stay on stderr
         print(json.dumps({
             "scenario": str(scenario), "name": sc.name, "out_dir": str(out_dir),
             "status": status, "csv": str(csv_path) if finished else None,
             "num_points": len(points), "points": [run_summary(r) for r in finished],
+            **({"slo_max_rates": [{**m, "max_rate": json_rate(m["max_rate"]),
+                                   "rates": [json_rate(x) for x in m["rates"]]}
+                                  for m in max_rates]} if max_rates else {}),
         }, indent=2))
     elif finished:
         Console(width=width).print(run_table(finished))
         accuracy = accuracy_table(finished)  # quantized / pruned points: beside the speed
         if accuracy is not None:
             Console(width=width).print(accuracy)
+        for summary in max_rates:
+            Console(width=width).print(max_rate_line(summary), highlight=False, soft_wrap=True)
     if finished:
         console.print(f"wrote {len(finished)} result file(s) and {csv_path} to {out_dir}")
     if failure is not None:
@@ -174,11 +181,13 @@ class _RunProgress:
             self.bar.__exit__(*exc)
 
     def start_point(self, point: Any) -> None:
+        from infbench.measure.bench import client_concurrency
+
         w = point.workload
-        # static: batch_size requests; offline / poisson: num_requests; each sampled n times
-        count = w.batch_size if w.kind == "static" else w.num_requests
-        self.total_requests = int(count) * int(getattr(w, "samples_per_prompt", 1) or 1)
-        self.realtime = w.kind == "poisson"
+        # num_requests (resolved by kind: static's default is batch_size), each sampled n times
+        self.total_requests = int(w.num_prompts) * int(getattr(w, "samples_per_prompt", 1) or 1)
+        # Arrivals over time, or a client cap: requests join the system while it runs.
+        self.realtime = w.is_realtime or client_concurrency(w) is not None
         self.label = point.label
         self.t_point = time.perf_counter()
         self._reset_requests()
@@ -221,10 +230,14 @@ class _RunProgress:
             return "-" if value is None else f"{value * 1e3:.1f} ms"
 
         tps = metric(result, "output_tokens_per_s")
+        good = metric(result, "goodput_requests_per_s")
+        attained = metric(result, "slo_attainment")
+        slo = ("" if good is None or attained is None else
+               f", goodput {good:.2f} req/s ({attained:.0%} within SLO)")
         self.console.print(
             f"[{self.num_done}/{self.num_points}] {point.label}: "
             f"{'-' if tps is None else f'{tps:,.1f}'} output tok/s, TTFT p50 {ms('ttft_s.p50')}, "
-            f"TPOT p50 {ms('tpot_s.p50')} ({time.perf_counter() - self.t_point:.1f} s; "
+            f"TPOT p50 {ms('tpot_s.p50')}{slo} ({time.perf_counter() - self.t_point:.1f} s; "
             f"{time.perf_counter() - self.t0:.1f} s total)", highlight=False, soft_wrap=True)
 
 

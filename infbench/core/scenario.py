@@ -83,11 +83,15 @@ SWEEPABLE_WORKLOAD = (
     "samples_per_prompt",
 )
 # Allowed values of the scenario-only keys, defined once (the model's are in core/config.py).
-WorkloadKind = Literal["static", "offline", "poisson"]
+WorkloadKind = Literal["static", "offline", "poisson", "trace"]
+DatasetKind = Literal["sharegpt", "jsonl", "trace"]
 PromptSource = Literal["random", "text"]
 LengthDist = Literal["fixed", "uniform", "normal", "lognormal"]
 NormalizeMode = Literal["none", "mbu", "roofline_fraction", "reference", "torch_reference"]
 WORKLOAD_KINDS: tuple[str, ...] = typing.get_args(WorkloadKind)
+DATASET_KINDS: tuple[str, ...] = typing.get_args(DatasetKind)
+# Without workload.num_requests: static runs batch_size requests, the other kinds this many.
+DEFAULT_NUM_REQUESTS = 64
 PROMPT_SOURCES: tuple[str, ...] = typing.get_args(PromptSource)
 LENGTH_DISTS: tuple[str, ...] = typing.get_args(LengthDist)
 NORMALIZE_MODES: tuple[str, ...] = typing.get_args(NormalizeMode)
@@ -140,6 +144,31 @@ _SweepNonNegInt = Annotated[list[NonNegInt], Field(min_length=1), BeforeValidato
     _as_list, json_schema_input_type=Union[NonNegInt, list[NonNegInt]])]
 _SweepPosFloat = Annotated[list[PosFloat] | None, Field(min_length=1), BeforeValidator(
     _as_list, json_schema_input_type=Union[PosFloat, list[PosFloat], None])]
+_OptSweepPosInt = Annotated[list[PosInt] | None, Field(min_length=1), BeforeValidator(
+    _as_list, json_schema_input_type=Union[PosInt, list[PosInt], None])]
+
+
+def _rate_value(value: Any) -> Any:
+    """`inf`, `.inf` or "inf" (vLLM's --request-rate inf: every request at t=0) -> math.inf."""
+    if isinstance(value, str) and value.strip().lower() in ("inf", "+inf", ".inf", "infinity"):
+        return math.inf
+    return value
+
+
+def _rate_check(value: Any) -> Any:
+    """A rate is a finite number in (0, 2**24] or inf (PosFloat's checks, inf let through)."""
+    if isinstance(value, float) and value == math.inf:
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"must be a number > 0 or inf (got {_short_repr(value)})")
+    if not math.isfinite(value) or not 0 < value <= MAX_VALUE:
+        raise ValueError(f"must be a number in (0, {MAX_VALUE}] or inf (got {_short_repr(value)})")
+    return float(value)
+
+
+Rate = Annotated[Any, BeforeValidator(_rate_check), BeforeValidator(_rate_value)]
+_SweepRate = Annotated[list[Rate] | None, Field(min_length=1), BeforeValidator(
+    _as_list, json_schema_input_type=Union[float, str, list[Union[float, str]], None])]
 
 _CONFIG = ConfigDict(extra="forbid", coerce_numbers_to_str=True, use_attribute_docstrings=True)
 
@@ -266,15 +295,37 @@ class ModelSection(_Section):
         return self
 
 
+class DatasetSection(_Section):
+    kind: DatasetKind
+    """sharegpt: a JSON list of {conversations: [{from: human, value}, {from: gpt, value}]};
+    jsonl: one {prompt, optional output_len} per line; trace: an Azure LLM inference trace
+    CSV (TIMESTAMP, ContextTokens, GeneratedTokens)."""
+    path: Annotated[str, Field(min_length=1)]
+    """The file (relative to the working directory), or `infbench:samples/NAME` for the
+    small sample files shipped with infbench."""
+    time_scale: PosFloat = 1.0
+    """trace: multiplies the gaps between the trace's timestamps (0.1 replays 10x faster)."""
+
+
 class WorkloadSection(_Section):
     kind: WorkloadKind = "static"
-    """static: batch_size requests at t=0; offline: num_requests at t=0; poisson: arrivals."""
+    """static: num_requests (default batch_size) requests, batch_size at a time; offline:
+    num_requests at t=0; poisson: arrivals at `rate`; trace: the dataset trace's timestamps."""
     batch_size: _SweepPosInt = [1]
     prompt_len: _SweepPosInt = [128]
     gen_len: _SweepPosInt = [32]
-    num_requests: _SweepPosInt = [64]
-    rate: _SweepPosFloat = None
-    """Poisson arrival rate in requests per second (required for kind poisson)."""
+    num_requests: _OptSweepPosInt = None
+    """Requests per run; unset: batch_size for kind static, 64 for the other kinds."""
+    rate: _SweepRate = None
+    """Arrival rate in requests per second (required for kind poisson); inf: all at t=0."""
+    burstiness: PosFloat = 1.0
+    """kind poisson: gamma-distributed gaps of shape `burstiness` and mean 1/rate (1: a
+    Poisson process; < 1 burstier, > 1 more regular), as vLLM's --burstiness."""
+    max_concurrency: PosInt | None = None
+    """Client-side cap on outstanding requests: a request is submitted only when fewer are
+    in flight (its TTFT counts from that submission); null: no cap."""
+    dataset: DatasetSection | None = None
+    """Prompts (and output lengths, and for a trace arrival times) from a file."""
     shared_prefix_len: _SweepNonNegInt = [0]
     """The first N tokens of every prompt are identical (a shared system prompt)."""
     samples_per_prompt: _SweepPosInt = [1]
@@ -357,6 +408,23 @@ class SpeculativeSection(_Section):
 Percentile = Annotated[float, Field(gt=0, le=100, strict=True, allow_inf_nan=False)]
 
 
+class SloSection(_Section):
+    ttft_ms: PosFloat | None = None
+    """Time to first token, milliseconds."""
+    tpot_ms: PosFloat | None = None
+    """Time per output token, (E2E - TTFT) / (output tokens - 1), milliseconds."""
+    e2e_ms: PosFloat | None = None
+    """End-to-end latency, milliseconds."""
+    target: Annotated[float, Field(gt=0, le=1, strict=True, allow_inf_nan=False)] = 0.9
+    """A rate sweep reports the highest rate at which at least this fraction meets them."""
+
+    @model_validator(mode="after")
+    def _some_objective(self) -> SloSection:
+        if self.ttft_ms is None and self.tpot_ms is None and self.e2e_ms is None:
+            raise ValueError("give at least one of ttft_ms, tpot_ms, e2e_ms")
+        return self
+
+
 class MeasureSection(_Section):
     warmup: NonNegInt = 1
     repeats: PosInt = 3
@@ -371,6 +439,9 @@ class MeasureSection(_Section):
     """Tokens of held-out text scored for the result's `accuracy` (perplexity, and greedy
     agreement with the unquantized model; docs/accuracy.md).  Unset: 2048 on a point with
     model.quant or model.prune, none on a plain point (set it to measure that one too)."""
+    slo: SloSection | None = None
+    """Service-level objectives: each request meeting every given one counts towards
+    `goodput_requests_per_s` and `slo_attainment` (docs/goodput.md)."""
 
     @field_validator("percentiles")
     @classmethod
@@ -453,10 +524,10 @@ class Scenario(_Section):
     @model_validator(mode="after")
     def _torch_reference_is_measured(self) -> Scenario:
         # The reference is timed during the run: without it the gate has nothing to divide by.
-        if self.measure.torch_reference and self.workload.kind == "poisson":
+        if self.measure.torch_reference and self.workload.kind in ("poisson", "trace"):
             raise ValueError(
-                "measure.torch_reference: a poisson run's tokens/s follows its arrival rate, "
-                "not the engine's speed; allowed with workload.kind static or offline")
+                f"measure.torch_reference: a {self.workload.kind} run's tokens/s follows its "
+                "arrivals, not the engine's speed; allowed with workload.kind static or offline")
         if (self.gate is not None and self.gate.normalize == "torch_reference"
                 and not self.measure.torch_reference):
             raise ValueError("gate.normalize: torch_reference needs measure.torch_reference: "
@@ -636,8 +707,8 @@ class WorkloadPoint:
     batch_size: int = 1
     prompt_len: int = 128
     gen_len: int = 32
-    num_requests: int = 64
-    rate: float | None = None
+    num_requests: int | None = None  # None: by kind (num_prompts: static batch_size, else 64)
+    rate: float | None = None  # math.inf: every request at t=0
     shared_prefix_len: int = 0
     samples_per_prompt: int = 1
     seed: int = 0
@@ -650,8 +721,13 @@ class WorkloadPoint:
     top_k: int = 0
     top_p: float = 1.0
     ignore_eos: bool = True
+    burstiness: float = 1.0
+    max_concurrency: int | None = None
+    dataset: DatasetConfig | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.dataset, dict):  # from the section's model_dump
+            object.__setattr__(self, "dataset", DatasetConfig(**self.dataset))
         if self.kind not in WORKLOAD_KINDS:
             raise ConfigError(f"workload.kind: unknown value {self.kind!r}; "
                               f"allowed: {', '.join(WORKLOAD_KINDS)}")
@@ -664,26 +740,95 @@ class WorkloadPoint:
                 raise ConfigError(f"workload.{key}: unknown value {value!r}; "
                                   f"allowed: {', '.join(allowed)}")
         for key in ("batch_size", "prompt_len", "gen_len", "num_requests", "samples_per_prompt"):
-            if getattr(self, key) <= 0:
+            if getattr(self, key) is not None and getattr(self, key) <= 0:
                 raise ConfigError(f"workload.{key}: must be > 0 (got {getattr(self, key)})")
-        if self.kind == "poisson" and (self.rate is None or self.rate <= 0):
+        if self.kind == "poisson" and (self.rate is None or not self.rate > 0):
             raise ConfigError(f"workload.rate: required for kind 'poisson' as requests per "
-                              f"second > 0 (got {self.rate})")
+                              f"second > 0 or inf (got {self.rate})")
         if not 0 <= self.shared_prefix_len <= self.prompt_len:
             raise ConfigError(f"workload.shared_prefix_len: must be in 0..workload.prompt_len "
                               f"({self.prompt_len}) (got {self.shared_prefix_len})")
         if self.chat and self.prompt_source != "text":
             raise ConfigError("workload.chat: applies to text prompts; set "
                               "workload.prompt_source: text (got random)")
+        self._check_arrivals()
+
+    def _check_arrivals(self) -> None:
+        """The keys of this module's workload additions that only make sense together."""
+        if not self.burstiness > 0 or not math.isfinite(self.burstiness):
+            raise ConfigError(f"workload.burstiness: must be a finite number > 0 (1.0: Poisson, "
+                              f"< 1 burstier) (got {self.burstiness})")
+        if self.max_concurrency is not None and self.max_concurrency <= 0:
+            raise ConfigError(f"workload.max_concurrency: must be > 0 or null "
+                              f"(got {self.max_concurrency})")
+        if self.max_concurrency is not None and self.kind == "static":
+            raise ConfigError("workload.max_concurrency: kind static already runs batch_size "
+                              "requests at a time; allowed with kind offline, poisson, trace")
+        if self.kind == "static" and self.num_prompts < self.batch_size:
+            raise ConfigError(f"workload.num_requests: kind static runs batch_size "
+                              f"({self.batch_size}) requests at a time; allowed: at least "
+                              f"batch_size, or unset (got {self.num_requests})")
+        if self.burstiness != 1.0 and self.kind != "poisson":
+            raise ConfigError(f"workload.burstiness: shapes poisson arrivals; allowed with "
+                              f"workload.kind poisson (got kind {self.kind})")
+        trace = self.dataset is not None and self.dataset.kind == "trace"
+        if self.kind == "trace" and not trace:
+            raise ConfigError("workload.kind: 'trace' replays a trace's timestamps and needs "
+                              "workload.dataset: {kind: trace, path: FILE.csv}")
+        if self.kind == "trace" and self.rate is not None:
+            raise ConfigError("workload.rate: kind trace takes its arrivals from the trace; "
+                              "remove rate (or use kind poisson for the trace's lengths at a "
+                              "rate)")
+        if self.dataset is not None:
+            # A trace gives lengths only: its prompts are random ids or windows of text.
+            text_source = "random" if trace else self.prompt_source
+            for key, value, default in (("shared_prefix_len", self.shared_prefix_len, 0),
+                                        ("prompt_source", text_source, "random"),
+                                        ("chat", self.chat, False)):
+                if value != default:
+                    raise ConfigError(f"workload.{key}: the prompts come from "
+                                      f"workload.dataset ({self.dataset.path}); remove {key}")
+
+    @property
+    def is_realtime(self) -> bool:
+        """Arrivals replayed on the wall clock (poisson, trace), not all at t=0."""
+        return self.kind in ("poisson", "trace")
 
     @property
     def num_prompts(self) -> int:
-        """Distinct prompts: batch_size for static workloads, num_requests otherwise."""
-        return self.batch_size if self.kind == "static" else self.num_requests
+        """Requests (distinct prompts) of a run: num_requests, or when unset batch_size for
+        kind static and DEFAULT_NUM_REQUESTS for the other kinds."""
+        if self.num_requests is not None:
+            return self.num_requests
+        return self.batch_size if self.kind == "static" else DEFAULT_NUM_REQUESTS
 
     @property
     def num_sequences(self) -> int:
         return self.num_prompts * self.samples_per_prompt
+
+
+@dataclass(frozen=True)
+class DatasetConfig:
+    """workload.dataset (DatasetSection documents the keys; measure/datasets.py reads it)."""
+
+    kind: str  # sharegpt | jsonl | trace
+    path: str
+    time_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in DATASET_KINDS:
+            raise ConfigError(f"workload.dataset.kind: unknown value {self.kind!r}; "
+                              f"allowed: {', '.join(DATASET_KINDS)}")
+
+
+@dataclass(frozen=True)
+class SloConfig:
+    """measure.slo: latency objectives in milliseconds (None: not an objective)."""
+
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    e2e_ms: float | None = None
+    target: float = 0.9
 
 
 @dataclass(frozen=True)
@@ -728,10 +873,13 @@ class MeasureConfig:
     percentiles: tuple[float, ...] = DEFAULT_PERCENTILES  # latency stats: mean + these
     torch_reference: bool = False  # time measure/torch_reference.py between the repeats
     eval_tokens: int | None = None  # accuracy tokens (None: 2048 when quantized or pruned)
+    slo: SloConfig | None = None  # goodput objectives (measure/goodput.py)
 
     def __post_init__(self) -> None:
         # The section hands over a list; a tuple keeps the frozen point hashable.
         object.__setattr__(self, "percentiles", tuple(float(q) for q in self.percentiles))
+        if isinstance(self.slo, dict):  # from the section's model_dump
+            object.__setattr__(self, "slo", SloConfig(**self.slo))
 
 
 @dataclass(frozen=True)
@@ -820,7 +968,7 @@ class ScenarioPoint:
             "name": self.name, "index": self.index, "label": self.label, "source": self.source,
             "device": self.device, "dtype": self.dtype, "hardware": self.hardware,
             "model": copy.deepcopy(self.model),
-            "workload": dataclasses.asdict(self.workload),
+            "workload": _workload_dict(self.workload),
             "engine": dataclasses.asdict(self.engine),
             "speculative": dataclasses.asdict(self.speculative),
             "measure": dataclasses.asdict(self.measure),
@@ -828,6 +976,16 @@ class ScenarioPoint:
             "swept": dict(self.swept),
             **({"target": copy.deepcopy(self.target)} if self.target is not None else {}),
         }
+
+
+def _workload_dict(workload: WorkloadPoint) -> dict[str, Any]:
+    """The workload as strict JSON: num_requests as run (resolved when unset), a rate of
+    inf as the string "inf"."""
+    out = dataclasses.asdict(workload)
+    out["num_requests"] = workload.num_prompts
+    if out["rate"] == math.inf:
+        out["rate"] = "inf"
+    return out
 
 
 # ------------------------------------------------------------------ loading

@@ -362,12 +362,19 @@ class Engine:
     # ------------------------------------------------------------------ runs
     def run(self, requests: Sequence[Request], realtime_arrivals: bool = True,
             on_step: Callable[[StepRecord], None] | None = None, *,
-            keep_prefix_cache: bool = False) -> RunOutput:
+            keep_prefix_cache: bool = False, max_concurrency: int | None = None) -> RunOutput:
         """Serve `requests` to completion; arrival_s offsets are replayed in real time.
 
         Measurements start cold (a fresh block manager); the Python API keeps the prefix
         cache across `generate` calls, as vLLM does, with `keep_prefix_cache`.
+
+        `max_concurrency` N is a client-side cap: a request is submitted only while fewer
+        than N requests are outstanding (a request with n samples is one request until its
+        last sample finishes).  A request held back is submitted when a slot frees, and its
+        arrival (TTFT, E2E) counts from that submission, as vLLM's benchmark client does.
         """
+        if max_concurrency is not None and max_concurrency <= 0:
+            raise ConfigError(f"max_concurrency must be > 0 or None, got {max_concurrency}")
         if not keep_prefix_cache or self.scheduler.has_unfinished:
             self.reset()
         pending = sorted(requests, key=lambda r: r.arrival_s)
@@ -378,17 +385,27 @@ class Engine:
 
         arrivals: dict[str, float] = {}
         num_samples = {r.request_id: r.n for r in requests}
+        samples_left: dict[str, int] = {}  # outstanding requests -> samples not finished
+        cap = max_concurrency if max_concurrency is not None else len(pending) + 1
+        last_blocked = -math.inf  # the last pass at which a due request met a full cap
         records: list[RequestRecord] = []
         steps: list[StepRecord] = []
         outputs: dict[str, list[int]] = {}
         i = 0
         while i < len(pending) or self.scheduler.has_unfinished:
             now = clock()
-            while i < len(pending) and (pending[i].arrival_s <= now or not realtime_arrivals):
+            while (i < len(pending) and len(samples_left) < cap
+                   and (pending[i].arrival_s <= now or not realtime_arrivals)):
                 req = pending[i]
-                arrivals[req.request_id] = req.arrival_s if realtime_arrivals else 0.0
+                due = req.arrival_s if realtime_arrivals else 0.0
+                # Due while the cap was full: held back, it is submitted now, as a slot frees.
+                arrivals[req.request_id] = now if due <= last_blocked else due
+                samples_left[req.request_id] = req.n
                 self.add_request(req)
                 i += 1
+            if (i < len(pending) and len(samples_left) >= cap
+                    and (pending[i].arrival_s <= now or not realtime_arrivals)):
+                last_blocked = now
             if not self.scheduler.has_unfinished:
                 time.sleep(max(0.0, pending[i].arrival_s - clock()))
                 continue
@@ -398,6 +415,9 @@ class Engine:
                 on_step(record)
             for seq in finished:
                 key = seq.request_id
+                samples_left[key] -= 1
+                if not samples_left[key]:
+                    del samples_left[key]
                 if num_samples[seq.request_id] > 1:
                     key = f"{seq.request_id}/{seq.sample_index}"
                 outputs[key] = list(seq.output_ids)

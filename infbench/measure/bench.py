@@ -128,6 +128,14 @@ def build_torch_reference(point: Any, cfg: Any, device: str,
     return SameRunReference(reference, plan, seed=point.workload.seed)
 
 
+def client_concurrency(workload: Any) -> int | None:
+    """The client-side cap on outstanding requests: workload.max_concurrency, or for kind
+    static batch_size (num_requests run batch_size at a time); None: no cap."""
+    if workload.kind == "static":
+        return workload.batch_size if workload.num_prompts > workload.batch_size else None
+    return workload.max_concurrency
+
+
 def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None = None,
               on_step: Callable[[StepRecord], None] | None = None,
               on_phase: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -141,6 +149,7 @@ def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None
     from infbench.measure import metrics as metrics_mod
     from infbench.measure import speculative as spec_mod
     from infbench.measure.calibrate import measure_reference_bandwidth
+    from infbench.measure.goodput import goodput_metrics
     from infbench.measure.prediction import predict_point
     from infbench.measure.traffic import annotate_steps, stage_traffic
     from infbench.measure.workload import generate_requests
@@ -181,7 +190,9 @@ def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None
     refuse_kv_quant(cfg)
     tok = loaded.tokenizer
     eos = tok.eos_token_id if tok is not None else None
-    requests = generate_requests(point.workload, cfg.vocab_size, tokenizer=tok, eos_token_id=eos)
+    requests = generate_requests(point.workload, cfg.vocab_size, tokenizer=tok, eos_token_id=eos,
+                                 max_model_len=cfg.max_seq_len)
+    concurrency = client_concurrency(point.workload)
     engine_cfg = point.engine
     # Built before the engine, so a GPU's KV budget already counts its weights.
     reference = (build_torch_reference(point, cfg, dev, requests)
@@ -199,7 +210,7 @@ def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None
     for item in engine.disabled:
         print(f"note: {point.name} point {point.index} ({point.label}): engine.{item['feature']} "
               f"is off for this model: {item['reason']}", file=sys.stderr)
-    realtime = point.workload.kind == "poisson"
+    realtime = point.workload.is_realtime
     telemetry: dict[str, Any] = {}
     sampler = None
     if dev == "cuda":
@@ -209,10 +220,10 @@ def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None
     step_hook = slowed_down(on_step, slowdown) if slowdown else on_step
     for i in range(point.measure.warmup):
         phase(f"warm-up {i + 1}/{point.measure.warmup}")
-        engine.run(requests, realtime_arrivals=False)
+        engine.run(requests, realtime_arrivals=False, max_concurrency=concurrency)
         if spec is not None:  # the plain baseline is timed too: warm it as well
             engine.set_speculation(False)
-            engine.run(requests, realtime_arrivals=False)
+            engine.run(requests, realtime_arrivals=False, max_concurrency=concurrency)
             engine.set_speculation(True)
     hw = get_hardware(point.hardware)
     runs: list[dict[str, Any]] = []
@@ -224,12 +235,16 @@ def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None
         ref_before = reference.time()
     for i in range(point.measure.repeats):
         phase(f"repeat {i + 1}/{point.measure.repeats}")
-        out = engine.run(requests, realtime_arrivals=realtime, on_step=step_hook)
+        out = engine.run(requests, realtime_arrivals=realtime, on_step=step_hook,
+                         max_concurrency=concurrency)
         m = metrics_mod.summarize(
             out.requests, out.steps, out.wall_s,
             kv_bytes_per_token=engine.kv.bytes_per_token, block_size=engine_cfg.block_size,
             weight_bytes=loaded.weight_bytes, peak_memory_bytes=peak_memory_bytes(dev),
             percentiles=point.measure.percentiles)
+        if point.measure.slo is not None:
+            m.update(goodput_metrics(metrics_mod.request_rows(out.requests), point.measure.slo,
+                                     out.wall_s))
         m["state_bytes_per_seq"] = engine.states.bytes_per_seq if engine.states else 0
         step_costs = annotate_steps(out.steps, cfg, point.dtype, point.quant_config(), hw)
         m.update(stage_traffic(out.steps, step_costs, hw, point.dtype))
@@ -253,7 +268,7 @@ def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None
             # The same workload decoded plainly, right after: speedup_measured's baseline.
             phase(f"repeat {i + 1}/{point.measure.repeats}: plain baseline")
             engine.set_speculation(False)
-            base = engine.run(requests, realtime_arrivals=realtime)
+            base = engine.run(requests, realtime_arrivals=realtime, max_concurrency=concurrency)
             engine.set_speculation(True)
             base_m = metrics_mod.from_request_rows(
                 metrics_mod.request_rows(base.requests), point.measure.percentiles, base.wall_s)

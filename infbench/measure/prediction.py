@@ -2,9 +2,10 @@
 
 `bench.run_point` stores this next to the measured metrics, so `infbench
 report` can print measured, predicted and error % side by side.  Static and
-offline workloads are predicted (offline as waves of `max_num_seqs` requests);
-Poisson traffic depends on queueing the roofline does not model, so it is left
-unpredicted rather than guessed.
+offline workloads are predicted (static as waves of batch_size requests, offline as waves
+of `max_num_seqs`, or of workload.max_concurrency when lower); dataset workloads, whose
+lengths vary per request, are not; Poisson traffic depends on queueing the roofline
+does not model, so it is left unpredicted rather than guessed.
 
 The names mean what the measured metrics mean (docs/results.md#metric-definitions):
 `ttft_s`, `tpot_s` = (E2E - TTFT) / (gen_len - 1) and `e2e_s` of one request of the
@@ -27,9 +28,15 @@ def predict_point(point: Any, cfg: ModelConfig, hw: HardwareSpec) -> dict[str, A
     w = point.workload
     if w.kind == "poisson":
         return {"hardware": hw.name, "note": "not predicted: Poisson arrivals (queueing)"}
-    n = w.batch_size if w.kind == "static" else w.num_requests
-    n *= w.samples_per_prompt
-    batch = min(n, point.engine.max_num_seqs)
+    if w.kind == "trace" or w.dataset is not None:
+        return {"hardware": hw.name, "note": "not predicted: prompt and output lengths from a "
+                "dataset (the roofline prices one shape)"}
+    n = w.num_prompts * w.samples_per_prompt
+    # static runs batch_size at a time (a client cap); offline is capped by the engine only
+    at_once = w.batch_size * w.samples_per_prompt if w.kind == "static" else n
+    if w.max_concurrency is not None:
+        at_once = min(at_once, w.max_concurrency * w.samples_per_prompt)
+    batch = min(at_once, point.engine.max_num_seqs)
     waves = math.ceil(n / batch)
     p = predict(cfg, hw, batch=batch, prompt_len=w.prompt_len, gen_len=w.gen_len,
                 dtype=point.dtype, quant=point.quant_config())

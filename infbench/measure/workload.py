@@ -11,6 +11,16 @@ windows of the shipped public-domain text (`infbench/data/prose.txt`), cut at
 seeded offsets and cycled for long prompts.  With `shared_prefix_len` P the first
 P tokens of every prompt are one seeded "system prompt"; a drawn prompt length is
 raised to P when shorter, so every prompt contains the whole prefix.
+
+Arrivals: all at t=0 (static, offline, or a rate of inf), a gamma process of shape
+`burstiness` and mean gap 1/rate (poisson; shape 1 is the Poisson process, drawn as
+exponential gaps exactly as before burstiness existed), or a trace's timestamps (trace).
+
+With `workload.dataset` the prompts come from a file (measure/datasets.py): text prompts
+are encoded with the model's tokenizer, a ShareGPT reference reply gives the output length
+(its token count), a trace gives lengths and arrivals.  Text entries whose prompt plus
+output exceed the model's context are skipped before sampling, as vLLM's ShareGPT
+sampler skips over-long conversations.
 """
 
 from __future__ import annotations
@@ -25,25 +35,45 @@ import numpy as np
 from infbench.core.errors import ConfigError, UserError
 from infbench.core.scenario import WorkloadPoint
 from infbench.engine.request import Request, SamplingParams
+from infbench.measure import datasets
 
 _NUM_STREAMS = 5  # prompt lengths, output lengths, arrivals, prompt tokens, sampling seeds
 
 
 def generate_requests(point: WorkloadPoint, vocab_size: int, tokenizer: Any = None,
-                      eos_token_id: int | None = None) -> list[Request]:
-    """The requests of one workload point, identical for the same point and seed."""
+                      eos_token_id: int | None = None,
+                      max_model_len: int | None = None) -> list[Request]:
+    """The requests of one workload point, identical for the same point and seed.
+
+    `max_model_len` (the model's context) filters dataset text prompts that cannot fit.
+    """
     if vocab_size <= 0:
         raise ConfigError(f"vocab_size must be > 0, got {vocab_size}")
     len_rng, gen_rng, arrival_rng, prompt_rng, seed_rng = _streams(point)
     n = point.num_prompts
+    if point.dataset is not None:
+        prompts, lens, entries = _dataset_prompts(point, len_rng, prompt_rng, vocab_size,
+                                                  tokenizer, eos_token_id, max_model_len)
+        gen_lens = np.asarray(lens, dtype=np.int64)
+        arrivals = (datasets.trace_arrivals(entries, point.dataset.time_scale)
+                    if point.kind == "trace" else
+                    arrival_times(arrival_rng, point.kind, point.rate, n, point.burstiness))
+        return _build(point, prompts, gen_lens, arrivals, seed_rng, eos_token_id)
     prompt_lens, gen_lens = _lengths(point, len_rng, gen_rng)
-    arrivals = arrival_times(arrival_rng, point.kind, point.rate, n)
+    arrivals = arrival_times(arrival_rng, point.kind, point.rate, n, point.burstiness)
     if point.prompt_source == "text":
         prompts = _text_prompts(prompt_rng, [int(x) for x in prompt_lens], point, tokenizer,
                                 vocab_size, eos_token_id)
     else:
         prompts = _random_prompts(prompt_rng, [int(x) for x in prompt_lens],
                                   point.shared_prefix_len, vocab_size, eos_token_id)
+    return _build(point, prompts, gen_lens, arrivals, seed_rng, eos_token_id)
+
+
+def _build(point: WorkloadPoint, prompts: list[list[int]], gen_lens: np.ndarray,
+           arrivals: np.ndarray, seed_rng: np.random.Generator,
+           eos_token_id: int | None) -> list[Request]:
+    n = point.num_prompts
     seeds = seed_rng.integers(0, 2**31 - 1, size=n)
     stop = (eos_token_id,) if eos_token_id is not None and not point.ignore_eos else ()
     return [
@@ -67,6 +97,14 @@ def request_lengths(point: WorkloadPoint) -> tuple[np.ndarray, np.ndarray]:
     `generate_requests` draws them, without building any request: O(n) numpy work, so the
     pre-flight checks can look at a sweep of millions of requests in milliseconds."""
     len_rng, gen_rng, *_ = _streams(point)
+    if point.dataset is not None:  # text prompts: whitespace words, a token estimate
+        entries = _sampled_entries(point, len_rng, None)
+        prompts = [e.prompt_len if e.prompt is None else datasets.word_count(e.prompt)
+                   for e in entries]
+        outs = [e.output_len if e.output_len is not None else
+                datasets.word_count(e.reference) if e.reference is not None else point.gen_len
+                for e in entries]
+        return np.asarray(prompts, dtype=np.int64), np.asarray(outs, dtype=np.int64)
     return _lengths(point, len_rng, gen_rng)
 
 
@@ -108,14 +146,91 @@ def draw_lengths(rng: np.random.Generator, mean: int, dist: str, spread: float,
 
 
 def arrival_times(rng: np.random.Generator, kind: str, rate: float | None,
-                  n: int) -> np.ndarray:
-    """Seconds from the start: all 0 (static, offline) or a Poisson process (first at 0)."""
+                  n: int, burstiness: float = 1.0) -> np.ndarray:
+    """Seconds from the start: all 0 (static, offline, rate inf) or, for poisson, gaps
+    drawn from a gamma distribution of shape `burstiness` and mean 1/rate (first at 0).
+
+    vLLM's definition: the coefficient of variation of the gaps is 1/sqrt(burstiness), so
+    1.0 is a Poisson process, below 1 burstier, above 1 more regular.
+    """
     if kind != "poisson":
         return np.zeros(n)
-    if rate is None or rate <= 0:
+    if rate is None or not rate > 0:
         raise ConfigError(f"workload.rate: required for kind 'poisson' (got {rate})")
-    gaps = rng.exponential(1.0 / rate, size=n)  # mean gap 1/rate seconds
+    if not burstiness > 0 or not math.isfinite(burstiness):
+        raise ConfigError(f"workload.burstiness: must be a finite number > 0 (got {burstiness})")
+    if math.isinf(rate):
+        return np.zeros(n)
+    if burstiness == 1.0:  # the same stream as before burstiness existed: same arrivals
+        gaps = rng.exponential(1.0 / rate, size=n)  # mean gap 1/rate seconds
+    else:
+        gaps = rng.gamma(burstiness, 1.0 / (rate * burstiness), size=n)  # mean shape*scale
     return np.concatenate([[0.0], np.cumsum(gaps[:-1])])[:n]
+
+
+# ------------------------------------------------------------------ dataset prompts
+def _sampled_entries(point: WorkloadPoint, rng: np.random.Generator,
+                     fits: Any) -> list[datasets.DatasetEntry]:
+    """The point's num_requests entries of its dataset, seeded (`fits` filters first)."""
+    assert point.dataset is not None
+    entries = datasets.load_dataset(point.dataset.kind, point.dataset.path)
+    if fits is not None:
+        usable = [e for e in entries if fits(e)]
+        if not usable:
+            raise UserError(f"workload.dataset: {point.dataset.path}: no entry fits the model "
+                            "context (prompt + output tokens); use a model with a longer "
+                            "context or shorter prompts")
+        entries = usable
+    indices = datasets.sample_indices(len(entries), point.num_prompts, rng,
+                                      contiguous=point.dataset.kind == "trace")
+    return [entries[int(i)] for i in indices]
+
+
+def _dataset_prompts(point: WorkloadPoint, pick_rng: np.random.Generator,
+                     prompt_rng: np.random.Generator, vocab_size: int, tokenizer: Any,
+                     eos: int | None, max_model_len: int | None
+                     ) -> tuple[list[list[int]], list[int], list[datasets.DatasetEntry]]:
+    """(prompt ids, output lengths, entries) of the sampled entries.  Text entries that do
+    not fit the context are skipped before sampling; trace rows never are (that would
+    change the trace's timing), so an over-long row is the engine's one-line error."""
+    assert point.dataset is not None
+    cfg = point.dataset
+    if cfg.kind != "trace" and (tokenizer is None or not hasattr(tokenizer, "encode")):
+        raise UserError(f"workload.dataset: {cfg.kind} prompts are text and need the model's "
+                        f"tokenizer, and this model has none ({cfg.path}); allowed without "
+                        "one: kind trace")
+    encoded: dict[str, list[int]] = {}
+
+    def ids(text: str) -> list[int]:
+        if text not in encoded:
+            encoded[text] = _encode(tokenizer, text)
+        return encoded[text]
+
+    def output_len(entry: datasets.DatasetEntry) -> int:
+        if entry.output_len is not None:
+            return entry.output_len
+        if entry.reference is not None:
+            return max(len(ids(entry.reference)), 1)
+        return point.gen_len
+
+    def fits(entry: datasets.DatasetEntry) -> bool:
+        size = len(ids(entry.prompt)) if entry.prompt is not None else entry.prompt_len or 0
+        return size >= 1 and (max_model_len is None or size + output_len(entry) <= max_model_len)
+
+    entries = _sampled_entries(point, pick_rng, None if cfg.kind == "trace" else fits)
+    outs = [output_len(e) for e in entries]
+    if cfg.kind != "trace":
+        prompts = [ids(e.prompt or "") for e in entries]
+        top = max(max(p) for p in prompts)
+        if top >= vocab_size:
+            raise UserError(f"workload.dataset: the tokenizer produces id {top}, outside the "
+                            f"model vocabulary (0..{vocab_size - 1})")
+        return prompts, outs, entries
+    lengths = [int(e.prompt_len or 1) for e in entries]
+    if point.prompt_source == "text":
+        return (_text_prompts(prompt_rng, lengths, point, tokenizer, vocab_size, eos), outs,
+                entries)
+    return _random_prompts(prompt_rng, lengths, 0, vocab_size, eos), outs, entries
 
 
 # ------------------------------------------------------------------ random prompts

@@ -46,6 +46,20 @@ ADDED_SCENARIO_KEYS: dict[str, Any] = {
     f"scenario.speculative.{name}": getattr(_SPEC_DEFAULTS, name)
     for name in ("draft_model", "draft_layers", "draft_quant", "draft_group_size", "heads",
                  "ngram_max", "ngram_min")}
+ADDED_SCENARIO_KEYS.update({"scenario.workload.burstiness": 1.0,
+                            "scenario.workload.max_concurrency": None,
+                            "scenario.workload.dataset": None})
+
+
+def _as_recorded(scenario: dict[str, Any]) -> dict[str, Any]:
+    """A scenario recorded before workloads had `burstiness` (and before kind static
+    honoured num_requests) ran batch_size requests whatever its num_requests said: read
+    its num_requests as batch_size, so it matches the same point run today."""
+    workload = scenario.get("workload")
+    if (not isinstance(workload, dict) or "burstiness" in workload
+            or workload.get("kind", "static") != "static" or "batch_size" not in workload):
+        return scenario
+    return {**scenario, "workload": {**workload, "num_requests": workload["batch_size"]}}
 DEFAULT_METRIC = "output_tokens_per_s"
 
 
@@ -129,6 +143,8 @@ def _check_schema(result: dict[str, Any]) -> None:
 
 def scenario_difference(a: Any, b: Any, prefix: str = "scenario") -> str | None:
     """The first key path where two scenarios differ (volatile top-level keys ignored)."""
+    if prefix == "scenario" and isinstance(a, dict) and isinstance(b, dict):
+        a, b = _as_recorded(a), _as_recorded(b)
     if isinstance(a, dict) and isinstance(b, dict):
         skip = VOLATILE_SCENARIO_KEYS if prefix == "scenario" else frozenset()
         for key in list(a) + [k for k in b if k not in a]:

@@ -77,6 +77,14 @@ def has_accuracy(results: list[dict[str, Any]]) -> bool:
     return any(r.get("accuracy") for r in results)
 
 
+# Shown (run's summary, report) only where a result was run with measure.slo.
+GOODPUT_METRICS = ("goodput_requests_per_s", "slo_attainment")
+
+
+def has_goodput(results: list[dict[str, Any]]) -> bool:
+    return any(metric(r, "slo_attainment") is not None for r in results)
+
+
 def run_summary(result: dict[str, Any]) -> dict[str, Any]:
     """One point's headline numbers, SI units, keyed by metric name (`run --json`)."""
     return {
@@ -88,6 +96,8 @@ def run_summary(result: dict[str, Any]) -> dict[str, Any]:
         **{name: metric(result, name) for name in RUN_SUMMARY_METRICS},
         **({name: metric(result, name) for name in ACCURACY_METRICS}
            if result.get("accuracy") else {}),
+        **({name: metric(result, name) for name in GOODPUT_METRICS}
+           if has_goodput([result]) else {}),
     }
 
 
@@ -160,8 +170,10 @@ def _first(result: dict[str, Any], *names: str) -> float | None:
 def report_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The rows of `report_frame` as plain dicts (None where a value is unknown); the
     accuracy columns only where some result has an `accuracy` section, the `spec_*` columns
-    (results/speculative.py) only where some result has `metrics.speculative`."""
+    (results/speculative.py) only where some result has `metrics.speculative`, the goodput
+    columns only where some result was run with `measure.slo`."""
     with_accuracy = has_accuracy(results)
+    with_goodput = has_goodput(results)
     with_spec = has_speculative(results)
     rows = []
     for r in results:
@@ -204,6 +216,7 @@ def report_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "perplexity_change_pct": _scaled(metric(r, "accuracy.perplexity_change"), 100),
                 "greedy_agreement": metric(r, "accuracy.greedy_agreement")}
                if with_accuracy else {}),
+            **({name: metric(r, name) for name in GOODPUT_METRICS} if with_goodput else {}),
             **(_spec_columns(r) if with_spec else {}),
             "file": r.get("_path"),
         })

@@ -20,8 +20,9 @@ Versions:
   memory (those three keys default to empty), so committed baselines and older results
   still load; any other version is refused.  Fields added to version 2 later are optional
   (`metrics.torch_reference`, `normalized.output_tokens_per_s_over_torch_reference`,
-  `accuracy`), so a version 2 file written before them loads unchanged, with those fields
-  None.
+  `accuracy`, and `metrics.goodput_requests_per_s`, `slo_attainment`, `num_slo_met` of a
+  point run with `measure.slo`), so a version 2 file written before them loads unchanged,
+  with those fields None.
 """
 
 from __future__ import annotations
@@ -173,6 +174,11 @@ class Metrics(_Closed):
     normalized: Normalized | None = None
     noise: Noise | None = None
     speculative: Speculative | None = None
+    # measure.slo (measure/goodput.py): requests meeting every objective, per second of the
+    # run and as a fraction of the requests; None on a point run without objectives
+    goodput_requests_per_s: Number | None = None
+    slo_attainment: Number | None = None
+    num_slo_met: Number | None = None  # the median over repeats may fall between two counts
 
 
 class Accuracy(_Closed):
