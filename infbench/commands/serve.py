@@ -1,0 +1,190 @@
+"""`infbench serve`: the OpenAI-compatible HTTP server (infbench/serve/) over one engine."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from infbench.commands import _options as opt
+from infbench.core.errors import UserError
+
+# On a CPU the KV pool is RAM the whole machine shares (as in the Python API, engine/llm.py).
+CPU_KV_CACHE_BYTES = 4 << 30
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve)
+
+
+def serve(
+    model: str | None = typer.Option(None, "--model", callback=opt.non_empty,
+                                     help=f"{opt.MODEL_HELP} Or give --scenario."),
+    scenario: Path | None = typer.Option(
+        None, "--scenario", help="Take the model and engine sections of this scenario file "
+                                 "(a sweep must not change them)."),
+    random_weights: bool = typer.Option(False, "--random-weights",
+                                        help="Seeded random weights with the model's shapes."),
+    dtype: str = typer.Option("auto", "--dtype", callback=opt.dtype_or_auto,
+                              help=f"auto, {opt.choices(opt.DTYPES)}"),
+    device: str = typer.Option("auto", "--device", callback=opt.non_empty,
+                               help="auto | cpu | cuda"),
+    backend: str | None = typer.Option(None, "--backend", callback=opt.backend,
+                                       help=f"{opt.choices(opt.BACKENDS)} (default auto)"),
+    quant: str = typer.Option("none", "--quant", callback=opt.weight_quant,
+                              help="Weight quantization (model.quant.weights): "
+                                   f"{opt.choices(opt.WEIGHT_QUANT)}"),
+    kv_quant: str = typer.Option("none", "--kv-quant", callback=opt.kv_quant,
+                                 help=f"KV-cache storage: {opt.choices(opt.KV_QUANT)}"),
+    seed: int = typer.Option(0, "--seed", callback=opt.seed, help="Weights and sampling seed."),
+    host: str = typer.Option("127.0.0.1", "--host", callback=opt.non_empty),
+    port: int = typer.Option(8000, "--port", min=0, max=65535, help="0: any free port."),
+    served_model_name: str | None = typer.Option(
+        None, "--served-model-name", callback=opt.non_empty,
+        help="The model name the API reports and expects (default: --model or the scenario's "
+             "model)."),
+    max_queue: int = typer.Option(
+        256, "--max-queue", callback=opt.non_negative_int,
+        help="Requests held beyond --max-num-seqs; more are answered 429."),
+    max_model_len: int | None = typer.Option(
+        None, "--max-model-len", callback=opt.positive_int,
+        help="Prompt + completion tokens (default: the model's context)."),
+    max_num_seqs: int | None = typer.Option(None, "--max-num-seqs", callback=opt.positive_int,
+                                            help="Sequences batched at once (default 256)."),
+    max_num_batched_tokens: int | None = typer.Option(
+        None, "--max-num-batched-tokens", callback=opt.positive_int,
+        help="Tokens per engine step (default 2048)."),
+    kv_cache_memory: float | None = typer.Option(
+        None, "--kv-cache-memory", callback=opt.positive_finite,
+        help="KV budget: a fraction of free memory (<= 1) or bytes (> 1); default 0.9 on a "
+             "GPU, min(4 GiB, 0.9 of free RAM) on a CPU."),
+    num_kv_blocks: int | None = typer.Option(None, "--num-kv-blocks", callback=opt.positive_int,
+                                             help="Fix the KV pool's size in blocks."),
+    num_threads: int | None = typer.Option(None, "--num-threads", callback=opt.positive_int,
+                                           help="CPU: torch intra-op threads."),
+    shutdown_timeout: float = typer.Option(
+        30.0, "--shutdown-timeout", callback=opt.non_negative_float,
+        help="Seconds in-flight requests get to finish after SIGTERM/SIGINT."),
+) -> None:
+    """Serve a model over an OpenAI-compatible HTTP API (completions, chat, /metrics)."""
+    from infbench.serve.app import create_app, run_server
+    from infbench.serve.engine_loop import EngineLoop
+    from infbench.serve.protocol import ModelContext
+
+    engine_flags = {"--max-num-seqs": max_num_seqs,
+                    "--max-num-batched-tokens": max_num_batched_tokens,
+                    "--kv-cache-memory": kv_cache_memory, "--backend": backend,
+                    "--num-threads": num_threads}
+    if scenario is not None:
+        if model is not None:
+            raise UserError("give --model or --scenario, not both")
+        given = [k for k, v in engine_flags.items() if v is not None]
+        if given or quant != "none" or kv_quant != "none" or random_weights:
+            flag = given[0] if given else ("--quant" if quant != "none" else "--kv-quant"
+                                           if kv_quant != "none" else "--random-weights")
+            raise UserError(f"{flag}: with --scenario, set it in the scenario's model or engine "
+                            "section")
+        built = _from_scenario(scenario, device, num_kv_blocks, max_model_len)
+    elif model is None:
+        raise UserError("give --model NAME or --scenario FILE")
+    else:
+        built = _from_flags(model, dtype=dtype, device=device, seed=seed,
+                            random_weights=random_weights, quant=quant, kv_quant=kv_quant,
+                            engine_flags=engine_flags, num_kv_blocks=num_kv_blocks,
+                            max_model_len=max_model_len)
+    engine, loaded, label = built
+    limit = max_model_len or loaded.config.max_seq_len  # checked by _engine
+    name = served_model_name or label
+    ctx = ModelContext(name=name, max_model_len=limit, vocab_size=loaded.config.vocab_size,
+                       max_num_seqs=engine.engine_cfg.max_num_seqs, tokenizer=loaded.tokenizer)
+    app = create_app(EngineLoop(engine, max_queue), ctx)
+
+    def ready(bound: int) -> None:
+        print(f"infbench serve: {name} ({loaded.weights}) on http://{host}:{bound} "
+              f"(max_model_len {limit}, {engine.kv.num_blocks} KV blocks of "
+              f"{engine.engine_cfg.block_size}, backend {engine.ops.name}); Ctrl-C stops",
+              file=sys.stderr, flush=True)
+
+    try:
+        run_server(app, host, port, shutdown_timeout=shutdown_timeout, ready=ready)
+    except OSError as exc:  # the address is in use, or not this machine's
+        raise UserError(f"--host {host} --port {port}: {exc.strerror or exc}") from None
+    print("infbench serve: stopped", file=sys.stderr)
+
+
+def _from_flags(model: str, *, dtype: str, device: str, seed: int, random_weights: bool,
+                quant: str, kv_quant: str, engine_flags: dict[str, Any],
+                num_kv_blocks: int | None, max_model_len: int | None) -> tuple[Any, Any, str]:
+    from infbench.core.checkpoint_config import model_source
+    from infbench.core.config import EngineConfig, make_quant
+    from infbench.core.device import auto_dtype, resolve_device
+    from infbench.model.loader import load_model
+
+    dev = resolve_device(device)
+    if dtype == "auto":
+        dtype = auto_dtype(dev)[0]
+    loaded = load_model(model_source(model), dtype=dtype, device=dev, seed=seed,
+                        weights="random" if random_weights else "auto",
+                        quant=make_quant({"weights": quant}) if quant != "none" else None)
+    defaults = EngineConfig()
+    cfg = EngineConfig(
+        max_num_seqs=engine_flags["--max-num-seqs"] or defaults.max_num_seqs,
+        max_num_batched_tokens=(engine_flags["--max-num-batched-tokens"]
+                                or defaults.max_num_batched_tokens),
+        backend=engine_flags["--backend"] or defaults.backend,
+        kv_cache_memory=engine_flags["--kv-cache-memory"] or defaults.kv_cache_memory,
+        num_threads=engine_flags["--num-threads"])
+    engine = _engine(loaded, cfg, dev, dtype, seed, kv_quant, None, num_kv_blocks,
+                     max_model_len, model_source(model))
+    return engine, loaded, model
+
+
+def _from_scenario(path: Path, device: str, num_kv_blocks: int | None,
+                   max_model_len: int | None) -> tuple[Any, Any, str]:
+    from infbench.core.device import resolve_device
+    from infbench.core.scenario import load_scenario
+    from infbench.measure.bench import model_overrides
+    from infbench.model.loader import load_model
+
+    points = load_scenario(path).points()
+    keys = {repr((p.model, p.engine, p.dtype, p.device, p.speculative)) for p in points}
+    if len(keys) > 1:
+        raise UserError(f"{path}: its sweep changes the model or engine over {len(points)} "
+                        "points; serve runs one model and engine")
+    point = points[0]
+    dev = resolve_device(point.device if device == "auto" else device)
+    source, quant = point.model_source(), point.quant_config()
+    loaded = load_model(source, dtype=point.dtype, device=dev, seed=point.workload.seed,
+                        overrides=model_overrides(point.model),
+                        weights=point.model.get("weights", "auto"), quant=quant,
+                        prune=point.prune_config())
+    spec = point.speculative if point.speculative.enabled else None
+    engine = _engine(loaded, point.engine, dev, point.dtype, point.workload.seed, quant.kv, spec,
+                     num_kv_blocks, max_model_len, source)
+    return engine, loaded, next(iter(source.values()))
+
+
+def _engine(loaded: Any, cfg: Any, device: str, dtype: str, seed: int, kv_quant: str,
+            spec: Any, num_kv_blocks: int | None, max_model_len: int | None,
+            source: dict[str, str]) -> Any:
+    """An engine sized for any request up to max_model_len (KVSizing.for_max_model_len)."""
+    import dataclasses
+
+    from infbench.core.device import available_memory_bytes
+    from infbench.engine.engine import Engine, KVSizing
+
+    if device == "cpu" and cfg.kv_cache_memory <= 1:  # a fraction of RAM: capped, as LLM does
+        import torch
+
+        free = available_memory_bytes(torch.device("cpu"))
+        cfg = dataclasses.replace(cfg, kv_cache_memory=float(
+            min(CPU_KV_CACHE_BYTES, int(cfg.kv_cache_memory * free))))
+    limit = max_model_len or loaded.config.max_seq_len
+    if limit > loaded.config.max_seq_len:
+        raise UserError(f"--max-model-len {limit} exceeds the model context "
+                        f"({loaded.config.max_seq_len} tokens)")
+    sizing = KVSizing.for_max_model_len(limit, cfg, num_kv_blocks)
+    return Engine.create(loaded, cfg, device, dtype, sizing=sizing, seed=seed,
+                         kv_quant=kv_quant, speculative=spec, source=source)
