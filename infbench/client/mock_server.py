@@ -10,7 +10,8 @@ client on the same machine can measure its own timestamp error exactly.
 
 `fail_every=k` answers every k-th request with HTTP 500; `send_usage=False` leaves out
 the usage chunk (the client then counts tokens itself).  `received` keeps the JSON bodies
-for tests.  Run it standalone with `python -m infbench.client.mock_server --port 8000`.
+for tests; with `log_sends`, GET /mock/sends lists (seed, chunk index, send time) of every
+chunk written.  Run it standalone with `python -m infbench.client.mock_server --port 8000`.
 """
 
 from __future__ import annotations
@@ -41,6 +42,10 @@ class MockConfig:
     model: str = MOCK_MODEL
     received: list[dict[str, Any]] = field(default_factory=list)
     keep_bodies: bool = True
+    # (request seed, chunk index, perf_counter when written) of every chunk, when asked:
+    # GET /mock/sends returns them (the overhead benchmark's reference schedule).
+    log_sends: bool = False
+    sends: list[tuple[Any, int, float]] = field(default_factory=list)
 
 
 def _word(i: int) -> str:
@@ -93,7 +98,10 @@ def make_app(config: MockConfig) -> web.Application:
                 choice["delta"] = {"content": text}
             else:
                 choice["text"] = text
-            event = {**base, "choices": [choice], "mock_sent_s": time.perf_counter()}
+            now = time.perf_counter()
+            if config.log_sends:
+                config.sends.append((body.get("seed"), (sent - 1) // k, now))
+            event = {**base, "choices": [choice], "mock_sent_s": now}
             await resp.write(b"data: " + json.dumps(event).encode() + b"\n\n")
         if config.send_usage and (body.get("stream_options") or {}).get("include_usage"):
             usage = {"prompt_tokens": _prompt_tokens(body), "completion_tokens": n,
@@ -104,7 +112,11 @@ def make_app(config: MockConfig) -> web.Application:
         await resp.write_eof()
         return resp
 
+    async def sends(_request: web.Request) -> web.Response:
+        return web.json_response(config.sends)
+
     app = web.Application()
+    app.router.add_get("/mock/sends", sends)
     app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/completions", complete)
     app.router.add_post("/v1/chat/completions", complete)
@@ -166,10 +178,14 @@ def main() -> None:
     parser.add_argument("--tokens-per-chunk", type=int, default=1)
     parser.add_argument("--first-delay-s", type=float, default=0.0)
     parser.add_argument("--token-delay-s", type=float, default=0.0)
+    parser.add_argument("--no-usage", action="store_true", help="Send no usage chunk.")
+    parser.add_argument("--log-sends", action="store_true",
+                        help="Keep every chunk's send time for GET /mock/sends.")
     args = parser.parse_args()
     config = MockConfig(num_tokens=args.num_tokens, tokens_per_chunk=args.tokens_per_chunk,
                         first_delay_s=args.first_delay_s, token_delay_s=args.token_delay_s,
-                        keep_bodies=False)
+                        keep_bodies=False, log_sends=args.log_sends,
+                        send_usage=not args.no_usage)
     web.run_app(make_app(config), host=args.host, port=args.port, access_log=None,
                 print=lambda msg: print(msg, flush=True))
 
