@@ -89,6 +89,8 @@ class ClientPlan:
             body["seed"] = s.seed + sample
         if s.ignore_eos:
             body["ignore_eos"] = True  # vLLM / SGLang / llama.cpp extension
+        if t.return_token_ids:
+            body["return_token_ids"] = True
         if t.endpoint == "chat":
             body["messages"] = [{"role": "user", "content": self.prompt_text(request)}]
         elif t.sends_text:

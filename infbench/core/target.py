@@ -8,6 +8,7 @@
       endpoint: completions             # completions | chat
       tokenizer: smollm2-135m           # optional: a preset name, an HF dir or a .gguf
       prompt_format: tokens             # tokens (ids to /v1/completions) | text
+      return_token_ids: false           # ask for token ids (vLLM, infbench serve extension)
 
 Validated once, here, with the scenario (pydantic, extra keys refused), so a bad target is
 one line naming the file and the key before anything runs.  The client that uses it lives in
@@ -51,6 +52,9 @@ class TargetSection(BaseModel):
     """Where to load a tokenizer from: a preset name (smollm2-135m), an HF directory or a
     .gguf file.  Counts tokens when the server sends no usage, splits multi-token chunks, and
     turns prompts into text; only the tokenizer is loaded, never weights."""
+    return_token_ids: Annotated[bool, Field(strict=True)] = False
+    """Ask for the generated token ids next to the text (`return_token_ids`, an extension of
+    vLLM and `infbench serve`): exact per-chunk counts and the result's output ids."""
     timeout_s: Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S, strict=True,
                                       allow_inf_nan=False)] = 600.0
     """Seconds a connection or a read between two chunks may take before the request fails."""
