@@ -162,7 +162,7 @@ def test_batch_size_is_a_strict_bounded_int(tmp_path: Path, value: Any) -> None:
         load_scenario(path)
 
 
-@pytest.mark.parametrize("key,value", [("workload.rate", math.inf), ("workload.rate", 2**25),
+@pytest.mark.parametrize("key,value", [("workload.rate", -math.inf), ("workload.rate", 2**25),
                                        ("workload.gen_len", 2**40),
                                        ("workload.prompt_len", False),
                                        ("workload.num_requests", 1.0),

@@ -161,8 +161,11 @@ def _rate_check(value: Any) -> Any:
         return value
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"must be a number > 0 or inf (got {_short_repr(value)})")
-    if not math.isfinite(value) or not 0 < value <= MAX_VALUE:
-        raise ValueError(f"must be a number in (0, {MAX_VALUE}] or inf (got {_short_repr(value)})")
+    if not math.isfinite(value) or not value > 0:
+        raise ValueError(f"must be a number > 0 or inf (got {_short_repr(value)})")
+    if value > MAX_VALUE:
+        raise ValueError(f"must be <= {MAX_VALUE} (2**24, infbench's sanity limit) or inf "
+                         f"(got {_short_repr(value)})")
     return float(value)
 
 
