@@ -18,6 +18,7 @@ from infbench.model.tokenizer import Tokenizer
 
 MAX_SEED = 2**63 - 1  # the largest seed torch's generators take
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for /v1/completions
+GREEDY_BELOW = 1e-5  # a temperature below this is greedy (as vLLM does)
 
 # Parameters the engine does not implement: a request that asks for them gets a 400
 # naming the parameter rather than a silently different answer.  Values listed are the
@@ -134,6 +135,8 @@ def _params(kind: Literal["completion", "chat"], body: dict[str, Any], ctx: Mode
         raise ApiError(f"n={n} exceeds the engine's max_num_seqs ({ctx.max_num_seqs})",
                        param="n")
     temperature = _float(body, "temperature", 1.0, minimum=0.0)
+    if temperature < GREEDY_BELOW:  # logits / 1e-300 overflow to inf: sample greedily instead
+        temperature = 0.0
     top_p = _float(body, "top_p", 1.0, minimum=0.0)
     if not 0.0 < top_p <= 1.0:
         raise ApiError(f"top_p must be in (0, 1], got {top_p}", param="top_p")

@@ -28,6 +28,7 @@ def test_completion_defaults_and_sampling() -> None:
             s.n) == (5, 0.0, 0, 3, (7,), True, 2)
     assert p.stop == ("x",) and not p.stream and not p.return_token_ids
     assert parse_completion({"prompt": [1, 2]}, CTX).sampling.max_tokens == 16
+    assert parse_completion({"prompt": [1], "temperature": 1e-300}, CTX).sampling.is_greedy
     assert parse_completion({"prompt": [[1, 2]]}, NO_TOK).return_token_ids  # no tokenizer
     chat = parse_chat({"messages": [{"role": "user", "content": [{"type": "text",
                                                                    "text": "hi"}]}]}, CTX)
