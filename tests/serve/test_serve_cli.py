@@ -80,12 +80,20 @@ def _post(url: str, body: object) -> dict[str, object]:
         return json.loads(resp.read())  # type: ignore[no-any-return]
 
 
+def _running(url: str) -> bool:
+    """The engine runs a sequence (from /metrics)."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    return any(line.startswith("infbench:num_requests_running{") and not line.endswith(" 0")
+               for line in text.splitlines())
+
+
 def test_serve_process_answers_and_stops_cleanly_on_sigterm() -> None:
     port = _free_port()
     exe = Path(sys.executable).with_name("infbench")
     proc = subprocess.Popen(
         [str(exe), "serve", "--model", "tiny", "--device", "cpu", "--dtype", "float32",
-         "--port", str(port), "--max-model-len", "128", "--max-num-seqs", "2",
+         "--port", str(port), "--max-model-len", "1024", "--max-num-seqs", "2",
          "--served-model-name", "tiny-cli"],
         stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
@@ -100,13 +108,15 @@ def test_serve_process_answers_and_stops_cleanly_on_sigterm() -> None:
         # SIGTERM while a long request is in flight: it still finishes, then exit 0.
         result: dict[str, object] = {}
         worker = threading.Thread(target=lambda: result.update(_post(
-            url + "/v1/completions", {"prompt": [5, 6], "max_tokens": 120, "ignore_eos": True})))
+            url + "/v1/completions", {"prompt": [5, 6], "max_tokens": 1000, "ignore_eos": True})))
         worker.start()
-        time.sleep(0.3)
+        deadline = time.monotonic() + 30
+        while not _running(url) and time.monotonic() < deadline:
+            time.sleep(0.01)
         proc.send_signal(signal.SIGTERM)
         worker.join(60)
         assert proc.wait(60) == 0
-        assert result["usage"]["completion_tokens"] == 120  # type: ignore[index]
+        assert result["usage"]["completion_tokens"] == 1000  # type: ignore[index]
         assert "stopped" in proc.stderr.read()
     finally:
         if proc.poll() is None:
