@@ -67,8 +67,34 @@ def serve(
     shutdown_timeout: float = typer.Option(
         30.0, "--shutdown-timeout", callback=opt.non_negative_float,
         help="Seconds in-flight requests get to finish after SIGTERM/SIGINT."),
+    replicas: int = typer.Option(
+        1, "--replicas", help="Engine processes behind one router (data parallel); each holds "
+                              "its own model and KV pool."),
+    threads_per_replica: int = typer.Option(
+        1, "--threads-per-replica", help="With --replicas > 1: torch threads of each replica "
+                                         "(pinned to their own cores when there are enough)."),
+    router: str = typer.Option("round_robin", "--router",
+                               help="With --replicas > 1: round_robin | least_outstanding."),
 ) -> None:
     """Serve a model over an OpenAI-compatible HTTP API (completions, chat, /metrics)."""
+    if replicas < 1:
+        raise UserError(f"--replicas must be >= 1, got {replicas}")
+    if replicas > 1:
+        if threads_per_replica < 1:
+            raise UserError(f"--threads-per-replica must be >= 1, got {threads_per_replica}")
+        if num_threads is not None:
+            raise UserError("--num-threads: with --replicas, give --threads-per-replica")
+        args = _replica_args(model=model, scenario=scenario, random_weights=random_weights,
+                             dtype=dtype, device=device, backend=backend, quant=quant,
+                             kv_quant=kv_quant, seed=seed, served_model_name=served_model_name,
+                             max_queue=max_queue, max_model_len=max_model_len,
+                             max_num_seqs=max_num_seqs,
+                             max_num_batched_tokens=max_num_batched_tokens,
+                             kv_cache_memory=kv_cache_memory, num_kv_blocks=num_kv_blocks,
+                             shutdown_timeout=shutdown_timeout)
+        _serve_replicas(args, replicas, threads_per_replica, router, host, port,
+                        shutdown_timeout, pass_threads=scenario is None)
+        return
     from infbench.serve.app import create_app, run_server
     from infbench.serve.engine_loop import EngineLoop
     from infbench.serve.protocol import ModelContext
@@ -188,3 +214,47 @@ def _engine(loaded: Any, cfg: Any, device: str, dtype: str, seed: int, kv_quant:
     sizing = KVSizing.for_max_model_len(limit, cfg, num_kv_blocks)
     return Engine.create(loaded, cfg, device, dtype, sizing=sizing, seed=seed,
                          kv_quant=kv_quant, speculative=spec, source=source)
+
+
+def _replica_args(**flags: Any) -> list[str]:
+    """The `infbench serve` flags every replica gets (not host, port or threads)."""
+    args: list[str] = []
+    for name, value in flags.items():
+        flag = "--" + name.replace("_", "-")
+        if value is None or value is False:
+            continue
+        if value is True:
+            args.append(flag)
+        else:
+            args += [flag, str(value)]
+    return args
+
+
+def _serve_replicas(args: list[str], replicas: int, threads: int, policy: str, host: str,
+                    port: int, shutdown_timeout: float, pass_threads: bool) -> None:
+    """Start the replicas, then the router on host:port until SIGTERM/SIGINT."""
+    from infbench.serve.app import run_server
+    from infbench.serve.replicas import ROUTERS, ReplicaSet, Router, create_router_app
+
+    if policy not in ROUTERS:
+        raise UserError(f"--router {policy!r}: allowed: {', '.join(ROUTERS)}")
+    print(f"infbench serve: starting {replicas} replicas, {threads} thread"
+          f"{'s' if threads != 1 else ''} each", file=sys.stderr, flush=True)
+    rs = ReplicaSet(args, replicas, threads, pass_threads=pass_threads)
+    reps = rs.start()
+    try:
+        app = create_router_app(Router(reps, policy))
+
+        def ready(bound: int) -> None:
+            cores = "; ".join(f"replica {r.index}: port {r.port}"
+                              + (f", cores {r.cores}" if r.cores else "") for r in reps)
+            print(f"infbench serve: router ({policy}) on http://{host}:{bound} in front of "
+                  f"{cores}; Ctrl-C stops", file=sys.stderr, flush=True)
+
+        try:
+            run_server(app, host, port, shutdown_timeout=shutdown_timeout, ready=ready)
+        except OSError as exc:
+            raise UserError(f"--host {host} --port {port}: {exc.strerror or exc}") from None
+    finally:
+        rs.stop(timeout_s=shutdown_timeout + 10)
+    print("infbench serve: stopped", file=sys.stderr)
