@@ -39,6 +39,7 @@ bench: $(STAMP)
 	$(BIN)/python -m infbench.benchmarks.cpu_vs_transformers
 	$(BIN)/python -m infbench.benchmarks.quant_speed
 	$(BIN)/python -m infbench.benchmarks.client_overhead
+	$(BIN)/python -m infbench.benchmarks.serving
 
 # infbench (Q4_1 native and float32) beside llama.cpp on the SmolLM2 GGUF; llama.cpp's row is
 # skipped with a note unless llama-cpp-python is installed (not in setup: 8-25 min to build).
