@@ -63,9 +63,19 @@ def test_hardware_and_dtype_defaults_follow_the_device(tmp_path: Path, monkeypat
         assert (point.hardware, point.dtype) == ("cpu", dtype)
         assert point.dtype_reason.startswith(f"dtype auto -> {dtype} (CPU has ")
         assert ("native bf16" in point.dtype_reason) == (dtype == "bfloat16")
+    # CUDA with no hardware: the entry of the GPU NVML names, never a silent H100
+    from infbench.core import hardware
+
+    monkeypatch.setattr(hardware, "nvml_device_name", lambda index=0: "NVIDIA H200")
     gpu = load_scenario(write(tmp_path, "name: x\ndevice: cuda\nmodel: {preset: tiny}\n"))
-    assert (gpu.points()[0].hardware, gpu.points()[0].dtype) == ("h100-sxm", "bfloat16")
+    assert (gpu.points()[0].hardware, gpu.points()[0].dtype) == ("h200", "bfloat16")
     assert gpu.hardware is None  # the raw value is kept; the point resolves it
+    for name, says in ((None, "no GPU could be identified"),
+                       ("Tesla T4", "GPU 'Tesla T4' has no entry in the hardware table; run "
+                                    "`infbench calibrate`")):
+        monkeypatch.setattr(hardware, "nvml_device_name", lambda index=0, name=name: name)
+        with pytest.raises(UserError, match=says):
+            gpu.points()
     explicit = load_scenario(write(
         tmp_path, "name: x\ndevice: cpu\nhardware: l40s\ndtype: float16\nmodel: {preset: tiny}\n"))
     assert (explicit.points()[0].hardware, explicit.points()[0].dtype) == ("l40s", "float16")

@@ -17,16 +17,15 @@ from typing import Any
 
 
 def _hardware_for(name: str) -> str:
-    lowered = name.lower()
-    if "h200" in lowered:
-        return "h200"
-    if "h100" in lowered:
-        return "h100-pcie" if "pcie" in lowered else "h100-sxm"
-    if "a100" in lowered:
-        return "a100-80g" if "80" in lowered else "a100-40g"
-    if "l40s" in lowered:
-        return "l40s"
-    return "h100-sxm"
+    """The table entry of the GPU torch names (never a silent H100: no entry is an error)."""
+    from infbench.core.errors import UserError
+    from infbench.core.hardware import entry_for_device_name
+
+    entry = entry_for_device_name(name)
+    if entry is None:
+        raise UserError(f"GPU {name!r} has no entry in the hardware table; run "
+                        "`infbench calibrate` and pass its profile")
+    return entry
 
 
 def main(argv: list[str] | None = None) -> int:

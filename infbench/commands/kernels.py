@@ -35,7 +35,8 @@ def bench(
                                     help="Write the rows to this JSON file."),
     hardware: str | None = typer.Option(
         None, callback=opt.non_empty,
-        help="Hardware spec for the peaks (default: cpu on CPU, h100-sxm on CUDA)."
+        help="Hardware spec for the peaks (default: cpu on CPU, on CUDA the entry of the GPU "
+             "NVML names)."
     ),
 ) -> None:
     """Time each kernel over a size sweep; report achieved GB/s, TFLOP/s and % of peak.
@@ -45,14 +46,14 @@ def bench(
     """
     from rich.console import Console
 
-    from infbench.core.hardware import get_hardware
+    from infbench.core.hardware import default_hardware, get_hardware
     from infbench.measure import kernel_bench
 
     if out is not None and out.suffix != ".json":
         raise UserError(f"--out {out}: expected a .json file name")
     resolved = kernel_bench.resolve_device(device)
     dtype_name = kernel_bench.resolve_dtype(dtype, resolved)
-    spec = get_hardware(hardware or ("h100-sxm" if resolved == "cuda" else "cpu"))
+    spec = get_hardware(hardware or default_hardware(resolved))  # NVML's GPU, never a guess
     spec.peak(dtype_name)  # fail before timing anything if the spec lacks this dtype
     sizes = kernel_bench.default_sizes(resolved, quick)
     console = Console(stderr=True)

@@ -8,6 +8,7 @@ No torch anywhere on these paths, so the commands start in a fraction of a secon
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -56,12 +57,73 @@ def check_positive(flag: str, value: int | None) -> None:
 
 
 COMMAND_LINE = "command line"  # the source named in errors about flags and --set
+OVERLAP_MODES = ("full", "none")  # as infbench.roofline.analysis.OVERLAP_MODES
+OVERLAP_HELP = ("How a step's operators share the roofline: full (one roofline over the "
+                "step, the default) | none (the sum of each operator's own roofline).")
+MEM_UTIL_HELP = ("Fraction of the device's reported memory the model may use, as vLLM's "
+                 "gpu_memory_utilization (default: 0.95).")
+WORKSPACE_HELP = ("Tokens whose activations are held back as workspace (default: 2048; "
+                  "0: no workspace and no logits buffer).")
+KV_BITS_HELP = "Bits per cached K/V value, any width 1-32 (analytic only; e.g. 6)."
+
+
+def default_lengths(cfg: Any, prompt: int | None, gen: int | None,
+                    defaults: tuple[int, int] = (1024, 128)) -> tuple[int, int, str]:
+    """--prompt / --gen, their defaults shortened to fit a model whose context is shorter
+    than 1024 + 128, and the note that says so (print it once the prediction succeeded);
+    values given on the command line are kept as given (the prediction then refuses what
+    does not fit)."""
+    prompt_len = defaults[0] if prompt is None else prompt
+    gen_len = defaults[1] if gen is None else gen
+    limit = cfg.max_seq_len
+    if prompt_len + gen_len <= limit or (prompt is not None and gen is not None):
+        return prompt_len, gen_len, ""
+    if prompt is None:
+        prompt_len = max(1, limit - gen_len)
+    if gen is None and prompt_len + gen_len > limit:
+        gen_len = max(1, limit - prompt_len)
+    if prompt_len + gen_len > limit:
+        return prompt_len, gen_len, ""
+    return prompt_len, gen_len, (f"note: {cfg.name} holds {limit} tokens of context: "
+                                 f"predicting --prompt {prompt_len} --gen {gen_len}")
+
+
+def parallel_config(tp: int | None, pp: int | None, ep: int | None, replicas: int | None,
+                    microbatches: int | None = None) -> Any:
+    """The ParallelConfig of the flags (unset: 1)."""
+    from infbench.core.parallel import ParallelConfig
+
+    return ParallelConfig(tp or 1, pp or 1, ep or 1, replicas or 1, microbatches)
+
+
+def parallel_flags(tp: int | None, pp: int | None, ep: int | None, replicas: int | None,
+                   microbatches: int | None = None) -> dict[str, int]:
+    """The `parallel:` keys the flags set (for a scenario-shaped document)."""
+    values = {"tp": tp, "pp": pp, "ep": ep, "replicas": replicas, "microbatches": microbatches}
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def memory_reserve(mem_util: float | None, workspace_tokens: int | None) -> Any:
+    from infbench.core.hardware import MemoryReserve
+
+    default = MemoryReserve()
+    return MemoryReserve(default.utilization if mem_util is None else mem_util,
+                         default.workspace_tokens if workspace_tokens is None
+                         else workspace_tokens)
+
+
+def check_mem_util(value: float | None) -> float | None:
+    """--mem-util: a fraction in (0, 1]."""
+    if value is not None and not (math.isfinite(value) and 0.0 < value <= 1.0):
+        raise typer.BadParameter(f"must be in (0, 1] (got {value})")
+    return value
 
 
 def model_document(command: str, model: str, sets: list[str] | None, *,
                    hardware: str | None = None, dtype: str | None = None,
                    quant: dict[str, Any] | None = None,
-                   workload: dict[str, Any] | None = None) -> dict[str, Any]:
+                   workload: dict[str, Any] | None = None,
+                   parallel: dict[str, Any] | None = None) -> dict[str, Any]:
     """Flags + `--set` -> a scenario-shaped document (validated by the scenario schema).
 
     `--model` becomes `model: {preset|path|gguf: ...}` exactly as in a scenario file, and
@@ -80,6 +142,8 @@ def model_document(command: str, model: str, sets: list[str] | None, *,
         doc["hardware"] = hardware
     if dtype is not None:
         doc["dtype"] = dtype
+    if parallel:
+        doc["parallel"] = dict(parallel)
     apply_sets(doc, sets or [], COMMAND_LINE)
     return doc
 
@@ -197,15 +261,22 @@ def model_configs(points: list[Any]) -> list[Any]:
 
 
 def build_quant(quant: str | None, group_size: int | None, kv_dtype: str | None,
-                source: dict[str, str] | None = None) -> Any:
+                source: dict[str, str] | None = None, kv_bits: int | None = None) -> Any:
     """The QuantConfig of the flags; `--quant native` reads the model's GGUF tensor types."""
     from infbench.core.checkpoint_config import native_quant
     from infbench.core.config import make_quant
 
     check_positive("--group-size", group_size)
     qcfg = make_quant({"weights": quant or "none", "group_size": group_size or 128,
-                       "kv": kv_dtype or "none"})
+                       "kv": kv_dtype or "none", "kv_bits": kv_bits})
     return native_quant(qcfg, source) if source is not None else qcfg
+
+
+def with_kv_bits(qcfg: Any, kv_bits: int | None) -> Any:
+    """A scenario point's QuantConfig with `--kv-bits` applied (the flag is analytic only)."""
+    from dataclasses import replace
+
+    return qcfg if kv_bits is None else replace(qcfg, kv_bits=kv_bits)
 
 
 def build_spec(tokens: int | None, acceptance: float | None, ratio: float | None) -> Any:
@@ -242,9 +313,10 @@ def _spec_from_scenario(spec: Any) -> Any:
     return SpecConfig(int(tokens), float(acceptance), float(field("draft_cost_ratio") or 0.0))
 
 
-def point_predictions(points: list[Any], speculative: Any = None) -> list[Any]:
+def point_predictions(points: list[Any], speculative: Any = None, overlap: str = "full",
+                      reserve: Any = None, kv_bits: int | None = None) -> list[Any]:
     """One prediction per scenario point (a file's, or the document built from the flags)."""
-    from infbench.core.hardware import get_hardware
+    from infbench.core.hardware import MemoryReserve, get_hardware
     from infbench.roofline.analysis import predict
 
     predictions = []
@@ -258,8 +330,9 @@ def point_predictions(points: list[Any], speculative: Any = None) -> list[Any]:
         w = point.workload
         predictions.append(predict(
             cfg, hw, batch=w.batch_size, prompt_len=w.prompt_len,
-            gen_len=w.gen_len, dtype=dtype, quant=point.quant_config(),
+            gen_len=w.gen_len, dtype=dtype, quant=with_kv_bits(point.quant_config(), kv_bits),
             speculative=speculative or _spec_from_scenario(point.speculative),
+            parallel=point.parallel, overlap=overlap, reserve=reserve or MemoryReserve(),
         ))
     return predictions
 
@@ -297,6 +370,11 @@ def make_console(min_width: int = 120) -> Any:
     return Console(width=max(width, min_width))
 
 
+def _devices(p: Any) -> str:
+    par = p.parallel
+    return f"{par.tp}x{par.pp}" + (f" x{par.replicas}" if par.replicas > 1 else "")
+
+
 def print_predictions(predictions: list[Any], show_ops: bool,
                       labels: list[str] | None = None) -> None:
     from rich.table import Table
@@ -307,26 +385,44 @@ def print_predictions(predictions: list[Any], show_ops: bool,
                   caption="decode tok/s = batch / TPOT (decode steps only); "
                           "e2e tok/s = batch x gen / E2E (prefill included, as in run)")
     show_labels = bool(labels and any(labels))
+    show_devices = any(not p.parallel.trivial for p in predictions)
     if show_labels:
         table.add_column("point", overflow="fold", min_width=12, max_width=26)
-    for col in ("model", "hardware", "batch", "prompt/gen", "memory", "max batch", "TTFT",
-                "TPOT", "decode tok/s", "e2e tok/s", "bound"):
+    cols = ["model", "hardware", *(["tp x pp"] if show_devices else []), "batch", "prompt/gen",
+            "memory", "max batch", "TTFT", "TPOT", "decode tok/s", "e2e tok/s", "bound"]
+    for col in cols:
         left = col in ("model", "hardware")
         table.add_column(col, justify="left" if left else "right", no_wrap=True)
     for i, p in enumerate(predictions):
         memory = fmt_gb(p.memory_bytes) if p.fits else f"[red]{fmt_gb(p.memory_bytes)}[/red]"
+        decodes = p.gen_len > 1  # --gen 1: the one token comes from the prefill
         table.add_row(
             *([labels[i]] if show_labels and labels else []),
-            p.model, p.hardware, str(p.batch), f"{p.prompt_len}/{p.gen_len}", memory,
-            str(p.max_batch), fmt_ms(p.ttft_s), fmt_ms(p.time_per_token_s),
-            f"{p.tokens_per_s:,.0f}", f"{p.batch * p.gen_len / p.e2e_s:,.0f}",
-            f"{p.prefill.bound[0]}/{p.decode.bound[0]}",
+            p.model, p.hardware, *([_devices(p)] if show_devices else []), str(p.batch),
+            f"{p.prompt_len}/{p.gen_len}", memory, str(p.max_batch), fmt_ms(p.ttft_s),
+            fmt_ms(p.time_per_token_s) if decodes else "-",
+            f"{p.tokens_per_s:,.0f}" if decodes else "-",
+            f"{p.batch * p.parallel.replicas * p.gen_len / p.e2e_s:,.0f}",
+            f"{p.prefill.bound[0]}/{p.decode.bound[0] if decodes else '-'}",
         )
     console.print(table)
     for p in predictions:
         if not p.fits:
-            console.print(f"[red]{p.model} b={p.batch} needs {fmt_gb(p.memory_bytes)} GB; "
-                          f"{p.hardware} has {fmt_gb(p.memory_capacity_bytes)} GB[/red]")
+            per = " per device" if p.parallel.devices_per_replica > 1 else ""
+            console.print(
+                f"[red]{p.model} b={p.batch} needs {fmt_gb(p.memory_bytes)} GB{per} + "
+                f"{fmt_gb(p.workspace_bytes)} GB workspace; {p.hardware} has "
+                f"{fmt_gb(p.usable_memory_bytes)} GB usable of "
+                f"{fmt_gb(p.memory_capacity_bytes)} GB[/red]")
+        if not p.parallel.trivial:
+            par = p.parallel
+            comm = p.decode_comm
+            console.print(
+                f"{p.model} b={p.batch} on {par.devices} x {p.hardware} (tp {par.tp}, pp "
+                f"{par.pp}, ep {par.ep}, replicas {par.replicas}): decode communication "
+                f"{fmt_ms(comm.total_s)} ms of {fmt_ms(p.decode.time_s)} ms per step"
+                + (f", pipeline bubble {p.pipeline_bubble:.0%}" if par.pp > 1 else ""),
+                highlight=False)
         if p.speculative is not None:
             s = p.speculative
             console.print(
@@ -341,7 +437,7 @@ def print_predictions(predictions: list[Any], show_ops: bool,
                           "(decode: mean step)")
         for col in ("stage", "op", "FLOPs", "bytes", "FLOP/B", "time (ms)", "bound"):
             ops.add_column(col, justify="left" if col in ("stage", "op") else "right")
-        for stage in (p.prefill, p.decode):
+        for stage in (p.prefill, p.decode) if p.gen_len > 1 else (p.prefill,):
             for op in stage.ops:
                 ops.add_row(stage.stage, op.cost.name, fmt_si(op.cost.flops), fmt_si(op.cost.bytes),
                             f"{op.cost.intensity:.3g}", fmt_ms(op.time_s), op.bound)
@@ -402,12 +498,31 @@ def predict_command(
     spec_draft_ratio: float | None = typer.Option(
         None, callback=opt.non_negative_float,
         help="Speculative: draft/target step cost (default: 0, free drafts)."),
+    tp: int | None = typer.Option(
+        None, callback=opt.positive_int, help="Tensor parallel degree (default: 1)."),
+    pp: int | None = typer.Option(
+        None, callback=opt.positive_int, help="Pipeline parallel stages (default: 1)."),
+    ep: int | None = typer.Option(
+        None, callback=opt.positive_int, help="Expert parallel degree within tp (default: 1)."),
+    replicas: int | None = typer.Option(
+        None, callback=opt.positive_int, help="Data-parallel replicas (default: 1)."),
+    microbatches: int | None = typer.Option(
+        None, callback=opt.positive_int, help="Pipeline micro-batches (default: pp)."),
+    overlap: str | None = typer.Option(
+        None, callback=opt.one_of(OVERLAP_MODES), help=OVERLAP_HELP),
+    kv_bits: int | None = typer.Option(None, callback=opt.positive_int, help=KV_BITS_HELP),
+    mem_util: float | None = typer.Option(None, callback=check_mem_util, help=MEM_UTIL_HELP),
+    workspace_tokens: int | None = typer.Option(
+        None, callback=opt.non_negative_int, help=WORKSPACE_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print JSON on stdout."),
     ops: bool = typer.Option(False, "--ops", help="Also print the per-operator table."),
 ) -> None:
     """Predict TTFT, time per token, throughput, memory and max batch from the roofline."""
     from infbench.core.hardware import get_hardware
     from infbench.roofline.analysis import predict
+
+    reserve = memory_reserve(mem_util, workspace_tokens)
+    overlap = overlap or "full"
 
     model_flags = dict(kv_heads=kv_heads, window=window, global_every=global_every,
                        cla_group=cla_group, kv_lora_rank=kv_lora_rank, q_lora_rank=q_lora_rank,
@@ -417,18 +532,19 @@ def predict_command(
         flags = {"model": model, "hardware": hardware, "batch": batch, "prompt": prompt,
                  "gen": gen, "dtype": dtype, "attention": attention, "quant": quant,
                  "kv-dtype": kv_dtype, "set": set_, "spec-tokens": spec_tokens,
-                 **model_flags}
+                 "tp": tp, "pp": pp, "ep": ep, "replicas": replicas,
+                 "microbatches": microbatches, **model_flags}
         used = [k.replace("_", "-") for k, v in flags.items() if v not in (None, [], ())]
         if used:
             raise UserError(f"{scenario}: the scenario defines the points; drop --{used[0]}")
         from infbench.core.scenario import load_scenario
 
         points = load_scenario(scenario).points()
-        predictions = point_predictions(points)
+        predictions = point_predictions(points, None, overlap, reserve, kv_bits)
         labels = [point.label for point in points]
     else:
-        prompt_len = 1024 if prompt is None else prompt
-        gen_len = 128 if gen is None else gen
+        prompt_len, gen_len, note = default_lengths(
+            base_config(opt.model_source(model or DEFAULT_MODEL)), prompt, gen)
         if window is not None and window > prompt_len + gen_len:
             raise UserError(f"--window {window} is larger than the context "
                             f"(--prompt + --gen = {prompt_len + gen_len})")
@@ -441,10 +557,14 @@ def predict_command(
             cfg = base_config(source)
             values = attention_values(cfg, attention, model_flags)
             cfg = cfg.with_overrides(attention=values) if values else cfg
-            qcfg = build_quant(quant, group_size, kv_dtype, source)
+            qcfg = build_quant(quant, group_size, kv_dtype, source, kv_bits)
+            par = parallel_config(tp, pp, ep, replicas, microbatches)
             predictions = [predict(cfg, hw, batch=b, prompt_len=prompt_len, gen_len=gen_len,
-                                   dtype=dtype or "bfloat16", quant=qcfg, speculative=spec)
+                                   dtype=dtype or "bfloat16", quant=qcfg, speculative=spec,
+                                   parallel=par, overlap=overlap, reserve=reserve)
                            for b in parse_sizes(batch or "1", "--batch")]
+            if note:
+                print(note, file=sys.stderr)
             _emit(predictions, [""] * len(predictions), [source] * len(predictions), as_json,
                   ops)
             return
@@ -453,9 +573,12 @@ def predict_command(
             dtype=dtype or "bfloat16",
             quant={"weights": quant, "group_size": group_size, "kv": kv_dtype},
             workload={"batch_size": _one_or_list(parse_sizes(batch or "1", "--batch")),
-                      "prompt_len": prompt_len, "gen_len": gen_len})
+                      "prompt_len": prompt_len, "gen_len": gen_len},
+            parallel=parallel_flags(tp, pp, ep, replicas, microbatches))
         points = apply_attention_flags(doc, attention, model_flags)
-        predictions = point_predictions(points, spec)
+        predictions = point_predictions(points, spec, overlap, reserve, kv_bits)
+        if note:
+            print(note, file=sys.stderr)
         swept = any(item.startswith("sweep.") for item in set_)
         labels = [point.label if swept else "" for point in points]
     _emit(predictions, labels, [point.model for point in points], as_json, ops)
@@ -467,7 +590,9 @@ def _emit(predictions: list[Any], labels: list[str], models: list[dict[str, Any]
     for model_dict in {json.dumps(m, sort_keys=True): m for m in models}.values():
         note_source(model_dict)
     if as_json:
-        rows = [p.to_dict() for p in predictions]
+        from infbench.roofline.analysis import deployment_dict
+
+        rows = [{**p.to_dict(), **deployment_dict(p)} for p in predictions]
         for row, label, model in zip(rows, labels, models, strict=True):
             row["model_source"] = source_label(model)
             if label:  # scenario points carry their sweep label

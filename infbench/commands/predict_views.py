@@ -15,19 +15,30 @@ from infbench.commands import _options as opt
 from infbench.commands.predict import (
     DEFAULT_HARDWARE,
     DEFAULT_MODEL,
+    KV_BITS_HELP,
+    MEM_UTIL_HELP,
+    OVERLAP_HELP,
+    OVERLAP_MODES,
     SET_HELP,
+    WORKSPACE_HELP,
     base_config,
     build_quant,
+    check_mem_util,
     check_positive,
+    default_lengths,
     emit_json,
     fmt_gb,
     fmt_si,
     make_console,
+    memory_reserve,
     model_configs,
     model_document,
     note_source,
+    parallel_config,
+    parallel_flags,
     parse_sizes,
     points_of,
+    with_kv_bits,
 )
 from infbench.core.errors import UserError
 from infbench.plots.analytic import check_size
@@ -39,14 +50,25 @@ def kv_command(
     models: str = typer.Option("llama2-13b,llama3-8b,deepseek-v2-lite", "--models", "--model",
                                callback=opt.name_list,
                                help=f"Models, comma-separated; each is {opt.MODEL_HELP[2:]}"),
-    context: int = typer.Option(
-        4096, callback=opt.positive_int, help="Context length (tokens per sequence)."),
+    context: int | None = typer.Option(
+        None, callback=opt.positive_int,
+        help="Context length, tokens per sequence (default: 4096, or the shortest model "
+             "context of --models when that is less)."),
     batch: int = typer.Option(8, callback=opt.positive_int, help="Sequences."),
     hardware: str = typer.Option(DEFAULT_HARDWARE, help="Hardware for the max batch."),
     dtype: str = typer.Option("bfloat16", callback=opt.dtype,
                               help=f"Model dtype: {opt.choices(opt.DTYPES)}."),
     kv_dtype: str = typer.Option("none", callback=opt.kv_quant,
                                  help=f"KV cache: {opt.choices(opt.KV_QUANT)}."),
+    kv_bits: int | None = typer.Option(None, callback=opt.positive_int, help=KV_BITS_HELP),
+    tp: int | None = typer.Option(None, callback=opt.positive_int,
+                                  help="Tensor parallel degree: max batch per device group."),
+    pp: int | None = typer.Option(None, callback=opt.positive_int, help="Pipeline stages."),
+    ep: int | None = typer.Option(None, callback=opt.positive_int,
+                                  help="Expert parallel degree within tp."),
+    mem_util: float | None = typer.Option(None, callback=check_mem_util, help=MEM_UTIL_HELP),
+    workspace_tokens: int | None = typer.Option(
+        None, callback=opt.non_negative_int, help=WORKSPACE_HELP),
     set_: list[str] | None = typer.Option(None, "--set", help=SET_HELP + " Applies to every "
                                           "model of --models."),
     plot: Path | None = typer.Option(
@@ -74,16 +96,27 @@ def kv_command(
     sources = [opt.model_source(name, "--models") for name in names]  # as predict's --model
     for source in sources:
         note_source(source)
-    quant = build_quant(None, None, kv_dtype)
+    if context is None:
+        shortest = min(base_config(source).max_seq_len for source in sources)
+        context = min(4096, shortest)
+        if context < 4096:
+            print(f"note: --context {context}, the shortest model context of --models",
+                  file=sys.stderr)
+    quant = build_quant(None, None, kv_dtype, kv_bits=kv_bits)
+    par = parallel_config(tp, pp, ep, None)
     if set_:  # the same document and parser as predict, roofline and run, once per model
         points = [points_of(model_document("kv", name, set_, hardware=hardware, dtype=dtype,
-                                           quant={"kv": kv_dtype}))[0] for name in names]
+                                           quant={"kv": kv_dtype},
+                                           parallel=parallel_flags(tp, pp, ep, None)))[0]
+                  for name in names]
         configs = model_configs(points)
-        hardware, dtype, quant = points[0].hardware, points[0].dtype, points[0].quant_config()
+        hardware, dtype = points[0].hardware, points[0].dtype
+        quant, par = with_kv_bits(points[0].quant_config(), kv_bits), points[0].parallel
     else:  # flags only, checked by their option validators: no schema to load
         configs = [base_config(source) for source in sources]
     rows = kv_rows(configs, context_len=context, batch=batch, hw=get_hardware(hardware),
-                   dtype=dtype, quant=quant)
+                   dtype=dtype, quant=quant, parallel=par,
+                   reserve=memory_reserve(mem_util, workspace_tokens))
     if plot is not None:
         from infbench.plots.analytic import kv_figure
 
@@ -94,8 +127,11 @@ def kv_command(
         return
     from rich.table import Table
 
-    table = Table(title=f"KV cache at {context} tokens x batch {batch} ({dtype}, kv {kv_dtype}; "
-                        f"max batch on {hardware})")
+    kv_name = f"{kv_bits}-bit" if kv_bits is not None else kv_dtype
+    where = hardware if par.trivial else f"{par.devices_per_replica} x {hardware} (tp {par.tp}, " \
+        f"pp {par.pp})"
+    table = Table(title=f"KV cache at {context} tokens x batch {batch} ({dtype}, kv {kv_name}; "
+                        f"max batch on {where})")
     for col in ("model", "attention", "KV heads", "KV B/token", "KV GB", "MHA GB",
                 "reduction", "state B/seq", "max batch"):
         left = col in ("model", "attention")
@@ -119,14 +155,23 @@ def roofline_command(
     steps: bool = typer.Option(False, "--steps", help="With result files: every step too."),
     batch: str = typer.Option(
         "1,8,64", callback=opt.positive_int_list, help="Batch sizes, comma-separated."),
-    prompt: int = typer.Option(1024, callback=opt.positive_int, help="Prompt tokens."),
-    gen: int = typer.Option(128, callback=opt.positive_int, help="Generated tokens."),
+    prompt: int | None = typer.Option(
+        None, callback=opt.positive_int, help="Prompt tokens (default: 1024)."),
+    gen: int | None = typer.Option(
+        None, callback=opt.positive_int, help="Generated tokens (default: 128)."),
     dtype: str = typer.Option("bfloat16", callback=opt.dtype,
                               help=f"Model dtype: {opt.choices(opt.DTYPES)}."),
     quant: str = typer.Option("none", callback=opt.weight_quant,
                               help=f"Weights: {opt.choices(opt.WEIGHT_QUANT)}."),
     kv_dtype: str = typer.Option("none", callback=opt.kv_quant,
                                  help=f"KV cache: {opt.choices(opt.KV_QUANT)}."),
+    kv_bits: int | None = typer.Option(None, callback=opt.positive_int, help=KV_BITS_HELP),
+    tp: int | None = typer.Option(None, callback=opt.positive_int,
+                                  help="Tensor parallel degree (points: one device's share)."),
+    pp: int | None = typer.Option(None, callback=opt.positive_int, help="Pipeline stages."),
+    ep: int | None = typer.Option(None, callback=opt.positive_int,
+                                  help="Expert parallel degree within tp."),
+    overlap: str = typer.Option("full", callback=opt.one_of(OVERLAP_MODES), help=OVERLAP_HELP),
     set_: list[str] | None = typer.Option(None, "--set", help=SET_HELP),
     out: Path = typer.Option(Path("roofline.png"), callback=opt.output_file,
                              help="Figure to write (.png, .svg or .pdf)."),
@@ -148,21 +193,29 @@ def roofline_command(
     hardware = hardware or DEFAULT_HARDWARE
     check_positive("--prompt", prompt)
     check_positive("--gen", gen)
+    prompt, gen, note = default_lengths(base_config(opt.model_source(model)), prompt, gen)
     hw = get_hardware(hardware)  # an unknown name: the table's allowed list
     if set_:  # one model, hardware, dtype and quant per plot; --set may change any of them
         doc = model_document("roofline", model, set_, hardware=hardware, dtype=dtype,
                              quant={"weights": quant, "kv": kv_dtype},
-                             workload={"prompt_len": prompt, "gen_len": gen})
+                             workload={"prompt_len": prompt, "gen_len": gen},
+                             parallel=parallel_flags(tp, pp, ep, None))
         point = points_of(doc)[0]
-        model_dict, cfg, qcfg = point.model, model_configs([point])[0], point.quant_config()
+        model_dict, cfg = point.model, model_configs([point])[0]
+        qcfg, par = with_kv_bits(point.quant_config(), kv_bits), point.parallel
         hw, dtype = get_hardware(point.hardware), point.dtype
         prompt, gen = point.workload.prompt_len, point.workload.gen_len
     else:  # flags only, checked by their option validators: no schema to load
         model_dict = opt.model_source(model)
-        cfg, qcfg = base_config(model_dict), build_quant(quant, None, kv_dtype, model_dict)
+        cfg = base_config(model_dict)
+        qcfg = build_quant(quant, None, kv_dtype, model_dict, kv_bits)
+        par = parallel_config(tp, pp, ep, None)
     note_source(model_dict)
     predictions = [predict(cfg, hw, batch=b, prompt_len=prompt, gen_len=gen, dtype=dtype,
-                           quant=qcfg) for b in parse_sizes(batch, "--batch")]
+                           quant=qcfg, parallel=par, overlap=overlap)
+                   for b in parse_sizes(batch, "--batch")]
+    if note:
+        print(note, file=sys.stderr)
     points = roofline_points(predictions, include_ops=with_ops)
     drawn = roofline_figure(hw, dtype, points, out, size=size,
                             title=f"Roofline, prompt {prompt} / gen {gen} tokens", model=cfg.name)
@@ -228,17 +281,22 @@ def hardware_command(
         return
     from rich.table import Table
 
-    table = Table(title="Hardware (decimal units; dense peaks)")
+    table = Table(title="Hardware (decimal units; dense peaks; memory as the device reports "
+                        "it, usable at 0.95 utilization; link per direction)")
     for col in ("hardware", "bf16 FLOP/s", "fp32 FLOP/s", "fp8 FLOP/s", "bandwidth B/s",
-                "memory GB", "ridge bf16"):
+                "memory GB", "usable GB", "ridge bf16", "link B/s", "per node"):
         left = col == "hardware"
         table.add_column(col, justify="left" if left else "right", no_wrap=left)
     for r in rows:
         peaks = r["peak_flops"]
-        table.add_row(r["hardware"], fmt_si(peaks["bfloat16"]), fmt_si(peaks["float32"]),
+        net = r["interconnect"]
+        table.add_row(r["hardware"], fmt_si(peaks["bfloat16"]),
+                      fmt_si(peaks["float32"]) if "float32" in peaks else "-",
                       fmt_si(peaks["float8"]) if "float8" in peaks else "-",
                       fmt_si(r["bandwidth_bytes_per_s"]), fmt_gb(r["memory_bytes"]),
-                      f"{r['ridge_point_bf16']:.0f}")
+                      fmt_gb(r["usable_memory_bytes"]), f"{r['ridge_point_bf16']:.0f}",
+                      f"{net['link']} {fmt_si(net['link_bytes_per_s'])}" if net else "-",
+                      str(net["devices_per_node"]) if net else "-")
     console = make_console()
     console.print(table)
     for r in rows:

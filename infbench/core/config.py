@@ -224,6 +224,8 @@ class QuantConfig:
       Under native weights a head the file stores quantized keeps the file's format.
     kv: none (the model dtype) | int8 | fp8 (one byte per value plus a float32 scale per
       token per KV head, `kernels/kv_quant.py`; fp8 is e4m3 and needs a CUDA GPU).
+    kv_bits: analytic only: a cache of this many bits per value (1..32; below 16 with the
+      same float32 row scales as int8), e.g. 6 for DeepSeek-V2's deployed cache.
     activations: what the quantized projections multiply: float (the activations as they
       are: the exact product with the dequantized weights) | int8 (each 32-column block of
       an activation row rounded to int8 with one scale, as llama.cpp does; batch-1 decode
@@ -244,6 +246,7 @@ class QuantConfig:
     head: str = "model"
     activations: str = "float"
     native_mix: tuple[tuple[str, str, int], ...] = ()
+    kv_bits: int | None = None
 
     def __post_init__(self) -> None:
         _choice("quant", "weights", self.weights, WEIGHT_QUANT)
@@ -252,6 +255,12 @@ class QuantConfig:
         _choice("quant", "head", self.head, HEAD_QUANT)
         _choice("quant", "activations", self.activations, ACTIVATION_QUANT)
         _check_positive("quant", group_size=self.group_size)
+        if self.kv_bits is not None:
+            check_count("quant", "kv_bits", self.kv_bits, 32)
+            if self.kv != "none":
+                raise ConfigError(f"quant.kv_bits={self.kv_bits} prices a cache of that many bits "
+                                  f"per value; it does not combine with quant.kv={self.kv!r}; "
+                                  "allowed: one of the two")
         check_count("quant", "calibration_tokens", self.calibration_tokens, MAX_DIM)
         check_real("quant", "outlier_threshold", self.outlier_threshold)
         if self.weights == "int4" and self.group_size not in INT4_GROUP_SIZES:
@@ -309,15 +318,21 @@ class QuantConfig:
         return sum(n * format_bits(fmt, dtype_bytes) for _, fmt, n in rows) / sum(
             n for _, _, n in rows)
 
-    def kv_bytes(self, dtype_bytes: int) -> int:
-        """Bytes of one cached K/V value: the model dtype's, or one (int8 / fp8 e4m3)."""
+    def kv_bytes(self, dtype_bytes: int) -> float:
+        """Bytes of one cached K/V value: the model dtype's, one (int8 / fp8 e4m3), or
+        `kv_bits` / 8 (any width, analytic only: a 6-bit cache is 0.75 bytes a value)."""
+        if self.kv_bits is not None:
+            return self.kv_bits / 8.0
         return dtype_bytes if self.kv == "none" else 1
 
     @property
     def kv_scale_bytes(self) -> int:
         """Bytes of the scale stored beside each row of quantized cached values: one float32
         per token per KV head for each of K and V (an MLA latent row: one per token), as
-        `kernels/kv_quant.py` stores them; 0 for a cache in the model dtype."""
+        `kernels/kv_quant.py` stores them (a `kv_bits` cache narrower than 16 bits is priced
+        with the same scales); 0 for a cache in the model dtype."""
+        if self.kv_bits is not None:
+            return 4 if self.kv_bits < 16 else 0
         return 0 if self.kv == "none" else 4
 
 

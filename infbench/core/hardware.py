@@ -1,7 +1,9 @@
 """Hardware specs: peak dense FLOP/s per dtype, memory bandwidth and capacity.
 
-Decimal units throughout (1 TB/s = 1e12 B/s, 80 GB = 80e9 B), dense (not 2:4
-sparse) tensor-core peaks, from the vendors' datasheets cited per entry.  The
+Decimal units for rates (1 TB/s = 1e12 B/s), dense (not 2:4 sparse) tensor-core peaks,
+from the vendors' datasheets cited per entry; capacities in bytes as the device reports
+them (an "80 GB" H100 reports 81,559 MiB), of which `MemoryReserve` keeps a documented
+share back.  The
 ridge point (FLOP per byte above which a kernel is compute-bound) is derived,
 never stored: h100-sxm bf16 is 989.4e12 / 3.35e12 = 295.
 
@@ -74,6 +76,7 @@ class HardwareSpec:
     source: str = ""
     kind: str = "gpu"  # gpu | cpu
     extra: dict[str, Any] = field(default_factory=dict)  # calibration details
+    interconnect: Interconnect | None = None  # None: a single device (calibrated profiles)
 
     def __post_init__(self) -> None:
         def bad(key: str, what: str) -> ConfigError:
@@ -157,45 +160,199 @@ class HardwareSpec:
         return self.peak(dtype) / self.bandwidth
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The spec as a result file records it (results/schema.py `Hardware`): a run is
+        measured on one device, so the interconnect is left out."""
+        d = asdict(self)
+        del d["interconnect"]
+        return d
 
 
-def _gpu(name: str, desc: str, bf16: float, fp32: float, fp8: float | None, bw: float,
-         mem: float, source: str) -> HardwareSpec:
-    flops = {"bfloat16": bf16, "float16": bf16, "float32": fp32}
+MIB = 2**20
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Interconnect:
+    """How devices of one part talk to each other; bandwidths in bytes/s per direction.
+
+    Three tiers, fastest first: the scale-up link (NVLink, Infinity Fabric, ICI) joins
+    `link_domain` devices; PCIe joins the `devices_per_node` devices of one host; the
+    network (`network_bytes_per_s` per device) joins hosts.  `topology` says how the
+    scale-up link adds up: `switch` (NVSwitch: every device reaches the group at
+    `link_bytes_per_s`), `mesh` (fully connected: `link_bytes_per_s` to each peer, so a
+    group of n reaches (n - 1) times that), `torus` (TPU ICI: `link_bytes_per_s` is what
+    a ring along one axis gets, both directions of its links).  The latencies are the
+    fixed cost of one hop of a collective (one ring step).
+    """
+
+    link: str  # nvlink4 | nvlink5 | infinity-fabric | ici | pcie | unified
+    link_bytes_per_s: float
+    link_domain: int
+    devices_per_node: int
+    pcie_bytes_per_s: float
+    network_bytes_per_s: float
+    topology: str = "switch"  # switch | mesh | torus
+    link_latency_s: float = 1e-6
+    pcie_latency_s: float = 2e-6
+    network_latency_s: float = 5e-6
+
+    def tier(self, group: int, span: int | None = None) -> tuple[str, float, float]:
+        """(tier, bytes/s per direction, latency per hop) of a collective over `group`
+        devices whose placement spans `span` consecutive devices (default: the group)."""
+        span = span or group
+        if span <= self.link_domain and self.link_domain > 1:
+            bw = self.link_bytes_per_s * (group - 1 if self.topology == "mesh" else 1)
+            return self.link, bw, self.link_latency_s
+        if span <= self.devices_per_node:
+            return "pcie", self.pcie_bytes_per_s, self.pcie_latency_s
+        return "network", self.network_bytes_per_s, self.network_latency_s
+
+
+def _gpu(name: str, desc: str, bf16: float, fp32: float | None, fp8: float | None, bw: float,
+         mem: float, source: str, net: Interconnect | None = None) -> HardwareSpec:
+    flops = {"bfloat16": bf16, "float16": bf16}
+    if fp32:
+        flops["float32"] = fp32
     if fp8:
         flops["float8"] = fp8
         flops["int8"] = fp8
-    return HardwareSpec(name, desc, flops, bw, mem, source)
+    return HardwareSpec(name, desc, flops, bw, mem, source, interconnect=net)
 
 
+def _nvlink(gen: int, per_direction: float, pcie: float, network: float,
+            domain: int = 8, node: int = 8) -> Interconnect:
+    return Interconnect(f"nvlink{gen}", per_direction, domain, node, pcie, network)
+
+
+def _pcie_only(pcie: float, network: float, node: int = 8) -> Interconnect:
+    return Interconnect("pcie", pcie, 1, node, pcie, network)
+
+
+# Capacities are what the device reports (nvidia-smi's "MiB" total, x 2**20), not the
+# marketing figure: an "80 GB" H100 reports 81,559 MiB = 85.5e9 bytes.  Where no device
+# report could be checked the entry says so and uses the datasheet figure.
+# Interconnects: per direction (NVLink 4's "900 GB/s" is 450 GB/s each way); PCIe Gen4 x16
+# 32 GB/s and Gen5 x16 64 GB/s each way; network: the NIC per device (400 Gb/s = 50 GB/s).
 HARDWARE: dict[str, HardwareSpec] = {
     "h100-sxm": _gpu(
-        "h100-sxm", "NVIDIA H100 SXM5 80GB HBM3", 989.4e12, 66.9e12, 1978.9e12, 3.35e12, 80e9,
+        "h100-sxm", "NVIDIA H100 SXM5 80GB HBM3", 989.4e12, 66.9e12, 1978.9e12, 3.35e12,
+        81559 * MIB,
         "NVIDIA H100 Tensor Core GPU datasheet (2023): BF16 1979 TFLOPS with sparsity, "
-        "FP32 67 TFLOPS, 3.35 TB/s",
+        "FP32 67 TFLOPS, 3.35 TB/s, NVLink 900 GB/s, PCIe Gen5 128 GB/s; nvidia-smi "
+        "81,559 MiB; DGX H100: 8 GPUs on NVSwitch, 400 Gb/s ConnectX-7 per GPU",
+        _nvlink(4, 450e9, 64e9, 50e9),
     ),
     "h100-pcie": _gpu(
-        "h100-pcie", "NVIDIA H100 PCIe 80GB HBM2e", 756.5e12, 51.2e12, 1513e12, 2.0e12, 80e9,
+        "h100-pcie", "NVIDIA H100 PCIe 80GB HBM2e", 756.5e12, 51.2e12, 1513e12, 2.0e12,
+        81559 * MIB,
         "NVIDIA H100 Tensor Core GPU datasheet (2023): BF16 1513 TFLOPS with sparsity, "
-        "FP32 51 TFLOPS, 2.0 TB/s",
+        "FP32 51 TFLOPS, 2.0 TB/s, NVLink bridge 600 GB/s (pairs), PCIe Gen5 128 GB/s; "
+        "nvidia-smi 81,559 MiB",
+        _nvlink(4, 300e9, 64e9, 50e9, domain=2),
     ),
     "h200": _gpu(
-        "h200", "NVIDIA H200 SXM 141GB HBM3e", 989.4e12, 66.9e12, 1978.9e12, 4.8e12, 141e9,
-        "NVIDIA H200 Tensor Core GPU datasheet (2024): same compute as H100 SXM, 4.8 TB/s, 141 GB",
+        "h200", "NVIDIA H200 SXM 141GB HBM3e", 989.4e12, 66.9e12, 1978.9e12, 4.8e12,
+        143771 * MIB,
+        "NVIDIA H200 Tensor Core GPU datasheet (2024): same compute as H100 SXM, 4.8 TB/s, "
+        "141 GB, NVLink 900 GB/s; nvidia-smi 143,771 MiB",
+        _nvlink(4, 450e9, 64e9, 50e9),
+    ),
+    "b200": _gpu(
+        "b200", "NVIDIA B200 (HGX B200) HBM3e", 2.25e15, 75e12, 4.5e15, 8.0e12, 183359 * MIB,
+        "NVIDIA HGX B200 datasheet (2024), per GPU of 8: BF16 36 PFLOPS / 8 with sparsity "
+        "(2.25 dense), FP8 72 / 8 with sparsity (4.5 dense), FP32 600 / 8 TFLOPS, 64 / 8 TB/s, "
+        "NVLink 5 1.8 TB/s; nvidia-smi 183,359 MiB",
+        _nvlink(5, 900e9, 64e9, 50e9),
     ),
     "a100-80g": _gpu(
-        "a100-80g", "NVIDIA A100 SXM4 80GB HBM2e", 312e12, 19.5e12, None, 2.039e12, 80e9,
-        "NVIDIA A100 datasheet (2021): BF16 312 TFLOPS, FP32 19.5 TFLOPS, 2039 GB/s",
+        "a100-80g", "NVIDIA A100 SXM4 80GB HBM2e", 312e12, 19.5e12, None, 2.039e12, 81920 * MIB,
+        "NVIDIA A100 datasheet (2021): BF16 312 TFLOPS, FP32 19.5 TFLOPS, 2039 GB/s, NVLink "
+        "600 GB/s, PCIe Gen4 64 GB/s; nvidia-smi 81,920 MiB; DGX A100: 200 Gb/s HDR per GPU",
+        _nvlink(3, 300e9, 32e9, 25e9),
     ),
     "a100-40g": _gpu(
-        "a100-40g", "NVIDIA A100 SXM4 40GB HBM2", 312e12, 19.5e12, None, 1.555e12, 40e9,
-        "NVIDIA A100 datasheet (2021): BF16 312 TFLOPS, FP32 19.5 TFLOPS, 1555 GB/s",
+        "a100-40g", "NVIDIA A100 SXM4 40GB HBM2", 312e12, 19.5e12, None, 1.555e12, 40960 * MIB,
+        "NVIDIA A100 datasheet (2021): BF16 312 TFLOPS, FP32 19.5 TFLOPS, 1555 GB/s, NVLink "
+        "600 GB/s; nvidia-smi 40,960 MiB",
+        _nvlink(3, 300e9, 32e9, 25e9),
+    ),
+    "h20": _gpu(
+        "h20", "NVIDIA H20 96GB HBM3", 148e12, 44e12, 296e12, 4.0e12, 96e9,
+        "NVIDIA H20 product brief (2024): BF16 148 TFLOPS dense, FP8 296, FP32 44 TFLOPS, "
+        "4.0 TB/s, NVLink 900 GB/s; capacity: the datasheet's 96 GB (device report not checked)",
+        _nvlink(4, 450e9, 64e9, 50e9),
     ),
     "l40s": _gpu(
-        "l40s", "NVIDIA L40S 48GB GDDR6", 362.05e12, 91.6e12, 733e12, 0.864e12, 48e9,
+        "l40s", "NVIDIA L40S 48GB GDDR6", 362.05e12, 91.6e12, 733e12, 0.864e12, 46068 * MIB,
         "NVIDIA L40S datasheet (2023): BF16 362.05 TFLOPS dense (733 with sparsity), "
-        "FP32 91.6 TFLOPS, 864 GB/s",
+        "FP32 91.6 TFLOPS, 864 GB/s, PCIe Gen4 x16, no NVLink; nvidia-smi 46,068 MiB",
+        _pcie_only(32e9, 25e9),
+    ),
+    "l4": _gpu(
+        "l4", "NVIDIA L4 24GB GDDR6", 121e12, 30.3e12, 242.5e12, 0.3e12, 23034 * MIB,
+        "NVIDIA L4 datasheet (2023): BF16 242 TFLOPS with sparsity (121 dense), FP8 485 with "
+        "sparsity, FP32 30.3 TFLOPS, 300 GB/s, PCIe Gen4 x16; nvidia-smi 23,034 MiB",
+        _pcie_only(32e9, 12.5e9),
+    ),
+    "a10g": _gpu(
+        "a10g", "NVIDIA A10G 24GB GDDR6 (AWS G5)", 70e12, 31.2e12, None, 0.6e12, 23028 * MIB,
+        "AWS G5 / NVIDIA A10G: 24 GB GDDR6 at 600 GB/s, FP32 31.2 TFLOPS; tensor BF16 about "
+        "70 TFLOPS dense (no public NVIDIA datasheet; the A10's is 125); nvidia-smi 23,028 MiB",
+        _pcie_only(32e9, 12.5e9),
+    ),
+    "rtx4090": _gpu(
+        "rtx4090", "NVIDIA GeForce RTX 4090 24GB GDDR6X", 165.2e12, 82.6e12, 330.3e12, 1.008e12,
+        24564 * MIB,
+        "NVIDIA Ada Lovelace architecture whitepaper (2022), RTX 4090: FP16/BF16 tensor with "
+        "FP32 accumulate 165.2 TFLOPS dense, FP8 330.3, FP32 82.6 TFLOPS, 1008 GB/s, PCIe Gen4, "
+        "no NVLink; nvidia-smi 24,564 MiB",
+        _pcie_only(32e9, 3.125e9),
+    ),
+    "mi300x": _gpu(
+        "mi300x", "AMD Instinct MI300X 192GB HBM3", 1307.4e12, 163.4e12, 2614.9e12, 5.3e12,
+        192e9,
+        "AMD Instinct MI300X data sheet (2023): BF16 1307.4 TFLOPS dense, FP8 2614.9, FP32 "
+        "matrix 163.4, 5.3 TB/s, 7 Infinity Fabric links at 64 GB/s each way to each peer "
+        "(8 GPUs fully connected), PCIe Gen5; capacity: the datasheet's 192 GB",
+        Interconnect("infinity-fabric", 64e9, 8, 8, 64e9, 50e9, topology="mesh"),
+    ),
+    "mi325x": _gpu(
+        "mi325x", "AMD Instinct MI325X 256GB HBM3E", 1307.4e12, 163.4e12, 2614.9e12, 6.0e12,
+        256e9,
+        "AMD Instinct MI325X data sheet (2024): compute as MI300X (BF16 1307.4 TFLOPS dense), "
+        "6 TB/s, Infinity Fabric as MI300X; capacity: the datasheet's 256 GB",
+        Interconnect("infinity-fabric", 64e9, 8, 8, 64e9, 50e9, topology="mesh"),
+    ),
+    # TPUs: Google Cloud TPU docs (HBM in GiB, peaks per chip); ICI per ring along one torus
+    # axis from "How to Scale Your Model" (the Scaling Book), both directions of a link.
+    "tpu-v5e": _gpu(
+        "tpu-v5e", "Google Cloud TPU v5e (one chip)", 197e12, None, None, 819e9, 16 * GIB,
+        "Google Cloud TPU v5e docs: 197 TFLOPS BF16, 394 TOPS INT8, 16 GiB HBM2 at 819 GB/s, "
+        "pods of 256 chips (2D torus); ICI 4.5e10 B/s one way per link (Scaling Book)",
+        Interconnect("ici", 9e10, 256, 8, 9e10, 25e9, topology="torus"),
+    ),
+    "tpu-v5p": _gpu(
+        "tpu-v5p", "Google Cloud TPU v5p (one chip)", 459e12, None, None, 2765e9, 95 * GIB,
+        "Google Cloud TPU v5p docs: 459 TFLOPS BF16, 918 TOPS INT8, 95 GiB HBM2e at 2765 GB/s, "
+        "3D torus; ICI 9e10 B/s one way per link (Scaling Book)",
+        Interconnect("ici", 1.8e11, 8960, 4, 1.8e11, 25e9, topology="torus"),
+    ),
+    "tpu-v6e": _gpu(
+        "tpu-v6e", "Google Cloud TPU v6e Trillium (one chip)", 918e12, None, None, 1640e9,
+        32 * GIB,
+        "Google Cloud TPU v6e docs: 918 TFLOPS BF16, 1836 TOPS INT8, 32 GiB HBM at 1640 GB/s, "
+        "pods of 256 chips (2D torus); ICI 9e10 B/s one way per link (Scaling Book)",
+        Interconnect("ici", 1.8e11, 256, 8, 1.8e11, 25e9, topology="torus"),
+    ),
+    # Apple publishes bandwidth and memory, not FLOP/s: the FP32/FP16 rate is derived
+    # (40 GPU cores x 128 ALUs x 2 FLOP x ~1.58 GHz); macOS lets the GPU wire about 75% of
+    # unified memory by default (Metal's recommendedMaxWorkingSetSize), which is the capacity.
+    "m4-max": HardwareSpec(
+        "m4-max", "Apple M4 Max (40-core GPU, 128 GB unified memory)",
+        {"float32": 16.2e12, "float16": 16.2e12, "bfloat16": 16.2e12}, 546e9, 0.75 * 128 * GIB,
+        "Apple M4 Max press release (2024): 546 GB/s, up to 128 GB; FLOP/s derived (40 cores x "
+        "128 ALUs x 2 x 1.58 GHz); capacity: 75% of 128 GiB, macOS's default GPU working set",
+        interconnect=Interconnect("unified", 1.0, 1, 1, 1.0, 1.25e9, topology="switch"),
     ),
     # The 2-core development/CI machine, measured with `infbench calibrate` on 2026-11-29
     # (AMD EPYC, 2 torch threads): x.sum() read 30-33 GB/s, fp32 GEMM 186-197 GFLOP/s,
@@ -211,6 +368,92 @@ HARDWARE: dict[str, HardwareSpec] = {
     ),
 }
 
+# NVML device names (lower case, "NVIDIA " dropped) -> table entries: the first key that is
+# a substring of the name wins, so the longer, more specific keys come first.
+NVML_NAMES: tuple[tuple[str, str], ...] = (
+    ("gh200", ""),  # Grace Hopper: its own memory and link, no entry (not an H200)
+    ("h100 pcie", "h100-pcie"), ("h100 nvl", "h100-pcie"), ("h100", "h100-sxm"),
+    ("h200", "h200"), ("b200", "b200"), ("h20", "h20"),
+    ("a100-sxm4-80gb", "a100-80g"), ("a100 80gb", "a100-80g"), ("a100-pcie-80gb", "a100-80g"),
+    ("a100-sxm4-40gb", "a100-40g"), ("a100-pcie-40gb", "a100-40g"),
+    ("l40s", "l40s"), ("l4", "l4"), ("a10g", "a10g"), ("rtx 4090", "rtx4090"),
+)
+
+
+def entry_for_device_name(name: str) -> str | None:
+    """The table entry of a device name as NVML reports it, or None when it has none."""
+    lowered = name.lower().replace("nvidia ", "").replace("geforce ", "").strip()
+    for key, entry in NVML_NAMES:
+        if key in lowered:
+            return entry or None
+    return None
+
+
+def nvml_device_name(index: int = 0) -> str | None:
+    """The name NVML gives GPU `index` (nvidia-ml-py, imported here only), or None when
+    NVML or a GPU is missing."""
+    try:
+        import pynvml  # type: ignore[import-untyped]
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+        try:
+            name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(index))
+        finally:
+            pynvml.nvmlShutdown()
+    except pynvml.NVMLError:
+        return None
+    return name.decode() if isinstance(name, bytes) else str(name)
+
+
+def default_hardware(device: str) -> str:
+    """The hardware entry for a scenario with no `hardware:`: `cpu` on a CPU; on CUDA the
+    table entry of the GPU NVML names.  Never a silent guess: a GPU without an entry, or no
+    GPU NVML can see, is a UserError that says what to set."""
+    if device == "cpu":
+        return "cpu"
+    name = nvml_device_name()
+    if name is None:
+        raise UserError(
+            "device cuda with no `hardware:` set, and no GPU could be identified (NVML: "
+            "nvidia-ml-py or a driver missing); set `hardware:` to one of "
+            f"{', '.join(HARDWARE)}, or run `infbench calibrate` and set `hardware: local`")
+    entry = entry_for_device_name(name)
+    if entry is None:
+        raise UserError(
+            f"GPU {name!r} has no entry in the hardware table; run `infbench calibrate` and "
+            "set `hardware: local`, or set `hardware:` to the closest entry "
+            f"({', '.join(HARDWARE)})")
+    return entry
+
+
+@dataclass(frozen=True)
+class MemoryReserve:
+    """What of a device's capacity the model may use (vLLM's accounting).
+
+    utilization: the fraction of the reported capacity the serving process takes, as
+      vLLM's `gpu_memory_utilization` (its default is 0.9; infbench's 0.95 leaves the CUDA
+      context and allocator slack of an otherwise idle device).
+    workspace_tokens: the activations of one forward step over this many tokens are
+      held back as workspace (vLLM profiles a step of `max_num_batched_tokens`, 2048 by
+      default for serving); the logits of each sequence (float32) are added per sequence.
+    """
+
+    utilization: float = 0.95
+    workspace_tokens: int = 2048
+
+    def __post_init__(self) -> None:
+        if not _finite(self.utilization) or not 0 < self.utilization <= 1:
+            raise ConfigError(f"memory utilization must be in (0, 1], got {self.utilization!r}")
+        if (isinstance(self.workspace_tokens, bool) or not isinstance(self.workspace_tokens, int)
+                or self.workspace_tokens < 0):
+            raise ConfigError(f"workspace tokens must be an integer >= 0, got "
+                              f"{self.workspace_tokens!r}")
+
+
+NO_RESERVE = MemoryReserve(1.0, 0)
+
 
 def profile_dir() -> Path:
     """Where calibrated profiles live ($INFBENCH_HOME/hardware, default ~/.cache/infbench)."""
@@ -225,7 +468,7 @@ def profile_path(name: str = "local") -> Path:
 # The profile schema lives in a function: pydantic costs ~150 ms to import, and the
 # datasheet path of every analytic command (predict, kv, roofline) never needs it.
 _TOP_KEYS = ("name", "description", "peak_flops", "bandwidth", "memory_bytes", "source",
-             "kind", "extra")
+             "kind", "extra", "interconnect")
 
 
 @functools.cache
@@ -288,6 +531,9 @@ def profile_schema() -> tuple[type[BaseModel], type[BaseModel]]:
         source: str = ""
         kind: Literal["gpu", "cpu"] = "cpu"
         extra: ProfileExtra = Field(default_factory=ProfileExtra)
+        # None for what calibrate measures (one device); a hand-written profile may give the
+        # `Interconnect` fields to price tensor / pipeline parallelism on it.
+        interconnect: dict[str, Any] | None = None
 
     assert tuple(ProfileSchema.model_fields) == _TOP_KEYS
     return ProfileSchema, ProfileExtra
@@ -362,6 +608,16 @@ def read_profile(path: Path) -> dict[str, Any]:
     return data
 
 
+def _interconnect(data: dict[str, Any] | None) -> Interconnect | None:
+    if data is None:
+        return None
+    link = Interconnect(**data)
+    for key in ("link_bytes_per_s", "pcie_bytes_per_s", "network_bytes_per_s"):
+        if not _finite(getattr(link, key)):
+            raise ConfigError(f"interconnect.{key} must be a finite number > 0 (bytes/s)")
+    return link
+
+
 def load_profile(path: Path) -> HardwareSpec:
     data = read_profile(path)
     try:
@@ -374,8 +630,9 @@ def load_profile(path: Path) -> HardwareSpec:
             source=data.get("source", str(path)),
             kind=data.get("kind", "cpu"),
             extra=dict(data.get("extra") or {}),
+            interconnect=_interconnect(data.get("interconnect")),
         )
-    except ConfigError as exc:
+    except (ConfigError, TypeError) as exc:
         raise UserError(f"{path}: invalid hardware profile: {exc}") from None
 
 

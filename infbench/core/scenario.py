@@ -65,6 +65,7 @@ from infbench.core.config import (
 )
 from infbench.core.device import auto_dtype, guess_device
 from infbench.core.errors import ConfigError, DamagedFileError, UserError
+from infbench.core.hardware import default_hardware
 from infbench.core.io import read_text
 from infbench.core.metric_names import (
     DEFAULT_PERCENTILES,
@@ -74,6 +75,8 @@ from infbench.core.metric_names import (
     is_gate_metric,
     percentile_key,
 )
+from infbench.core.parallel import ParallelConfig
+from infbench.core.parallel_schema import ParallelSection
 from infbench.core.target import TargetSection
 
 _ENGINE = EngineConfig()
@@ -496,6 +499,8 @@ class Scenario(_Section):
     workload: WorkloadSection = Field(default_factory=WorkloadSection)
     engine: EngineSection = Field(default_factory=EngineSection)
     speculative: SpeculativeSection = Field(default_factory=SpeculativeSection)
+    parallel: ParallelSection = Field(default_factory=ParallelSection)
+    """Tensor / pipeline / expert parallel degrees and replicas (the analytic model)."""
     measure: MeasureSection = Field(default_factory=MeasureSection)
     gate: GateSection | None = None
     sweep: dict[str, list[Any]] = Field(default_factory=dict)
@@ -671,7 +676,7 @@ class Scenario(_Section):
                 device=self.device,
                 dtype=dtype,
                 dtype_reason=dtype_reason,
-                hardware=self.hardware or ("cpu" if device == "cpu" else "h100-sxm")
+                hardware=self.hardware or default_hardware(device)
                 if self.target is None else self.hardware or "unknown",
                 model={} if self.model is None else {**self._model_source(),
                        "overrides": self.model.overrides.model_dump(exclude_unset=True),
@@ -691,6 +696,7 @@ class Scenario(_Section):
                     draft_quant=spec.draft_quant, draft_group_size=spec.draft_group_size,
                     heads=spec.heads, ngram_max=spec.ngram_max, ngram_min=spec.ngram_min),
                 measure=MeasureConfig(**self.measure.model_dump()),
+                parallel=self.parallel.config(),
                 gate=GateConfig(**self.gate.model_dump()) if self.gate is not None else None,
                 swept=swept,
                 source=self._source,
@@ -901,7 +907,7 @@ class ScenarioPoint:
     index: int
     device: str  # auto | cpu | cuda (as written; the runner resolves auto)
     dtype: str  # resolved: float32 | float16 | bfloat16
-    hardware: str  # resolved: cpu when the device resolves to cpu, else h100-sxm
+    hardware: str  # resolved: cpu on a CPU, else the entry of the GPU NVML names
     model: dict[str, Any]  # preset|path|gguf + overrides + attention + quant
     workload: WorkloadPoint
     engine: EngineConfig
@@ -912,6 +918,7 @@ class ScenarioPoint:
     source: str = "<scenario>"  # the scenario file, for error messages
     dtype_reason: str = ""  # with dtype: auto, what it resolved to and why (else empty)
     target: dict[str, Any] | None = None  # the `target:` section: a server measured instead
+    parallel: ParallelConfig = ParallelConfig()  # the `parallel:` section
 
     @property
     def label(self) -> str:

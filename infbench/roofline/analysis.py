@@ -1,8 +1,12 @@
 """Roofline predictions: stage times, TTFT, time per token, throughput, memory, max batch.
 
 A step's time is max(bytes / bandwidth, FLOPs / peak(dtype)) over the whole step
-(the lecture's model: one roofline per step, ops overlapped); each operator also
-gets its own roofline time for the per-op table and plot.
+(`overlap="full"`, the default and the lecture's model: one roofline per step, every
+operator's memory traffic hidden under the others' compute), or the sum of each
+operator's own roofline (`overlap="none"`: operators run one after another, a
+memory-bound one cannot hide under a compute-bound one).  Each operator also gets its
+own roofline time for the per-op table and plot.  Parallel predictions (`ParallelConfig`,
+`roofline.parallel`) price one device's share and add the collectives.
 
 - Prefill: all `batch` prompts in one step.  TTFT is that step's time: the first
   output token is sampled from the prefill logits.
@@ -13,8 +17,10 @@ gets its own roofline time for the per-op table and plot.
   each affine piece is summed in closed form from its two end points, and the
   max() in the step time is split where memory and compute time cross.
 - E2E = TTFT + (gen_len - 1) * time per token (TPOT as in ARCHITECTURE.md).
-- Memory = weights + KV cache at prompt_len + gen_len + constant state; activations
-  and allocator overhead are not counted.
+- Memory = weights + KV cache at prompt_len + gen_len + constant state, per device.  It
+  fits when it plus the activation workspace and each sequence's float32 logits stay
+  within the usable capacity: the reported capacity x `MemoryReserve.utilization`.
+- gen_len 1: the only output token comes from the prefill: no decode step, no TPOT.
 - Speculative decoding (Leviathan et al.): g draft tokens accepted with rate a give
   (1 - a^(g+1)) / (1 - a) tokens per step; a step costs g * c * T_decode (the draft
   at cost ratio c) + T_verify (the target over g+1 tokens), both averaged over the
@@ -26,7 +32,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from infbench.core.config import (
@@ -38,7 +44,8 @@ from infbench.core.config import (
     check_real,
 )
 from infbench.core.errors import ConfigError
-from infbench.core.hardware import HardwareSpec
+from infbench.core.hardware import HardwareSpec, MemoryReserve
+from infbench.core.parallel import SINGLE, ParallelConfig
 from infbench.roofline.costs import (
     OpCost,
     ParamCount,
@@ -52,6 +59,20 @@ from infbench.roofline.costs import (
     weight_bytes,
 )
 from infbench.roofline.layer_costs import FIELDS
+from infbench.roofline.parallel import (
+    CommTime,
+    hop_s,
+    logits_bytes_per_seq,
+    shard_ops,
+    stage_comm,
+    stage_kv_bytes_per_seq,
+    stage_weight_bytes,
+    workspace_bytes,
+)
+from infbench.roofline.shapes import dtype_bytes
+
+OVERLAP_MODES = ("full", "none")  # how a step's operators share the roofline (see module doc)
+DEFAULT_RESERVE = MemoryReserve()
 
 MAX_SPEC_TOKENS = 1024  # draft tokens per verification step (the step is priced per offset)
 
@@ -173,21 +194,106 @@ class Prediction:
     tokens_per_s: float
     e2e_s: float
     speculative: SpecPrediction | None = None
+    parallel: ParallelConfig = SINGLE
+    overlap: str = "full"
+    usable_memory_bytes: float = 0.0  # capacity x utilization, per device
+    workspace_bytes: int = 0  # activation workspace + the batch's logits, per device
+    prefill_comm: CommTime = CommTime()
+    decode_comm: CommTime = CommTime()  # one decode round (pp: all micro-batches)
+    pipeline_bubble: float = 0.0  # decode: fraction of a round a device idles (pp > 1)
+
+    @property
+    def decode_steps(self) -> int:
+        """Decode steps a request runs: the first output token comes from the prefill."""
+        return self.gen_len - 1
 
     def to_dict(self) -> dict[str, Any]:
         return prediction_dict(self)
 
 
+@dataclass(frozen=True)
+class DeviceMemory:
+    """One device's memory at one batch: the fullest pipeline stage's."""
+
+    weight_bytes: int
+    kv_cache_bytes: int  # KV of the whole batch on this device
+    state_bytes: int
+    workspace_bytes: int  # activation workspace + the batch's float32 logits
+    usable_bytes: float
+
+    @property
+    def memory_bytes(self) -> int:
+        return self.weight_bytes + self.kv_cache_bytes + self.state_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.memory_bytes + self.workspace_bytes <= self.usable_bytes
+
+
+def _stage_memory(cfg: ModelConfig, dtype: str, quant: QuantConfig | None,
+                  par: ParallelConfig, context_len: int) -> list[tuple[int, int, int]]:
+    """(weights, KV per sequence, state per sequence) of one device of each stage."""
+    if par.tp == 1 and par.pp == 1:  # the single-device functions, to the byte
+        return [(weight_bytes(cfg, dtype, quant), kv_cache_bytes(cfg, dtype, quant, context_len, 1),
+                 state_bytes_per_seq(cfg, dtype))]
+    specs = cfg.layers()
+    stages = par.stage_layers(cfg.num_layers)
+    out = []
+    for i, layers in enumerate(stages):
+        mine = [specs[j] for j in layers]
+        w = stage_weight_bytes(cfg, dtype, quant, par.tp, mine, i == 0, i == len(stages) - 1)
+        kv_state = stage_kv_bytes_per_seq(cfg, dtype, quant, par.tp, mine, context_len)
+        state = stage_kv_bytes_per_seq(cfg, dtype, quant, par.tp, mine, 0)  # no tokens held
+        out.append((w, kv_state - state, state))
+    return out
+
+
+def device_memory(cfg: ModelConfig, hw: HardwareSpec, dtype: str, quant: QuantConfig | None,
+                  context_len: int, batch: int, parallel: ParallelConfig = SINGLE,
+                  reserve: MemoryReserve = DEFAULT_RESERVE) -> DeviceMemory:
+    """Memory of the fullest device at `batch` sequences of `context_len` tokens."""
+    work = workspace_bytes(cfg, dtype, quant, parallel.tp, reserve)
+    logits = logits_bytes_per_seq(cfg) if reserve.workspace_tokens else 0
+    usable = hw.memory_bytes * reserve.utilization
+    best: DeviceMemory | None = None
+    for w, kv, state in _stage_memory(cfg, dtype, quant, parallel, context_len):
+        m = DeviceMemory(w, kv * batch, state * batch, work + logits * batch, usable)
+        if best is None or m.memory_bytes + m.workspace_bytes > \
+                best.memory_bytes + best.workspace_bytes:
+            best = m
+    assert best is not None
+    return best
+
+
 def max_batch(cfg: ModelConfig, hw: HardwareSpec, dtype: str, quant: QuantConfig | None,
-              context_len: int) -> int:
-    """Largest batch whose weights + KV (at `context_len`) + state fit; 0 if weights do not."""
-    free = hw.memory_bytes - weight_bytes(cfg, dtype, quant)
-    if free < 0:
-        return 0
-    per_seq = kv_cache_bytes(cfg, dtype, quant, context_len, 1) + state_bytes_per_seq(cfg, dtype)
-    if per_seq <= 0:
-        raise ConfigError(f"model {cfg.name!r} keeps no per-sequence state: no batch limit")
-    return int(free // per_seq)
+              context_len: int, parallel: ParallelConfig = SINGLE,
+              reserve: MemoryReserve = DEFAULT_RESERVE) -> int:
+    """Largest batch (per replica) whose weights + KV (at `context_len`) + state + workspace
+    fit every device's usable memory; 0 if the weights do not."""
+    work = workspace_bytes(cfg, dtype, quant, parallel.tp, reserve)
+    logits = logits_bytes_per_seq(cfg) if reserve.workspace_tokens else 0
+    usable = hw.memory_bytes * reserve.utilization
+    best: int | None = None
+    for w, kv, state in _stage_memory(cfg, dtype, quant, parallel, context_len):
+        free = usable - w - work
+        if free < 0:
+            return 0
+        per_seq = kv + state + logits
+        if kv + state <= 0:
+            raise ConfigError(f"model {cfg.name!r} keeps no per-sequence state: no batch limit")
+        fit = int(free // per_seq)
+        best = fit if best is None else min(best, fit)
+    assert best is not None
+    return best
+
+
+def check_context(cfg: ModelConfig, prompt_len: int, gen_len: int) -> None:
+    """prompt + generated tokens within the model's maximum context (`max_seq_len`)."""
+    if prompt_len + gen_len > cfg.max_seq_len:
+        raise ConfigError(
+            f"prompt_len + gen_len = {prompt_len + gen_len} exceeds the {cfg.max_seq_len}-token "
+            f"context of {cfg.name} (model.max_seq_len); shorten the prompt or the generation, "
+            "or raise it with --set model.overrides.max_seq_len=N")
 
 
 def check_workload(batch: int, prompt_len: int, gen_len: int) -> None:
@@ -208,13 +314,30 @@ def _op_times(ops: Sequence[OpCost], hw: HardwareSpec, dtype: str) -> tuple[OpTi
     )
 
 
+def check_overlap(overlap: str) -> None:
+    if overlap not in OVERLAP_MODES:
+        raise ConfigError(f"overlap: unknown value {overlap!r}; allowed: "
+                          f"{', '.join(OVERLAP_MODES)}")
+
+
+def ops_time(ops: Sequence[OpCost], hw: HardwareSpec, dtype: str, num_tokens: int | None,
+             overlap: str = "full") -> float:
+    """Roofline time of a step's operators: one roofline over their sum (full overlap) or
+    the sum of each operator's own roofline (none)."""
+    if overlap == "none":
+        return sum(roofline_time(op.flops, op.bytes, hw, dtype, num_tokens) for op in ops)
+    step = total(ops)
+    return roofline_time(step.flops, step.bytes, hw, dtype, num_tokens)
+
+
 def _stage(stage: str, ops: Sequence[OpCost], hw: HardwareSpec, dtype: str,
-           num_tokens: int | None = None, overhead_s: float = 0.0) -> StagePrediction:
+           num_tokens: int | None = None, overhead_s: float = 0.0,
+           overlap: str = "full", extra_s: float = 0.0) -> StagePrediction:
     step = total(ops, stage, stage)
     return StagePrediction(
         stage,
         step,
-        roofline_time(step.flops, step.bytes, hw, dtype, num_tokens) + overhead_s,
+        ops_time(ops, hw, dtype, num_tokens, overlap) + overhead_s + extra_s,
         bound_of(step.flops, step.bytes, hw, dtype, num_tokens),
         _op_times(ops, hw, dtype),
     )
@@ -277,12 +400,14 @@ def _mla_forms(cfg: ModelConfig, groups: Groups) -> tuple[bool, ...]:
 
 def mean_stage(cfg: ModelConfig, hw: HardwareSpec, dtype: str, quant: QuantConfig,
                make_seqs: Callable[[int], Batch], query_len: int, lo: int, hi: int,
-               stage: str = "decode") -> StagePrediction:
+               stage: str = "decode", overlap: str = "full", tp: int = 1) -> StagePrediction:
     """The exact mean over base contexts lo..hi of steps built by `make_seqs(x)`.
 
     `make_seqs(x)` returns the step's batch as (SeqWork, count) groups (a plain list of
     SeqWork is grouped first), so a batch of a million identical sequences is one group
-    and the cost stays O(1) in the batch.
+    and the cost stays O(1) in the batch.  `tp` > 1 prices one tensor-parallel device's
+    share (`roofline.parallel.shard_ops`, linear, so the mean stays exact); collectives
+    are the caller's.
     """
     def groups_at(x: int) -> Groups:
         return as_groups(make_seqs(x))
@@ -300,8 +425,9 @@ def mean_stage(cfg: ModelConfig, hw: HardwareSpec, dtype: str, quant: QuantConfi
             m = (s + e) // 2  # the MLA form flips inside: split until each piece is affine
             pending[:0] = [(s, m), (m + 1, e)]
             continue
-        ops_s = group_costs(cfg, seqs_s, dtype, quant, stage=stage)
-        ops_e = ops_s if s == e else group_costs(cfg, seqs_e, dtype, quant, stage=stage)
+        ops_s = shard_ops(cfg, group_costs(cfg, seqs_s, dtype, quant, stage=stage), tp)
+        ops_e = ops_s if s == e else shard_ops(
+            cfg, group_costs(cfg, seqs_e, dtype, quant, stage=stage), tp)
         for a, b in zip(ops_s, ops_e, strict=True):
             assert a.name == b.name, (a.name, b.name)
             row = sums.setdefault(a.name, [a.kind] + [0.0] * len(FIELDS))
@@ -319,21 +445,84 @@ def mean_stage(cfg: ModelConfig, hw: HardwareSpec, dtype: str, quant: QuantConfi
     op_times = tuple(OpTime(op, op_time_sums[op.name] / count,
                             bound_of(op.flops, op.bytes, hw, dtype)) for op in ops)
     overhead = hw.step_overhead_s(cfg.num_layers, sum(n for _, n in groups_at(lo)))
+    if overlap == "none":
+        time_sum = sum(op_time_sums.values())
     return StagePrediction(stage, step, time_sum / count + overhead,
                            bound_of(step.flops, step.bytes, hw, dtype, num_tokens), op_times)
 
 
 def _speculative(cfg: ModelConfig, hw: HardwareSpec, dtype: str, quant: QuantConfig,
                  spec: SpecConfig, batch: int, lo: int, hi: int,
-                 decode: StagePrediction) -> SpecPrediction:
+                 decode: StagePrediction, overlap: str = "full",
+                 par: ParallelConfig = SINGLE) -> SpecPrediction:
     q = spec.num_tokens + 1
     verify = mean_stage(cfg, hw, dtype, quant,
-                        lambda x: [(SeqWork(q, x + q - 1, q), batch)], q, lo, hi, "verify")
+                        lambda x: [(SeqWork(q, x + q - 1, q), batch)], q, lo, hi, "verify",
+                        overlap, par.tp)
+    comm = stage_comm(cfg, par, hw, dtype, cfg.layers(), batch * q, batch * q, True, True)
     draft = spec.num_tokens * spec.draft_cost_ratio * decode.time_s
-    step = draft + verify.time_s
+    step = draft + verify.time_s + comm.total_s
     per_token = step / spec.expected_tokens
     return SpecPrediction(spec, spec.expected_tokens, draft, verify.time_s, step, per_token,
                           decode.time_s / per_token)
+
+
+def _pipeline(cfg: ModelConfig, hw: HardwareSpec, dtype: str, quant: QuantConfig,
+              par: ParallelConfig, groups: Groups, stage: str, overlap: str
+              ) -> tuple[list[float], list[OpCost], CommTime, float]:
+    """One micro-batch's pass through the pipeline: each stage's time on one of its devices
+    (compute + its tensor-parallel collectives), the replica's per-device operators summed
+    over stages, the communication of one pass and the time of one stage-to-stage hop."""
+    specs = cfg.layers()
+    stages = par.stage_layers(cfg.num_layers)
+    num_tokens = sum(sw.query_len * n for sw, n in groups)
+    num_logits = sum(sw.num_logits * n for sw, n in groups)
+    by_layer = group_costs(cfg, groups, dtype, quant, by_layer=True, stage=stage)
+    layer_stage = {j: i for i, layers in enumerate(stages) for j in layers}
+    last = len(stages) - 1
+    per_stage: list[list[OpCost]] = [[] for _ in stages]
+    for op in by_layer:
+        if op.layer is not None:
+            per_stage[layer_stage[op.layer]].append(op)
+        else:  # model level: the embedding on the first stage, final norm and head on the last
+            per_stage[0 if op.name == "embed" else last].append(op)
+    times: list[float] = []
+    comm = CommTime()
+    for i, ops in enumerate(per_stage):
+        mine = [specs[j] for j in stages[i]]
+        c = stage_comm(cfg, par, hw, dtype, mine, num_tokens, num_logits, i == 0, i == last)
+        comm = comm.plus(c)
+        dev_ops = shard_ops(cfg, ops, par.tp)
+        overhead = hw.step_overhead_s(len(mine), sum(n for _, n in groups))
+        times.append(ops_time(dev_ops, hw, dtype, num_tokens, overlap) + overhead + c.total_s)
+    hop = hop_s(num_tokens * cfg.hidden_size * dtype_bytes(dtype), 2 * par.tp, hw) \
+        if par.pp > 1 else 0.0
+    merged = shard_ops(cfg, group_costs(cfg, groups, dtype, quant, stage=stage), par.tp)
+    return times, merged, comm, hop
+
+
+def _pipelined_stage(stage: str, times: list[float], merged: list[OpCost], hop: float,
+                     microbatches: int, hw: HardwareSpec, dtype: str, num_tokens: int,
+                     decode: bool) -> tuple[StagePrediction, float]:
+    """A stage (prefill or one decode round) of `microbatches` micro-batches through the
+    pipeline, and the fraction of it a device idles (the bubble).
+
+    prefill (GPipe fill and drain): sum(stage times) + hops + (m - 1) x the slowest stage.
+    decode round: every micro-batch advances one token; a micro-batch's next token waits
+    for its last one to leave the last stage and return (one more hop), so a round is
+    max(m x the slowest stage, sum(stage times) + pp hops).
+    """
+    pp, m = len(times), microbatches
+    slowest = max(times)
+    if decode:
+        time = max(m * slowest, sum(times) + pp * hop)
+    else:
+        time = sum(times) + (pp - 1) * hop + (m - 1) * slowest
+    bubble = 1.0 - m * sum(times) / pp / time
+    step = total(merged, stage, stage)
+    return StagePrediction(stage, step, time, bound_of(step.flops, step.bytes, hw, dtype,
+                                                       num_tokens),
+                           _op_times(merged, hw, dtype)), max(bubble, 0.0)
 
 
 def predict(
@@ -346,37 +535,78 @@ def predict(
     dtype: str = "bfloat16",
     quant: QuantConfig | None = None,
     speculative: SpecConfig | None = None,
+    parallel: ParallelConfig = SINGLE,
+    overlap: str = "full",
+    reserve: MemoryReserve = DEFAULT_RESERVE,
 ) -> Prediction:
-    """Predict prefill, decode, memory and throughput for `batch` identical requests."""
+    """Predict prefill, decode, memory and throughput for `batch` identical requests per
+    replica, on one device or `parallel.devices` of them."""
     check_workload(batch, prompt_len, gen_len)
+    check_context(cfg, prompt_len, gen_len)
+    check_overlap(overlap)
+    parallel.check_model(cfg)
+    if parallel.devices_per_replica > 1 and hw.interconnect is None:
+        raise ConfigError(f"hardware {hw.name!r} has no interconnect figures (a calibrated "
+                          "profile describes one device); tp and pp need a table entry")
     quant = quant or QuantConfig()
-    prefill_ops = group_costs(cfg, [(SeqWork(prompt_len, prompt_len), batch)], dtype, quant,
-                              stage="prefill")
-    prefill = _stage("prefill", prefill_ops, hw, dtype, batch * prompt_len,
-                     hw.step_overhead_s(cfg.num_layers, batch))
+    par = parallel
     lo, hi = prompt_len + 1, prompt_len + gen_len
-    decode = mean_stage(cfg, hw, dtype, quant, lambda x: [(SeqWork(1, x), batch)], 1, lo, hi)
+    prefill_comm = decode_comm = CommTime()
+    bubble = 0.0
+    if par.pp == 1:
+        prefill_ops = shard_ops(cfg, group_costs(
+            cfg, [(SeqWork(prompt_len, prompt_len), batch)], dtype, quant, stage="prefill"),
+            par.tp)
+        prefill_comm = stage_comm(cfg, par, hw, dtype, cfg.layers(), batch * prompt_len, batch,
+                                  True, True)
+        prefill = _stage("prefill", prefill_ops, hw, dtype, batch * prompt_len,
+                         hw.step_overhead_s(cfg.num_layers, batch), overlap,
+                         prefill_comm.total_s)
+        decode = mean_stage(cfg, hw, dtype, quant, lambda x: [(SeqWork(1, x), batch)], 1, lo, hi,
+                            overlap=overlap, tp=par.tp)
+        decode_comm = stage_comm(cfg, par, hw, dtype, cfg.layers(), batch, batch, True, True)
+        if decode_comm.total_s:
+            decode = replace(decode, time_s=decode.time_s + decode_comm.total_s)
+    else:
+        if speculative is not None:
+            raise ConfigError("speculative decoding is not modelled with pipeline parallelism "
+                              "(pp > 1); drop the speculative settings or use pp 1")
+        m = par.num_microbatches(batch)
+        micro = math.ceil(batch / m)  # the largest micro-batch sets the stage time
+        times, merged, prefill_comm, hop = _pipeline(
+            cfg, hw, dtype, quant, par, [(SeqWork(prompt_len, prompt_len), micro)], "prefill",
+            overlap)
+        prefill, _ = _pipelined_stage("prefill", times, merged, hop, m, hw, dtype,
+                                      micro * prompt_len, decode=False)
+        mid = (lo + hi) // 2  # pp > 1: the decode step is priced at the middle context
+        times, merged, decode_comm, hop = _pipeline(
+            cfg, hw, dtype, quant, par, [(SeqWork(1, mid), micro)], "decode", overlap)
+        decode, bubble = _pipelined_stage("decode", times, merged, hop, m, hw, dtype, micro,
+                                          decode=True)
+        decode_comm = CommTime(decode_comm.all_reduce_s * m, decode_comm.all_gather_s * m,
+                               decode_comm.all_to_all_s * m, par.pp * hop * m)
     spec = None
     per_token = decode.time_s
     if speculative is not None:
-        spec = _speculative(cfg, hw, dtype, quant, speculative, batch, lo, hi, decode)
+        spec = _speculative(cfg, hw, dtype, quant, speculative, batch, lo, hi, decode, overlap,
+                            par)
         per_token = spec.time_per_token_s
 
     context = prompt_len + gen_len
-    weights = weight_bytes(cfg, dtype, quant)
-    kv = kv_cache_bytes(cfg, dtype, quant, context, batch)
-    state = state_bytes_per_seq(cfg, dtype) * batch
-    memory = weights + kv + state
+    mem = device_memory(cfg, hw, dtype, quant, context, batch, par, reserve)
     return Prediction(
         model=cfg.name, hardware=hw.name, dtype=dtype, quant=quant, batch=batch,
         prompt_len=prompt_len, gen_len=gen_len, params=param_count(cfg),
-        weight_bytes=weights, kv_bytes_per_token=kv_bytes_per_token(cfg, dtype, quant),
-        kv_cache_bytes=kv, state_bytes=state, memory_bytes=memory,
-        memory_capacity_bytes=hw.memory_bytes, fits=memory <= hw.memory_bytes,
-        max_batch=max_batch(cfg, hw, dtype, quant, context),
+        weight_bytes=mem.weight_bytes, kv_bytes_per_token=kv_bytes_per_token(cfg, dtype, quant),
+        kv_cache_bytes=mem.kv_cache_bytes, state_bytes=mem.state_bytes,
+        memory_bytes=mem.memory_bytes, memory_capacity_bytes=hw.memory_bytes, fits=mem.fits,
+        max_batch=max_batch(cfg, hw, dtype, quant, context, par, reserve),
         prefill=prefill, decode=decode, ttft_s=prefill.time_s,
-        time_per_token_s=per_token, tokens_per_s=batch / per_token,
+        time_per_token_s=per_token, tokens_per_s=batch * par.replicas / per_token,
         e2e_s=prefill.time_s + (gen_len - 1) * per_token, speculative=spec,
+        parallel=par, overlap=overlap, usable_memory_bytes=mem.usable_bytes,
+        workspace_bytes=mem.workspace_bytes, prefill_comm=prefill_comm,
+        decode_comm=decode_comm, pipeline_bubble=bubble,
     )
 
 
@@ -398,9 +628,10 @@ def _stage_dict(stage: StagePrediction) -> dict[str, Any]:
 
 def prediction_dict(p: Prediction) -> dict[str, Any]:
     """The JSON object of one prediction (bytes in bytes, times in seconds)."""
+    decodes = p.gen_len > 1  # gen_len 1: the one token comes from the prefill
     decode = _stage_dict(p.decode)
     decode["step_time_s"] = decode.pop("time_s")
-    decode["time_per_token_s"] = p.time_per_token_s
+    decode["time_per_token_s"] = p.time_per_token_s if decodes else None
     spec = None
     if p.speculative is not None:
         s = p.speculative
@@ -436,10 +667,28 @@ def prediction_dict(p: Prediction) -> dict[str, Any]:
         # The measured metrics' names and definitions (docs/results.md#metric-definitions):
         # TPOT = (E2E - TTFT) / (gen_len - 1); decode-only and end-to-end rates apart.
         "tpot_s": (p.e2e_s - p.ttft_s) / (p.gen_len - 1) if p.gen_len >= 2 else None,
-        "decode_tokens_per_s": p.tokens_per_s,
-        "output_tokens_per_s": p.batch * p.gen_len / p.e2e_s,
+        "decode_tokens_per_s": p.tokens_per_s if decodes else None,
+        "output_tokens_per_s": p.batch * p.parallel.replicas * p.gen_len / p.e2e_s,
         "prefill": _stage_dict(p.prefill),
         "decode": decode,
         "speculative": spec,
-        "ops": [op.to_dict() for stage in (p.prefill, p.decode) for op in stage.ops],
+        "ops": [op.to_dict() for stage in ((p.prefill, p.decode) if decodes else (p.prefill,))
+                for op in stage.ops],
+    }
+
+
+def deployment_dict(p: Prediction) -> dict[str, Any]:
+    """What `predict --json` adds to `prediction_dict` (a result file's prediction keeps the
+    schema's keys): the parallel layout, the memory budget and the communication."""
+    par = p.parallel
+    return {
+        "parallel": {"tp": par.tp, "pp": par.pp, "ep": par.ep, "replicas": par.replicas,
+                     "microbatches": par.num_microbatches(p.batch) if par.pp > 1 else 1,
+                     "devices": par.devices},
+        "overlap": p.overlap,
+        "usable_memory_bytes": p.usable_memory_bytes,
+        "workspace_bytes": p.workspace_bytes,
+        "prefill_comm_s": asdict(p.prefill_comm),
+        "decode_comm_s": asdict(p.decode_comm),
+        "pipeline_bubble": p.pipeline_bubble,
     }

@@ -85,7 +85,7 @@ def _norm(acc: Totals, tokens: float, width: int, a: int) -> None:
 
 
 def _attention(acc: Totals, cfg: ModelConfig, spec: LayerSpec, groups: Groups, t: int,
-               a: int, kvb: int, sb: int) -> None:
+               a: int, kvb: float, sb: int) -> None:
     d, h, hd, kvh = cfg.hidden_size, cfg.num_heads, cfg.dim_head, cfg.kv_heads
     kv_width = 2 * kvh * hd if spec.owns_kv else 0
     kv_scales = 2 * kvh * sb if spec.owns_kv else 0  # a quantized cache's row scales
@@ -114,7 +114,7 @@ def mla_absorbed_is_cheaper(cfg: ModelConfig, sw: SeqWork, window: int | None) -
 
 
 def _mla(acc: Totals, cfg: ModelConfig, spec: LayerSpec, groups: Groups, t: int, a: int,
-         kvb: int, sb: int) -> None:
+         kvb: float, sb: int) -> None:
     d, h = cfg.hidden_size, cfg.num_heads
     r, rope, nope, v = mla_dims(cfg)
     qlr = cfg.attention.q_lora_rank
@@ -137,11 +137,14 @@ def _mla(acc: Totals, cfg: ModelConfig, spec: LayerSpec, groups: Groups, t: int,
             # W_UK folds into the query and W_UV into the output: kv_b runs on q tokens.
             add(acc, "qkv_proj", "matmul", flops=2.0 * n * q * r * h * (nope + v),
                 act=n * q * h * (nope + r + r + v) * a)
+            # One pass over the latent tiles serves both products (FlashMLA): the score
+            # reads r + rope columns of each latent row and the value the same r, so the
+            # latent bytes are attributed in that ratio (the step's total is unchanged).
+            score_share = (r + rope) / (2 * r + rope)
             add(acc, "attn_score", "attention", flops=2.0 * n * pairs * h * (r + rope),
-                kv_read=latent, act=n * q * h * (r + rope) * a)
-            # The value pass reuses the latent tiles the score pass loaded (FlashMLA).
+                kv_read=latent * score_share, act=n * q * h * (r + rope) * a)
             add(acc, "attn_value", "attention", flops=2.0 * n * pairs * h * r,
-                act=n * q * h * r * a)
+                kv_read=latent * (1.0 - score_share), act=n * q * h * r * a)
         else:
             add(acc, "qkv_proj", "matmul", flops=2.0 * n * keys * r * h * (nope + v),
                 kv_read=latent, act=n * keys * h * (nope + v) * a)
@@ -212,7 +215,7 @@ def _mlp(acc: Totals, cfg: ModelConfig, spec: LayerSpec, t: int, a: int) -> None
     add(acc, "moe_experts", "matmul", act=t * d * a)  # the weighted combine writes once
 
 
-def layer_costs(cfg: ModelConfig, spec: LayerSpec, groups: Groups, a: int, kvb: int,
+def layer_costs(cfg: ModelConfig, spec: LayerSpec, groups: Groups, a: int, kvb: float,
                 quant: QuantConfig) -> Totals:
     """Operator totals of one layer; `a` is the model dtype's bytes, `kvb` the bytes of a
     cached value (a quantized cache adds `quant.kv_scale_bytes` per stored row)."""

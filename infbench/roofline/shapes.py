@@ -215,7 +215,7 @@ def weight_bytes(cfg: ModelConfig, dtype: str, quant: QuantConfig | None = None)
     return math.ceil(sum(w.nbytes(q, nbytes) for w in _all_weights(cfg, q)))
 
 
-def layer_kv_bytes_per_token(cfg: ModelConfig, spec: LayerSpec, kv_bytes: int,
+def layer_kv_bytes_per_token(cfg: ModelConfig, spec: LayerSpec, kv_bytes: float,
                              scale_bytes: int = 0) -> int:
     """KV bytes one token adds to this layer's cache (0 if the layer holds no KV).
 
@@ -226,8 +226,9 @@ def layer_kv_bytes_per_token(cfg: ModelConfig, spec: LayerSpec, kv_bytes: int,
         return 0
     if spec.mixer == "mla":
         r, rope, _, _ = mla_dims(cfg)
-        return (r + rope) * kv_bytes + scale_bytes
-    return 2 * cfg.kv_heads * (cfg.dim_head * kv_bytes + scale_bytes)
+        return math.ceil((r + rope) * kv_bytes) + scale_bytes
+    # A sub-byte cache (quant.kv_bits) packs a head's row and rounds it up to whole bytes.
+    return 2 * cfg.kv_heads * (math.ceil(cfg.dim_head * kv_bytes) + scale_bytes)
 
 
 def kv_bytes_per_token(cfg: ModelConfig, dtype: str, quant: QuantConfig | None = None) -> int:

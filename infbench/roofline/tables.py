@@ -6,6 +6,7 @@ work add measured columns (from result files) next to the predicted ones.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -18,8 +19,9 @@ from infbench.core.config import (
     QuantConfig,
     check_count,
 )
-from infbench.core.hardware import HARDWARE, HardwareSpec
-from infbench.roofline.analysis import Prediction, max_batch
+from infbench.core.hardware import HARDWARE, HardwareSpec, MemoryReserve
+from infbench.core.parallel import SINGLE, ParallelConfig
+from infbench.roofline.analysis import Prediction, check_context, max_batch
 from infbench.roofline.costs import (
     kv_bytes_per_token,
     kv_cache_bytes,
@@ -74,7 +76,7 @@ class KVRow:
         return asdict(self)
 
 
-def mha_kv_bytes_per_token(cfg: ModelConfig, kv_bytes: int, scale_bytes: int = 0) -> int:
+def mha_kv_bytes_per_token(cfg: ModelConfig, kv_bytes: float, scale_bytes: int = 0) -> int:
     """KV per token of full MHA with the same layers, heads and head dims.
 
     For MLA that is the decompressed per-head K (nope + rope) and V a plain cache
@@ -82,20 +84,28 @@ def mha_kv_bytes_per_token(cfg: ModelConfig, kv_bytes: int, scale_bytes: int = 0
     """
     if cfg.attention.kind == "mla":
         _, rope, nope, v = mla_dims(cfg)
-        per_layer = cfg.num_heads * ((nope + rope + v) * kv_bytes + 2 * scale_bytes)
+        per_layer = cfg.num_heads * (math.ceil((nope + rope) * kv_bytes)
+                                     + math.ceil(v * kv_bytes) + 2 * scale_bytes)
     else:
-        per_layer = 2 * cfg.num_heads * (cfg.dim_head * kv_bytes + scale_bytes)
+        per_layer = 2 * cfg.num_heads * (math.ceil(cfg.dim_head * kv_bytes) + scale_bytes)
     return cfg.num_layers * per_layer
 
 
 def kv_rows(models: Sequence[ModelConfig], *, context_len: int, batch: int, hw: HardwareSpec,
-            dtype: str = "bfloat16", quant: QuantConfig | None = None) -> list[KVRow]:
+            dtype: str = "bfloat16", quant: QuantConfig | None = None,
+            parallel: ParallelConfig = SINGLE,
+            reserve: MemoryReserve | None = None) -> list[KVRow]:
+    """KV footprint rows; `max_batch` is per replica on `parallel`'s devices, within the
+    usable memory `reserve` leaves (default: `MemoryReserve()`)."""
     check_count("", "context_len", context_len, MAX_TOKENS)
     check_count("", "batch", batch, MAX_BATCH)
     quant = quant or QuantConfig()
+    reserve = reserve or MemoryReserve()
     kvb = quant.kv_bytes(dtype_bytes(dtype))
     rows = []
     for cfg in models:
+        check_context(cfg, context_len, 0)
+        parallel.check_model(cfg)
         kv = kv_cache_bytes(cfg, dtype, quant, context_len, batch)
         state = state_bytes_per_seq(cfg, dtype)
         mha = mha_kv_bytes_per_token(cfg, kvb, quant.kv_scale_bytes) * context_len * batch
@@ -104,7 +114,7 @@ def kv_rows(models: Sequence[ModelConfig], *, context_len: int, batch: int, hw: 
             kv_bytes_per_token=kv_bytes_per_token(cfg, dtype, quant), kv_cache_bytes=kv,
             mha_kv_cache_bytes=mha, state_bytes_per_seq=state,
             reduction=mha / (kv + state * batch),
-            max_batch=max_batch(cfg, hw, dtype, quant, context_len),
+            max_batch=max_batch(cfg, hw, dtype, quant, context_len, parallel, reserve),
             context_len=context_len, batch=batch,
         ))
     return rows
@@ -145,7 +155,9 @@ def model_rows() -> list[dict[str, Any]]:
     return rows
 
 
-def hardware_rows() -> list[dict[str, Any]]:
+def hardware_rows(reserve: MemoryReserve | None = None) -> list[dict[str, Any]]:
+    """The table's entries; `usable_memory_bytes` is the capacity x the reserve's utilization."""
+    reserve = reserve or MemoryReserve()
     return [
         {
             "hardware": name,
@@ -153,7 +165,9 @@ def hardware_rows() -> list[dict[str, Any]]:
             "peak_flops": dict(hw.peak_flops),
             "bandwidth_bytes_per_s": hw.bandwidth,
             "memory_bytes": hw.memory_bytes,
+            "usable_memory_bytes": hw.memory_bytes * reserve.utilization,
             "ridge_point_bf16": hw.ridge_point("bfloat16"),
+            "interconnect": asdict(hw.interconnect) if hw.interconnect else None,
             "source": hw.source,
         }
         for name, hw in HARDWARE.items()
