@@ -98,14 +98,17 @@ def client_env(target: TargetSection, models: Any) -> dict[str, Any]:
     return env
 
 
-def _summary(run: TargetRun, percentiles: Any) -> dict[str, Any]:
+def _summary(run: TargetRun, percentiles: Any, slo: Any = None) -> dict[str, Any]:
     from infbench.measure import metrics as metrics_mod
+    from infbench.measure.goodput import goodput_metrics
 
     rows = metrics_mod.request_rows(run.records)
     m = metrics_mod.from_request_rows(rows, percentiles, run.wall_s)
     m.update({"num_requests": len(run.records), "wall_s": float(run.wall_s),
               "num_prompt_tokens": sum(r.num_prompt_tokens for r in run.records),
               "num_output_tokens": sum(r.num_output_tokens for r in run.records)})
+    if slo is not None:  # as for an engine run (measure/bench.py); failures meet no SLO
+        m.update(goodput_metrics(rows, slo, run.wall_s, num_failed=len(run.failures)))
     return m
 
 
@@ -157,7 +160,7 @@ def run_target_point(point: Any, *, cache: Any = None, device: str | None = None
             return models, passes
 
     models, passes = asyncio.run(measure())
-    runs = [_summary(run, point.measure.percentiles) for run in passes]
+    runs = [_summary(run, point.measure.percentiles, point.measure.slo) for run in passes]
     summary, spread = metrics_mod.aggregate_repeats(runs)
     for key in ("num_requests", "num_prompt_tokens", "num_output_tokens"):
         # Counts differ between repeats only when requests failed; the median of two can

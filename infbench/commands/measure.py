@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -218,11 +219,20 @@ def plots(
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UserError(f"--out {out}: cannot create the directory ({exc.strerror})") from exc
-    paths = {name: out / f"{name}.{fmt}"
-             for name in ("latency_throughput", "distributions", "roofline_measured")}
+    # Results of an HTTP target (scenario `target:`) have no engine steps to place on a
+    # roofline, and no hardware unless the scenario named one.
+    remote = all((r.get("scenario") or {}).get("target") and not r.get("hardware")
+                 for r in loaded)
+    names = ("latency_throughput", "distributions") + (() if remote else ("roofline_measured",))
+    paths = {name: out / f"{name}.{fmt}" for name in names}
     latency_throughput_figure(loaded, paths["latency_throughput"], size=size)
     distributions_figure(loaded, paths["distributions"], size=size)
-    measured_roofline_figure(loaded, paths["roofline_measured"], include_steps=steps, size=size)
+    if remote:
+        print("note: no measured roofline: the results come from an HTTP target with no "
+              "hardware (docs/client.md)", file=sys.stderr)
+    else:
+        measured_roofline_figure(loaded, paths["roofline_measured"], include_steps=steps,
+                                 size=size)
     speed_accuracy = out / f"accuracy_speed.{fmt}"  # only when the results carry perplexity
     if accuracy_speed_figure(loaded, speed_accuracy, size=size) is not None:
         paths["accuracy_speed"] = speed_accuracy

@@ -43,13 +43,16 @@ def meets_slo(row: Mapping[str, Any], slo: SloConfig) -> bool:
 
 
 def goodput_metrics(rows: Sequence[Mapping[str, Any]], slo: SloConfig,
-                    wall_s: float) -> dict[str, Any]:
-    """`goodput_requests_per_s`, `slo_attainment` and `num_slo_met` of one run."""
+                    wall_s: float, num_failed: int = 0) -> dict[str, Any]:
+    """`goodput_requests_per_s`, `slo_attainment` and `num_slo_met` of one run.
+    `num_failed` requests that never finished (a server's errors) meet no SLO: they count
+    in the attainment's denominator."""
     if wall_s <= 0:
         raise ValueError(f"wall_s must be > 0, got {wall_s}")
     good = sum(meets_slo(r, slo) for r in rows)
+    total = len(rows) + num_failed
     return {
         "goodput_requests_per_s": good / wall_s,
-        "slo_attainment": good / len(rows) if rows else None,
+        "slo_attainment": good / total if total else None,
         "num_slo_met": good,
     }

@@ -186,6 +186,14 @@ def figure_caption(results: list[dict[str, Any]], hw: HardwareSpec | None = None
 
     if not results:
         return ""
+    targets = [t for t in (_section(r, "scenario").get("target") for r in results)
+               if isinstance(t, dict)]
+    if len(targets) == len(results):  # an HTTP target: what and where it served
+        from urllib.parse import urlparse
+
+        return caption(one_or_count([str(t.get("model", "?")) for t in targets], "models"),
+                       "served", one_or_count([urlparse(str(t.get("base_url", ""))).netloc
+                                               or "?" for t in targets], "endpoints"))
     hw_names = ([hw.name] if hw is not None else
                 [str(_section(r, "hardware").get("name")
                      or _section(r, "scenario").get("hardware") or "?") for r in results])

@@ -129,3 +129,32 @@ def test_a_model_section_and_hardware_fill_the_prediction(
     assert result["hardware"]["name"] == "h100-sxm"
     # No tokenizer: the prompt ids were drawn from the model section's vocabulary.
     assert result["metrics"]["num_output_tokens"] == 30
+
+
+def test_slo_gives_goodput_and_plots_skip_the_roofline(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], tokenizer_dir: Path) -> None:
+    """measure.slo on a target point: goodput as for an engine run (every request 5 tokens at
+    5 ms: TPOT within 50 ms, none within 1 ms), and `plots` draws what a server's results
+    support (no engine steps: no roofline)."""
+    config = MockConfig(token_delay_s=0.005)
+    out = tmp_path / "out"
+    with MockServer(config) as server:
+        path = scenario(tmp_path, f"{{kind: openai, base_url: '{server.base_url}', "
+                                  f"model: mock-model, tokenizer: '{tokenizer_dir}'}}")
+        text = path.read_text().replace("measure: {warmup: 1, repeats: 2}",
+                                        "measure: {warmup: 0, repeats: 1, slo: {tpot_ms: 50}}")
+        path.write_text(text)
+        code, _, err = run_args(["run", str(path), "--out", str(out)], capsys)
+        assert code == 0, err
+        strict = tmp_path / "strict.yaml"
+        strict.write_text(text.replace("tpot_ms: 50", "tpot_ms: 1"))
+        code, _, err = run_args(["run", str(strict), "--out", str(tmp_path / "out2")], capsys)
+        assert code == 0, err
+    m = load_result(out / "client_e2e_000.json")["metrics"]
+    assert m["slo_attainment"] == 1.0 and m["num_slo_met"] == 6
+    assert m["goodput_requests_per_s"] == pytest.approx(6 / m["wall_s"])
+    assert load_result(tmp_path / "out2" / "client_e2e_000.json")["metrics"]["num_slo_met"] == 0
+    code, stdout, err = run_args(["plots", str(out), "--out", str(tmp_path / "fig")], capsys)
+    assert code == 0, err
+    assert "no measured roofline" in err and "roofline_measured" not in stdout
+    assert (tmp_path / "fig" / "latency_throughput.png").exists()
