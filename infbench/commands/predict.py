@@ -317,10 +317,15 @@ def point_predictions(points: list[Any], speculative: Any = None, overlap: str =
                       reserve: Any = None, kv_bits: int | None = None) -> list[Any]:
     """One prediction per scenario point (a file's, or the document built from the flags)."""
     from infbench.core.hardware import MemoryReserve, get_hardware
-    from infbench.roofline.analysis import predict
+    from infbench.roofline.analysis import check_context, predict
 
     predictions = []
     for point, cfg in zip(points, model_configs(points), strict=True):
+        try:
+            check_context(cfg, point.workload.prompt_len, point.workload.gen_len)
+        except UserError as exc:  # named like model_configs names a point
+            where = f"point {point.index} ({point.label}): " if point.swept else ""
+            raise UserError(f"{point.source}: {where}{exc}") from None
         hw = get_hardware(point.hardware)
         dtype = point.dtype
         if dtype == "auto":  # the engine's choice (core.device.auto_dtype)
@@ -519,7 +524,7 @@ def predict_command(
 ) -> None:
     """Predict TTFT, time per token, throughput, memory and max batch from the roofline."""
     from infbench.core.hardware import get_hardware
-    from infbench.roofline.analysis import predict
+    from infbench.roofline.analysis import check_context, predict
 
     reserve = memory_reserve(mem_util, workspace_tokens)
     overlap = overlap or "full"
@@ -559,6 +564,7 @@ def predict_command(
             cfg = cfg.with_overrides(attention=values) if values else cfg
             qcfg = build_quant(quant, group_size, kv_dtype, source, kv_bits)
             par = parallel_config(tp, pp, ep, replicas, microbatches)
+            check_context(cfg, prompt_len, gen_len)
             predictions = [predict(cfg, hw, batch=b, prompt_len=prompt_len, gen_len=gen_len,
                                    dtype=dtype or "bfloat16", quant=qcfg, speculative=spec,
                                    parallel=par, overlap=overlap, reserve=reserve)

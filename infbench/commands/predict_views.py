@@ -182,7 +182,7 @@ def roofline_command(
     """Plot prefill, decode and every operator on the hardware's roofline."""
     from infbench.core.hardware import get_hardware
     from infbench.plots.analytic import check_figure_path, roofline_figure
-    from infbench.roofline.analysis import predict
+    from infbench.roofline.analysis import check_context, predict
     from infbench.roofline.tables import roofline_points
 
     check_figure_path(out, "--out")  # before any work: a typo'd extension fails at once
@@ -211,6 +211,7 @@ def roofline_command(
         qcfg = build_quant(quant, None, kv_dtype, model_dict, kv_bits)
         par = parallel_config(tp, pp, ep, None)
     note_source(model_dict)
+    check_context(cfg, prompt, gen)
     predictions = [predict(cfg, hw, batch=b, prompt_len=prompt, gen_len=gen, dtype=dtype,
                            quant=qcfg, parallel=par, overlap=overlap)
                    for b in parse_sizes(batch, "--batch")]

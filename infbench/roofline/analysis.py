@@ -288,7 +288,10 @@ def max_batch(cfg: ModelConfig, hw: HardwareSpec, dtype: str, quant: QuantConfig
 
 
 def check_context(cfg: ModelConfig, prompt_len: int, gen_len: int) -> None:
-    """prompt + generated tokens within the model's maximum context (`max_seq_len`)."""
+    """prompt + generated tokens within the model's maximum context (`max_seq_len`).
+
+    The commands (`predict`, `kv`, `roofline`) call it before `predict`; `predict` itself
+    prices any context (a measured run's prediction follows what the engine accepted)."""
     if prompt_len + gen_len > cfg.max_seq_len:
         raise ConfigError(
             f"prompt_len + gen_len = {prompt_len + gen_len} exceeds the {cfg.max_seq_len}-token "
@@ -542,7 +545,6 @@ def predict(
     """Predict prefill, decode, memory and throughput for `batch` identical requests per
     replica, on one device or `parallel.devices` of them."""
     check_workload(batch, prompt_len, gen_len)
-    check_context(cfg, prompt_len, gen_len)
     check_overlap(overlap)
     parallel.check_model(cfg)
     if parallel.devices_per_replica > 1 and hw.interconnect is None:

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from infbench.core.config import QuantConfig
 from infbench.core.config import ModelConfig as M
+from infbench.core.config import QuantConfig
 from infbench.core.errors import ConfigError, UserError
 from infbench.core.hardware import (
     MIB,
@@ -17,10 +17,11 @@ from infbench.core.hardware import (
     get_hardware,
 )
 from infbench.core.parallel import ParallelConfig as P
-from infbench.roofline.analysis import max_batch, predict, roofline_time
+from infbench.roofline.analysis import check_context, max_batch, predict, roofline_time
 from infbench.roofline.costs import SeqWork, step_costs, weight_bytes
 from infbench.roofline.parallel import all_gather_s, all_reduce_s, hop_s, kv_share
 from infbench.roofline.shapes import layer_weights, model_weights
+from infbench.roofline.tables import kv_rows
 
 H100 = get_hardware("h100-sxm")
 LLAMA7 = M.from_name("llama2-7b")
@@ -78,6 +79,10 @@ def test_tensor_parallel_decode_by_hand() -> None:
                                          for w in layer_weights(LLAMA7, spec) if w.op == "norm")
     assert p.weight_bytes == math.ceil((weight_bytes(LLAMA7, "bfloat16") - norms) / 2 + norms)
     assert p.kv_cache_bytes == 9 * 524_288 // 2  # 32 KV heads split in two
+    # fewer KV heads than devices: each keeps one whole head; an MLA latent stays whole
+    assert kv_share(M.from_name("llama3-70b"), 16) == 1 / 8
+    assert kv_share(M.from_name("llama3-70b"), 4) == 1 / 4
+    assert kv_share(M.from_name("deepseek-v2-lite"), 8) == 1.0
 
 
 def test_pipeline_one_microbatch_is_the_stages_in_a_row_plus_hops() -> None:
@@ -187,8 +192,10 @@ def test_nvml_names_map_to_entries(nvml, entry) -> None:
 # ------------------------------------------------------------------ fidelity fixes
 def test_context_limit_is_checked() -> None:
     with pytest.raises(ConfigError, match="exceeds the 4096-token context of llama2-13b"):
-        predict(LLAMA13, H100, batch=1, prompt_len=131072, gen_len=128)
-    predict(LLAMA13, H100, batch=1, prompt_len=3968, gen_len=128)  # exactly 4096: fine
+        check_context(LLAMA13, 131072, 128)
+    check_context(LLAMA13, 3968, 128)  # exactly 4096: fine
+    with pytest.raises(ConfigError, match="exceeds the 4096-token context"):
+        kv_rows([LLAMA13], context_len=8192, batch=1, hw=H100)
 
 
 def test_overlap_none_sums_the_operator_rooflines() -> None:
