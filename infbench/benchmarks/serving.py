@@ -7,7 +7,7 @@ its GGUF, float32, the `cpu` backend):
 1. Server overhead at batch 1: `--requests` requests of `--prompt` random tokens and
    `--gen` new tokens (greedy, EOS ignored), one after another, first through the engine in
    this process (`Engine.run`, one request per run), then through an `infbench serve`
-   process with the same model, engine settings and thread count, streamed by infbench's
+   process with the same model, engine settings and `--threads` (default 1), streamed by infbench's
    own client (`infbench.client`, the `target:` backend).  Per request: TTFT (to the first
    token; over HTTP, to the first non-empty chunk) and TPOT ((last - first token) / (n - 1)).
    The figures are the medians' differences; issue 14's targets are at most 5 ms added to
@@ -69,6 +69,7 @@ class Options:
     out: str
     skip_replicas: bool
     quick: bool
+    threads: int = 1
 
 
 def parse_args(argv: list[str] | None) -> Options:
@@ -82,6 +83,10 @@ def parse_args(argv: list[str] | None) -> Options:
                         ("concurrency", "requests in flight in the replica load")):
         parser.add_argument(f"--{name}", type=int,
                             help=f"{help_} (default {FULL[name.replace('-', '_')]})")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads of the overhead part, both sides (default 1: a "
+                             "2-thread OpenMP region slows down many-fold when another "
+                             "process holds the second core, and the overhead is host work)")
     parser.add_argument("--out", default="results/bench_serving.json")
     parser.add_argument("--skip-replicas", action="store_true", help="only the overhead part")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, for a test")
@@ -96,10 +101,12 @@ def parse_args(argv: list[str] | None) -> Options:
                       ("concurrency", 1)):
         if pick(name) < low:
             raise UserError(f"--{name.replace('_', '-')} must be >= {low}, got {pick(name)}")
+    if args.threads < 1:
+        raise UserError(f"--threads must be >= 1, got {args.threads}")
     return Options(model=args.model, requests=pick("requests"), prompt=pick("prompt"),
                    gen=pick("gen"), load_requests=pick("load_requests"),
                    concurrency=pick("concurrency"), out=args.out,
-                   skip_replicas=args.skip_replicas, quick=args.quick)
+                   skip_replicas=args.skip_replicas, quick=args.quick, threads=args.threads)
 
 
 # ------------------------------------------------------------------------ figures
@@ -195,7 +202,8 @@ def overhead(opts: Options, log: Any) -> dict[str, Any]:
     from infbench.engine.engine import Engine, KVSizing
     from infbench.model.loader import load_model
 
-    threads = torch.get_num_threads()
+    threads = opts.threads
+    torch.set_num_threads(threads)
     max_len = opts.prompt + opts.gen
     log(f"overhead: in-process engine, {opts.requests} requests at batch 1")
     loaded = load_model(model_source(opts.model), dtype="float32")
