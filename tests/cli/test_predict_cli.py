@@ -349,3 +349,14 @@ def test_scenario_parallel_section(tmp_path, monkeypatch, capsys) -> None:
     path.write_text(path.read_text().replace("pp: 2", "pp: 0"))
     code, _, err = run_cli(["predict", str(path)], monkeypatch, capsys)
     assert code == 2 and "parallel.pp" in err and err.count("\n") == 1
+
+
+def test_the_shipped_lecture_scenario_reproduces_the_lecture(monkeypatch, capsys) -> None:
+    """scenarios/lecture_llama2_13b.yaml at its own defaults: 26.87 GB, 79.72 GB, 8.02 ms."""
+    rows = run_json(["predict", str(REPO / "scenarios" / "lecture_llama2_13b.yaml")],
+                    monkeypatch, capsys)
+    by = {r["batch"]: r for r in rows}
+    assert round(by[1]["memory_bytes"] / 1e9, 2) == 26.87
+    assert round(by[64]["memory_bytes"] / 1e9, 2) == 79.72 and by[64]["fits"]
+    assert round(by[1]["memory_bytes"] / 3.35e12 * 1e3, 2) == 8.02  # the lecture's formula
+    assert by[1]["tpot_s"] == pytest.approx(8.02e-3, rel=0.015)  # the roofline's, 7.91 ms
