@@ -196,10 +196,10 @@ def client_run(base_url: str, model: str, requests: list[Request],
 
 # ------------------------------------------------------------------------- part 1
 def overhead(opts: Options, log: Any) -> dict[str, Any]:
-    from infbench.commands.serve import CPU_KV_CACHE_BYTES
     from infbench.core.checkpoint_config import model_source
     from infbench.core.config import EngineConfig
     from infbench.engine.engine import Engine, KVSizing
+    from infbench.engine.llm import CPU_KV_CACHE_BYTES
     from infbench.model.loader import load_model
 
     threads = opts.threads

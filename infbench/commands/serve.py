@@ -11,9 +11,6 @@ import typer
 from infbench.commands import _options as opt
 from infbench.core.errors import UserError
 
-# On a CPU the KV pool is RAM the whole machine shares (as in the Python API, engine/llm.py).
-CPU_KV_CACHE_BYTES = 4 << 30
-
 
 def register(app: typer.Typer) -> None:
     app.command("serve")(serve)
@@ -200,6 +197,7 @@ def _engine(loaded: Any, cfg: Any, device: str, dtype: str, seed: int, kv_quant:
 
     from infbench.core.device import available_memory_bytes
     from infbench.engine.engine import Engine, KVSizing
+    from infbench.engine.llm import CPU_KV_CACHE_BYTES  # the KV pool is RAM the machine shares
 
     if device == "cpu" and cfg.kv_cache_memory <= 1:  # a fraction of RAM: capped, as LLM does
         import torch

@@ -91,6 +91,14 @@ TABLE: dict[str, dict[str, Case]] = {
                          "--layers: must be >= 0 (got -1)"),
         "missing_argument": (["--layers", "1"], "--model"),  # a required option
     },
+    "serve": {
+        "unknown_option": (["--model", "tiny", "--bogus"], "--bogus"),
+        "missing_value": (["--model"], "--model"),
+        "wrong_type": (["--model", "tiny", "--port", "abc"], "--port"),
+        "out_of_range": (["--model", "tiny", "--replicas", "0"],
+                         "--replicas must be >= 1, got 0"),
+        "missing_argument": ([], "give --model NAME or --scenario FILE"),
+    },
     "train-draft": {
         "unknown_option": (["--method", "medusa", "--model", "tiny", "--steps", "1", "--bogus"],
                            "--bogus"),
