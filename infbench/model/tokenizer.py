@@ -120,10 +120,12 @@ class Tokenizer:
         from infbench.core.checkpoint_config import gguf_value
 
         model = gguf_value(reader, "tokenizer.ggml.model")
+        if model == "llama":
+            return cls._from_gguf_spm(reader, name)
         if model != "gpt2":
             raise UserError(
                 f"{name}: tokenizer.ggml.model {model!r} unsupported; "
-                "supported: gpt2 (byte-level BPE)"
+                "supported: gpt2 (byte-level BPE), llama (SentencePiece BPE, byte fallback)"
             )
         pre = gguf_value(reader, "tokenizer.ggml.pre", "default")
         if pre not in _GPT2_SPLIT_PRE:
@@ -179,6 +181,34 @@ class Tokenizer:
             chat_template=gguf_value(reader, "tokenizer.chat_template"),
             source=name,
         )
+
+    @classmethod
+    def _from_gguf_spm(cls, reader: GGUFReader, name: str) -> Tokenizer:
+        """A SentencePiece (llama-type) vocabulary: `model.gguf_tokenizer` builds the backend;
+        BOS is added unless the file says otherwise (llama.cpp's and transformers' default)."""
+        from infbench.core.checkpoint_config import gguf_value
+        from infbench.model.gguf_tokenizer import spm_backend
+
+        tokens: list[str] = gguf_value(reader, "tokenizer.ggml.tokens")
+        scores = gguf_value(reader, "tokenizer.ggml.scores") or [0.0] * len(tokens)
+        types = gguf_value(reader, "tokenizer.ggml.token_type") or [1] * len(tokens)
+        special: dict[str, str | None] = {}
+        for key in ("bos", "eos", "unknown", "padding"):
+            index = gguf_value(reader, f"tokenizer.ggml.{key}_token_id")
+            if index is not None and not 0 <= int(index) < len(tokens):
+                raise ValueError(f"tokenizer.ggml.{key}_token_id {index} is not a token id "
+                                 f"(the vocabulary has {len(tokens)})")
+            special[key] = tokens[int(index)] if index is not None else None
+        unk = gguf_value(reader, "tokenizer.ggml.unknown_token_id")
+        backend = spm_backend(tokens, scores, types, None if unk is None else int(unk),
+                              bool(gguf_value(reader, "tokenizer.ggml.add_space_prefix", True)))
+        _add_template_processor(
+            backend,
+            special["bos"] if gguf_value(reader, "tokenizer.ggml.add_bos_token", True) else None,
+            special["eos"] if gguf_value(reader, "tokenizer.ggml.add_eos_token", False) else None,
+        )
+        return cls(backend, bos_token=special["bos"], eos_token=special["eos"],
+                   chat_template=gguf_value(reader, "tokenizer.chat_template"), source=name)
 
     # ------------------------------------------------------------------- use
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
