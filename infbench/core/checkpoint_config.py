@@ -598,9 +598,9 @@ def _config_from_gguf_reader(reader: GGUFReader, file: Path) -> ModelConfig:
     if vocab is None:
         raise UserError(f"{file}: no tokenizer.ggml.tokens and no {key('vocab_size')} in metadata")
     names = {t.name for t in reader.tensors}
-    if "rope_freqs.weight" in names:
-        raise UserError(f"{file}: per-frequency RoPE factors (rope_freqs) are not supported")
     scaling = _gguf_rope_scaling(reader, file, key)
+    if "rope_freqs.weight" in names:  # Llama 3.1's rope scaling, as one factor per frequency
+        scaling = _gguf_rope_freqs(reader, file, key, head_dim, scaling)
     return ModelConfig(
         name=file.stem,
         vocab_size=int(vocab),
@@ -630,3 +630,26 @@ def _gguf_rope_scaling(
         raise UserError(f"{file}: rope.scaling.type {kind!r} unsupported; allowed: none, linear")
     factor = float(_gguf_required(reader, key("rope.scaling.factor")))
     return (("factor", factor), ("rope_type", "linear"))
+
+def _gguf_rope_freqs(reader: GGUFReader, file: Path, key: Any, head_dim: int,
+                     scaling: tuple[tuple[str, Any], ...] | None
+                     ) -> tuple[tuple[str, Any], ...] | None:
+    """The llama3 rope scaling whose frequencies are the file's `rope_freqs.weight`."""
+    from infbench.core.gguf_rope import llama3_scaling
+
+    if scaling is not None:
+        raise UserError(f"{file}: rope_freqs.weight and rope.scaling.type "
+                        f"{gguf_value(reader, key('rope.scaling.type'))!r} both scale RoPE; "
+                        "supported: one of them")
+    tensor = next(t for t in reader.tensors if t.name == "rope_freqs.weight")
+    if tensor.tensor_type.name != "F32":
+        raise UserError(f"{file}: rope_freqs.weight is {tensor.tensor_type.name}; "
+                        "supported: F32")
+    original = gguf_value(reader, key("rope.scaling.original_context_length"))
+    try:
+        return llama3_scaling([float(f) for f in tensor.data.reshape(-1)], head_dim,
+                              float(gguf_value(reader, key("rope.freq_base"), 10000.0)),
+                              None if original is None else int(original))
+    except ValueError as exc:
+        raise UserError(f"{file}: rope_freqs.weight is not Llama 3's rope scaling ({exc}); "
+                        "supported: llama3 per-frequency factors") from None

@@ -171,6 +171,9 @@ class AttentionConfig:
 
 @dataclass(frozen=True)
 class MoEConfig:
+MOE_SCORING = ("softmax", "sigmoid")  # router gate functions the engine implements
+
+
     """Mixture of experts (DeepSeek style): routed + shared experts, first k layers dense."""
 
     num_experts: int
@@ -180,6 +183,17 @@ class MoEConfig:
     first_k_dense: int = 0
 
     def __post_init__(self) -> None:
+    # Router (docs/moe.md): gate scores, top-k renormalization, DeepSeek's group-limited
+    # routing (the top `topk_group` of `n_group` expert groups) and its scaling factor.
+    scoring: str = "softmax"  # softmax | sigmoid
+    norm_topk_prob: bool = False
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0
+    # Shared experts: width (None: moe_intermediate_size x num_shared_experts) and
+    # Qwen2-MoE's sigmoid gate (one scalar per token) on their output.
+    shared_intermediate_size: int | None = None
+    shared_gate: bool = False
         _check_positive(
             "moe",
             num_experts=self.num_experts,
@@ -187,14 +201,37 @@ class MoEConfig:
             moe_intermediate_size=self.moe_intermediate_size,
         )
         check_count("moe", "num_shared_experts", self.num_shared_experts, MAX_DIM, minimum=0)
+            shared_intermediate_size=self.shared_intermediate_size,
         check_count("moe", "first_k_dense", self.first_k_dense, MAX_LAYERS, minimum=0)
         if self.num_experts_per_tok > self.num_experts:
             raise ConfigError(
+        check_count("moe", "n_group", self.n_group, MAX_DIM)
+        check_count("moe", "topk_group", self.topk_group, MAX_DIM)
+        check_real("moe", "routed_scaling_factor", self.routed_scaling_factor)
                 f"moe.num_experts_per_tok ({self.num_experts_per_tok}) exceeds "
                 f"moe.num_experts ({self.num_experts})"
             )
 
     def expected_distinct_experts(self, num_tokens: int) -> float:
+        if self.scoring not in MOE_SCORING:
+            raise ConfigError(f"moe.scoring: unsupported scoring function {self.scoring!r}; "
+                              f"supported: {', '.join(MOE_SCORING)}")
+        if self.num_experts % self.n_group or self.topk_group > self.n_group:
+            raise ConfigError(f"moe.n_group ({self.n_group}) must divide moe.num_experts "
+                              f"({self.num_experts}) and moe.topk_group ({self.topk_group}) "
+                              "must not exceed it")
+        if self.topk_group * (self.num_experts // self.n_group) < self.num_experts_per_tok:
+            raise ConfigError(f"moe.topk_group ({self.topk_group}) groups hold fewer experts "
+                              f"than moe.num_experts_per_tok ({self.num_experts_per_tok})")
+
+    @property
+    def shared_size(self) -> int:
+        """Width of the shared-expert SwiGLU (0 without shared experts)."""
+        if not self.num_shared_experts:
+            return 0
+        if self.shared_intermediate_size is not None:
+            return self.shared_intermediate_size
+        return self.moe_intermediate_size * self.num_shared_experts
         """Expected number of distinct routed experts touched by `num_tokens` tokens.
 
         With uniform routing each token picks k of E experts, so one expert is missed

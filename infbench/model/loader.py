@@ -546,6 +546,8 @@ def _load_gguf(model: Transformer, reader: Any, file: Path,
     sink = _WeightSink(model, str(file))
     formats = formats or {}
     for tensor in reader.tensors:
+        if tensor.name == "rope_freqs.weight":
+            continue  # read into the config's rope scaling (core/gguf_rope.py)
         hf_name = _gguf_to_hf(tensor.name, str(file))
         if formats.get(tensor.name, FLOAT) != FLOAT:  # stored as it is: no float copy
             native = native_weight(tensor.data, tensor.tensor_type.name)
