@@ -169,11 +169,11 @@ class AttentionConfig:
             raise ConfigError("attention.qk_rope_head_dim must be even (RoPE rotates pairs)")
 
 
-@dataclass(frozen=True)
-class MoEConfig:
 MOE_SCORING = ("softmax", "sigmoid")  # router gate functions the engine implements
 
 
+@dataclass(frozen=True)
+class MoEConfig:
     """Mixture of experts (DeepSeek style): routed + shared experts, first k layers dense."""
 
     num_experts: int
@@ -181,8 +181,6 @@ MOE_SCORING = ("softmax", "sigmoid")  # router gate functions the engine impleme
     moe_intermediate_size: int
     num_shared_experts: int = 0
     first_k_dense: int = 0
-
-    def __post_init__(self) -> None:
     # Router (docs/moe.md): gate scores, top-k renormalization, DeepSeek's group-limited
     # routing (the top `topk_group` of `n_group` expert groups) and its scaling factor.
     scoring: str = "softmax"  # softmax | sigmoid
@@ -194,25 +192,25 @@ MOE_SCORING = ("softmax", "sigmoid")  # router gate functions the engine impleme
     # Qwen2-MoE's sigmoid gate (one scalar per token) on their output.
     shared_intermediate_size: int | None = None
     shared_gate: bool = False
+
+    def __post_init__(self) -> None:
         _check_positive(
             "moe",
             num_experts=self.num_experts,
             num_experts_per_tok=self.num_experts_per_tok,
             moe_intermediate_size=self.moe_intermediate_size,
+            shared_intermediate_size=self.shared_intermediate_size,
         )
         check_count("moe", "num_shared_experts", self.num_shared_experts, MAX_DIM, minimum=0)
-            shared_intermediate_size=self.shared_intermediate_size,
         check_count("moe", "first_k_dense", self.first_k_dense, MAX_LAYERS, minimum=0)
-        if self.num_experts_per_tok > self.num_experts:
-            raise ConfigError(
         check_count("moe", "n_group", self.n_group, MAX_DIM)
         check_count("moe", "topk_group", self.topk_group, MAX_DIM)
         check_real("moe", "routed_scaling_factor", self.routed_scaling_factor)
+        if self.num_experts_per_tok > self.num_experts:
+            raise ConfigError(
                 f"moe.num_experts_per_tok ({self.num_experts_per_tok}) exceeds "
                 f"moe.num_experts ({self.num_experts})"
             )
-
-    def expected_distinct_experts(self, num_tokens: int) -> float:
         if self.scoring not in MOE_SCORING:
             raise ConfigError(f"moe.scoring: unsupported scoring function {self.scoring!r}; "
                               f"supported: {', '.join(MOE_SCORING)}")
@@ -232,6 +230,8 @@ MOE_SCORING = ("softmax", "sigmoid")  # router gate functions the engine impleme
         if self.shared_intermediate_size is not None:
             return self.shared_intermediate_size
         return self.moe_intermediate_size * self.num_shared_experts
+
+    def expected_distinct_experts(self, num_tokens: int) -> float:
         """Expected number of distinct routed experts touched by `num_tokens` tokens.
 
         With uniform routing each token picks k of E experts, so one expert is missed
