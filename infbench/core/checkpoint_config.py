@@ -26,6 +26,7 @@ from infbench.core.config import (
 )
 from infbench.core.errors import ConfigError, DamagedFileError, UserError
 from infbench.core.gguf_types import LOADABLE_TYPES, TensorInfo, native_mix
+from infbench.core.moe_checkpoint import MOE_ARCHITECTURES, moe_from_hf
 
 if TYPE_CHECKING:
     from gguf import GGUFReader
@@ -38,6 +39,7 @@ HF_ARCHITECTURES = {
     "MambaForCausalLM": "mamba",
 }
 GGUF_ARCHITECTURES = ("llama",)
+HF_ARCHITECTURES.update(MOE_ARCHITECTURES)  # Mixtral, Qwen2-MoE (core/moe_checkpoint.py)
 GGUF_TENSOR_TYPES = LOADABLE_TYPES  # gguf_types: which run natively, which are dequantized
 SMOLLM2_NAME = "smollm2-135m"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -151,7 +153,7 @@ def _check_types(cfg_file: Path, raw: dict[str, Any]) -> None:
         value = raw.get(key)
         if value is None:
             continue
-        low = 0 if key == "first_k_dense_replace" else 1
+        low = 0 if key in ("first_k_dense_replace", "sliding_window") else 1  # 0: no window
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise UserError(f"{cfg_file}: {key}: must be an integer >= {low} (got {value!r})")
     for key in _HF_FLOAT_KEYS:
@@ -192,7 +194,7 @@ def _config_from_raw(root: Path, raw: dict[str, Any]) -> ModelConfig:
         return _deepseek_v2(root, raw, num_heads, fields)
     head_dim = raw.get("head_dim")
     theta, scaling = _rope(cfg_file, raw)
-    raw_window = raw.get("sliding_window") if arch == "mistral" else None
+    raw_window = raw.get("sliding_window") or None if arch in ("mistral", "mixtral") else None
     # A window at least as long as the context never masks anything: plain attention.
     window = int(raw_window) if raw_window is not None else None
     if window is not None and window >= fields["max_seq_len"]:
@@ -208,23 +210,16 @@ def _config_from_raw(root: Path, raw: dict[str, Any]) -> ModelConfig:
         attention=_attention(num_heads, num_kv_heads, window),
         arch=arch,
         **fields,
+        **moe_from_hf(cfg_file, raw, arch),
     )
 
 
 def _deepseek_v2(
     root: Path, raw: dict[str, Any], num_heads: int, fields: dict[str, Any]
 ) -> ModelConfig:
-    """DeepSeek-V2 (transformers' DeepseekV2Config): MLA attention, dense MLP layers only."""
+    """DeepSeek-V2 (transformers' DeepseekV2Config): MLA attention; layers from
+    first_k_dense_replace on are mixture-of-experts (core/moe_checkpoint.py)."""
     cfg_file = root / "config.json"
-    num_layers = fields["num_layers"]
-    # transformers makes layer i an MoE layer when i >= first_k_dense_replace.
-    first_dense = int(raw.get("first_k_dense_replace", 0))
-    if first_dense < num_layers:
-        raise UserError(
-            f"{cfg_file}: layers {first_dense}..{num_layers - 1} are mixture-of-experts "
-            f"(first_k_dense_replace={first_dense}); MoE layers are not implemented in the "
-            "engine yet"
-        )
     try:
         q_lora = raw.get("q_lora_rank")
         attention = AttentionConfig(
@@ -257,6 +252,7 @@ def _deepseek_v2(
         attention=attention,
         arch="deepseek_v2",
         **fields,
+        **moe_from_hf(cfg_file, raw, "deepseek_v2"),
     )
 
 

@@ -58,6 +58,7 @@ from infbench.model import dtypes
 from infbench.model.calibrated_quant import quantize_with_calibration
 from infbench.model.gguf_blocks import empty_format, format_parts, map_rows, native_weight
 from infbench.model.layers import SwiGLUMLP
+from infbench.model.moe import expert_views, moe_target
 from infbench.model.prune import apply_prune
 from infbench.model.quant import (
     QuantEmbedding,
@@ -347,6 +348,12 @@ class _WeightSink:
             for s in range(len(self.shards.get(name, [0])))
         }
         self.is_tied = model.lm_head is None
+        # MoE: per-expert checkpoint tensors fill views of the stacked expert parameters.
+        views, view_shards, stacked = expert_views(model)
+        self.params.update(views)
+        self.shards.update(view_shards)
+        self.pending = {p for p in self.pending if p[0] not in stacked}
+        self.pending |= {(n, s) for n in views for s in range(len(view_shards.get(n, [0])))}
 
     def target(self, hf_name: str) -> tuple[str, int] | None:
         """(our name, shard) for a checkpoint tensor; None for tensors we deliberately skip."""
@@ -356,6 +363,9 @@ class _WeightSink:
             return None
         if hf_name in _TOP:
             return _TOP[hf_name], 0
+        moe = moe_target(hf_name)  # routed and shared experts (model/moe.py)
+        if moe is not None:
+            return moe
         mamba = _MAMBA_LAYER.fullmatch(hf_name)
         if mamba:
             inner = mamba.group(3)

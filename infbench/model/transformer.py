@@ -22,8 +22,9 @@ from infbench.core.errors import ConfigError
 from infbench.model.context import AttentionContext
 from infbench.model.layers import RMSNorm, SwiGLUMLP, apply_rope, build_rope_cache
 from infbench.model.linear import make_linear, tied_logits
+from infbench.model.moe import MoEMLP
 from infbench.model.ops import Ops
-from infbench.roofline.shapes import has_mlp
+from infbench.roofline.shapes import has_mlp, is_moe_layer
 from kernels.cpu_decode_layer import MAX_ROWS as MAX_FUSED_DECODES
 
 
@@ -134,6 +135,8 @@ class DecoderLayer(nn.Module):
             self.mlp = SwiGLUMLP(
                 config.hidden_size, config.intermediate_size, quant, dtype=dtype, device=device
             )
+        if self.mlp is not None and is_moe_layer(config, layer):  # router + experts
+            self.mlp = MoEMLP(config, quant, dtype, device)
 
     def forward(
         self,
@@ -208,11 +211,6 @@ class Transformer(nn.Module):
         quant: QuantConfig | None = None,
     ) -> None:
         super().__init__()
-        if config.moe is not None:
-            raise ConfigError(
-                f"model {config.name!r}: mixture-of-experts MLPs are not implemented in "
-                "infbench.model yet (they come with the MoE work)"
-            )
         self.config = config
         self.dtype = dtype
         self.layer_specs = config.layers()

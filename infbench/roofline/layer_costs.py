@@ -210,7 +210,9 @@ def _mlp(acc: Totals, cfg: ModelConfig, spec: LayerSpec, t: int, a: int) -> None
     assert moe is not None
     _matmul(acc, "moe_router", t, d, moe.num_experts, a)
     if moe.num_shared_experts:
-        _swiglu(acc, "moe_shared", t, d, moe.moe_intermediate_size * moe.num_shared_experts, a)
+        _swiglu(acc, "moe_shared", t, d, moe.shared_size, a)
+        if moe.shared_gate:
+            _matmul(acc, "moe_shared", t, d, 1, a)
     _swiglu(acc, "moe_experts", t * moe.num_experts_per_tok, d, moe.moe_intermediate_size, a)
     add(acc, "moe_experts", "matmul", act=t * d * a)  # the weighted combine writes once
 

@@ -153,8 +153,10 @@ def _mlp_weights(cfg: ModelConfig, spec: LayerSpec) -> list[Weight]:
     mi = moe.moe_intermediate_size
     ws = [Weight("moe_router", d, moe.num_experts, quantized=False)]
     if moe.num_shared_experts:
-        fs = mi * moe.num_shared_experts
+        fs = moe.shared_size
         ws += [Weight("moe_shared", d, 2 * fs), Weight("moe_shared", fs, d)]
+        if moe.shared_gate:  # Qwen2-MoE: one sigmoid gate per token on the shared output
+            ws.append(Weight("moe_shared", d, 1, quantized=False))
     e = moe.num_experts
     return [
         *ws,

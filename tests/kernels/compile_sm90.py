@@ -19,6 +19,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from kernels import activation, rmsnorm, rope, store_kv  # noqa: E402
+from kernels import fused_moe as moe  # noqa: E402
 from kernels import paged_decode_attention as pda  # noqa: E402
 from kernels import prefill_attention as pa  # noqa: E402
 from kernels import quant_matmul as qm  # noqa: E402
@@ -96,6 +97,13 @@ def variants(dt: str):
                    {**ptrs, "out_ptr": p},
                    dict(BITS=bits, BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, COL_SCALES=col,
                         DOT_PRECISION=prec))
+    # Fused MoE (kernels/fused_moe.py): the gate/up and the down GEMMs over sorted pairs.
+    sort = dict(sorted_ptr="*i32", block_expert_ptr="*i32")
+    tiles = dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=64, DOT_PRECISION=prec)
+    yield (f"moe gate_up {dt}", moe._moe_gate_up_kernel,
+           dict(x_ptr=p, w13_ptr=p, inter_ptr=p, **sort), tiles)
+    yield (f"moe down {dt}", moe._moe_down_kernel,
+           dict(inter_ptr=p, w2_ptr=p, out_ptr="*fp32", weights_ptr="*fp32", **sort), tiles)
 
 if __name__ == "__main__":
     dtypes = sys.argv[1:] or ["bf16"]

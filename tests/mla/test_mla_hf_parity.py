@@ -91,14 +91,16 @@ def test_config_mapping(tmp_path: Path) -> None:
     assert scaling["mscale_all_dim"] == 0.4 and cfg.rope_theta == 10000.0
 
 
-def test_moe_checkpoint_is_a_one_line_user_error(tmp_path: Path) -> None:
+def test_unsupported_moe_routing_is_a_one_line_user_error(tmp_path: Path) -> None:
     write_hf_deepseek_v2(tmp_path)
     raw = json.loads((tmp_path / "config.json").read_text())
-    raw["first_k_dense_replace"] = 1  # layer 1 becomes an MoE layer
+    raw.update(first_k_dense_replace=1, n_routed_experts=4, num_experts_per_tok=2,
+               moe_intermediate_size=16, topk_method="noaux_tc")  # DeepSeek-V3's routing
     (tmp_path / "config.json").write_text(json.dumps(raw))
-    with pytest.raises(UserError, match="MoE layers are not implemented") as info:
+    with pytest.raises(UserError, match="unsupported MoE routing 'noaux_tc'; supported: "
+                       "greedy, group_limited_greedy") as info:
         load_model({"path": str(tmp_path)})
-    assert "\n" not in str(info.value) and "layers 1..1" in str(info.value)
+    assert "\n" not in str(info.value)
 
 
 def test_absorbed_weights_are_views_of_kv_b_proj(tmp_path: Path) -> None:

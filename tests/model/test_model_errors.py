@@ -102,7 +102,10 @@ def test_smollm2_package_missing(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_unimplemented_features_refuse() -> None:
     # make_linear builds float projections; quantization replaces them after loading.
     assert isinstance(make_linear(8, 4, quant=QuantConfig(weights="int8")), torch.nn.Linear)
-    _raises(ConfigError, "mixture-of-experts", load_model, {"preset": "tiny-moe"})
+    # An MoE variant the router does not implement names itself and what is supported.
+    _raises(ConfigError, "unsupported scoring function 'sparsemax'; supported: softmax, "
+            "sigmoid", load_model, {"preset": "tiny-moe"},
+            overrides={"moe": {"scoring": "sparsemax"}})
 
 
 def test_no_chat_template(tmp_path: Path) -> None:

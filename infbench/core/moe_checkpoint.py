@@ -1,0 +1,108 @@
+"""The MoE part of a Hugging Face config.json -> MoEConfig (no torch).
+
+Mixtral (MixtralForCausalLM), Qwen2-MoE (Qwen2MoeForCausalLM) and DeepSeek-V2
+(DeepseekV2ForCausalLM) spell the same router differently; this module reads each
+spelling into one `MoEConfig` and refuses, in one line that lists what is supported,
+the variants the engine does not implement (another scoring function or top-k method,
+MoE only every n-th layer, dense layers between MoE layers).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from infbench.core.config import MOE_SCORING, MoEConfig
+from infbench.core.errors import ConfigError, UserError
+
+MOE_ARCHITECTURES = {
+    "MixtralForCausalLM": "mixtral",
+    "Qwen2MoeForCausalLM": "qwen2_moe",
+}
+TOPK_METHODS = ("greedy", "group_limited_greedy")  # DeepSeek-V2's topk_method values
+
+
+def _count(cfg_file: Path, raw: dict[str, Any], key: str, default: int | None = None,
+           minimum: int = 1) -> int:
+    value = raw.get(key, default)
+    if value is None:
+        raise UserError(f"{cfg_file}: missing key {key!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise UserError(f"{cfg_file}: {key}: must be an integer >= {minimum} (got {value!r})")
+    return value
+
+
+def _scoring(cfg_file: Path, raw: dict[str, Any]) -> str:
+    scoring = raw.get("scoring_func", "softmax")
+    if scoring not in MOE_SCORING:
+        raise UserError(f"{cfg_file}: scoring_func: unsupported MoE scoring function "
+                        f"{scoring!r}; supported: {', '.join(MOE_SCORING)}")
+    return str(scoring)
+
+
+def _make(cfg_file: Path, **fields: Any) -> MoEConfig:
+    try:
+        return MoEConfig(**fields)
+    except ConfigError as exc:
+        raise UserError(f"{cfg_file}: {exc}") from None
+
+
+def moe_from_hf(cfg_file: Path, raw: dict[str, Any], arch: str) -> dict[str, Any]:
+    """ModelConfig fields (`moe`, and Qwen2-MoE's `qkv_bias` when set) of an MoE
+    checkpoint; {} for a DeepSeek-V2 checkpoint whose layers are all dense."""
+    if arch == "mixtral":
+        return {"moe": _make(
+            cfg_file, num_experts=_count(cfg_file, raw, "num_local_experts"),
+            num_experts_per_tok=_count(cfg_file, raw, "num_experts_per_tok"),
+            moe_intermediate_size=_count(cfg_file, raw, "intermediate_size"),
+            norm_topk_prob=True)}  # Mixtral always renormalizes its top-k weights
+    if arch == "qwen2_moe":
+        return _qwen2_moe(cfg_file, raw)
+    if arch == "deepseek_v2":
+        return _deepseek_v2(cfg_file, raw)
+    return {}
+
+
+def _qwen2_moe(cfg_file: Path, raw: dict[str, Any]) -> dict[str, Any]:
+    if raw.get("mlp_only_layers") or _count(cfg_file, raw, "decoder_sparse_step", 1) != 1:
+        raise UserError(f"{cfg_file}: mlp_only_layers / decoder_sparse_step != 1 (dense MLP "
+                        "layers among the MoE layers) are not supported; supported: every "
+                        "layer MoE (mlp_only_layers [], decoder_sparse_step 1)")
+    shared = _count(cfg_file, raw, "shared_expert_intermediate_size", 0, minimum=0)
+    fields: dict[str, Any] = {"moe": _make(
+        cfg_file, num_experts=_count(cfg_file, raw, "num_experts"),
+        num_experts_per_tok=_count(cfg_file, raw, "num_experts_per_tok"),
+        moe_intermediate_size=_count(cfg_file, raw, "moe_intermediate_size"),
+        num_shared_experts=1 if shared else 0,
+        shared_intermediate_size=shared or None, shared_gate=bool(shared),
+        norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
+        scoring=_scoring(cfg_file, raw))}
+    if raw.get("qkv_bias", True):  # Qwen2's q/k/v projections carry biases
+        fields["qkv_bias"] = True
+    return fields
+
+
+def _deepseek_v2(cfg_file: Path, raw: dict[str, Any]) -> dict[str, Any]:
+    num_layers = _count(cfg_file, raw, "num_hidden_layers")
+    first_dense = _count(cfg_file, raw, "first_k_dense_replace", 0, minimum=0)
+    if first_dense >= num_layers or not raw.get("n_routed_experts"):
+        return {}  # every layer dense
+    if _count(cfg_file, raw, "moe_layer_freq", 1) != 1:
+        raise UserError(f"{cfg_file}: moe_layer_freq {raw['moe_layer_freq']!r} is not "
+                        "supported; supported: 1 (every layer after first_k_dense_replace)")
+    method = raw.get("topk_method", "greedy")
+    if method not in TOPK_METHODS:
+        raise UserError(f"{cfg_file}: topk_method: unsupported MoE routing {method!r}; "
+                        f"supported: {', '.join(TOPK_METHODS)}")
+    grouped = method == "group_limited_greedy"
+    factor = raw.get("routed_scaling_factor", 1.0)
+    return {"moe": _make(
+        cfg_file, num_experts=_count(cfg_file, raw, "n_routed_experts"),
+        num_experts_per_tok=_count(cfg_file, raw, "num_experts_per_tok"),
+        moe_intermediate_size=_count(cfg_file, raw, "moe_intermediate_size"),
+        num_shared_experts=_count(cfg_file, raw, "n_shared_experts", 0, minimum=0),
+        first_k_dense=first_dense, scoring=_scoring(cfg_file, raw),
+        norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
+        n_group=_count(cfg_file, raw, "n_group", 1) if grouped else 1,
+        topk_group=_count(cfg_file, raw, "topk_group", 1) if grouped else 1,
+        routed_scaling_factor=float(factor) if factor is not None else 1.0)}

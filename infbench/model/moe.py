@@ -1,0 +1,193 @@
+"""Mixture-of-experts MLP: router, grouped routed experts, shared experts, routing counts.
+
+The router follows the checkpoints it loads (docs/moe.md): softmax or sigmoid scores in
+float32, DeepSeek's group-limited top-k (keep the `topk_group` of `n_group` expert groups
+with the highest best score, zero the rest), top-k, optional renormalization of the k
+weights, then `routed_scaling_factor`.  Routed experts run grouped by expert
+(`kernels.fused_moe`: the Triton kernel on the `triton` backend, the torch reference
+elsewhere); shared experts are one always-on SwiGLU, scaled per token by a sigmoid gate
+in Qwen2-MoE.
+
+Every forward adds the tokens each routed expert received to `expert_counts`; the engine
+reads and clears them once per step (`take_routing_counts`) for the routing statistics.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+from torch import nn
+
+from infbench.core.config import MOE_SCORING, ModelConfig, MoEConfig, QuantConfig
+from infbench.core.errors import ConfigError
+from infbench.model.layers import SwiGLUMLP
+from infbench.model.ops import Ops
+from kernels.fused_moe import fused_moe, fused_moe_ref
+
+
+def route(logits: torch.Tensor, moe: MoEConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Router logits (T, E) -> (weights (T, k) float32, expert ids (T, k) int64)."""
+    logits = logits.float()
+    if moe.scoring == "softmax":
+        scores = logits.softmax(dim=-1)
+    elif moe.scoring == "sigmoid":
+        scores = logits.sigmoid()
+    else:
+        raise ConfigError(f"moe.scoring: unsupported scoring function {moe.scoring!r}; "
+                          f"supported: {', '.join(MOE_SCORING)}")
+    if moe.n_group > 1:
+        num_tokens = scores.shape[0]
+        grouped = scores.view(num_tokens, moe.n_group, -1)  # (T, G, E / G)
+        best = grouped.max(dim=-1).values  # (T, G): a group's best expert score
+        keep = best.topk(moe.topk_group, dim=-1).indices  # (T, topk_group)
+        mask = torch.zeros_like(best).scatter_(1, keep, 1.0).bool()  # (T, G)
+        scores = grouped.masked_fill(~mask[..., None], 0.0).view(num_tokens, -1)  # (T, E)
+    weights, ids = scores.topk(moe.num_experts_per_tok, dim=-1)  # (T, k) each
+    if moe.norm_topk_prob:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights * moe.routed_scaling_factor, ids
+
+
+class MoEMLP(nn.Module):
+    """Router + routed experts (stacked: w13 (E, 2I, H) gate rows then up, w2 (E, H, I))
+    + shared experts.  Parameter names follow the checkpoints: `gate` is the router,
+    `shared_experts` the shared SwiGLU, `shared_expert_gate` Qwen2-MoE's scalar gate."""
+
+    def __init__(self, config: ModelConfig, quant: QuantConfig | None,
+                 dtype: torch.dtype | None, device: Any) -> None:
+        super().__init__()
+        moe = config.moe
+        assert moe is not None
+        self.moe = moe
+        h, e, i = config.hidden_size, moe.num_experts, moe.moe_intermediate_size
+        kw: dict[str, Any] = dict(dtype=dtype, device=device)
+        self.gate = nn.Linear(h, e, bias=False, **kw)  # router: never quantized
+        self.w13 = nn.Parameter(torch.empty(e, 2 * i, h, **kw))  # (E, 2I, H)
+        self.w2 = nn.Parameter(torch.empty(e, h, i, **kw))  # (E, H, I)
+        self.shared_experts: SwiGLUMLP | None = None
+        self.shared_expert_gate: nn.Linear | None = None
+        if moe.shared_size:
+            self.shared_experts = SwiGLUMLP(h, moe.shared_size, quant, **kw)
+            if moe.shared_gate:
+                self.shared_expert_gate = nn.Linear(h, 1, bias=False, **kw)
+        self.use_kernel = False
+        self.expert_counts: torch.Tensor | None = None  # (E,) int64 tokens since last take
+
+    def set_ops(self, ops: Ops) -> None:
+        """The triton backend runs the fused kernel; torch and cpu the grouped reference."""
+        self.use_kernel = ops.name == "triton"
+        if self.shared_experts is not None:
+            self.shared_experts.set_ops(ops)
+
+    def routed(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Routing of x (T, H): weights (T, k) float32, ids (T, k) int64."""
+        return route(self.gate(x), self.moe)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = self.routed(x)
+        counts = torch.zeros(self.moe.num_experts, dtype=torch.int64, device=x.device)
+        counts.index_add_(0, ids.reshape(-1), torch.ones_like(ids.reshape(-1)))
+        self.expert_counts = counts if self.expert_counts is None else self.expert_counts + counts
+        run = fused_moe if self.use_kernel and x.is_cuda else fused_moe_ref
+        out = run(x.contiguous(), self.w13, self.w2, weights.to(x.dtype), ids)  # (T, H)
+        if self.shared_experts is not None:
+            shared = self.shared_experts(x)  # (T, H)
+            if self.shared_expert_gate is not None:
+                shared = torch.sigmoid(self.shared_expert_gate(x)) * shared  # (T, 1) * (T, H)
+            out = out + shared
+        return out
+
+
+def moe_layers(model: nn.Module) -> list[MoEMLP]:
+    """The model's MoE MLPs in layer order."""
+    return [m for m in model.modules() if isinstance(m, MoEMLP)]
+
+
+def take_routing_counts(model: nn.Module) -> list[list[int]] | None:
+    """Tokens per routed expert of each MoE layer since the last call (then cleared);
+    None for a model without MoE layers."""
+    layers = moe_layers(model)
+    if not layers:
+        return None
+    rows = []
+    for m in layers:
+        counts = m.expert_counts
+        rows.append([0] * m.moe.num_experts if counts is None else counts.tolist())
+        m.expert_counts = None
+    return rows
+
+
+# ------------------------------------------------------------ checkpoint names
+# Per-expert checkpoint tensors land in views of the stacked parameters, named as if each
+# expert were a fused SwiGLU: "mlp.experts.<e>.gate_up_proj.weight" (gate shard 0, up 1)
+# and "mlp.experts.<e>.down_proj.weight".
+_EXPERT_LEAVES = {
+    "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
+    "down_proj": ("down_proj", 0),
+    "w1": ("gate_up_proj", 0), "w3": ("gate_up_proj", 1), "w2": ("down_proj", 0),  # Mixtral
+}
+
+
+def expert_views(model: nn.Module) -> tuple[dict[str, Any], dict[str, list[int]], set[str]]:
+    """(views by name, their shard row counts, the stacked parameter names they replace).
+
+    The views are plain tensors that a loader writes like parameters (hence Any)."""
+    views: dict[str, Any] = {}
+    shards: dict[str, list[int]] = {}
+    stacked: set[str] = set()
+    for prefix, module in model.named_modules():
+        if not isinstance(module, MoEMLP):
+            continue
+        stacked |= {f"{prefix}.w13", f"{prefix}.w2"}
+        inter = module.w2.shape[2]
+        for e in range(module.w13.shape[0]):
+            views[f"{prefix}.experts.{e}.gate_up_proj.weight"] = module.w13[e]
+            shards[f"{prefix}.experts.{e}.gate_up_proj.weight"] = [inter, inter]
+            views[f"{prefix}.experts.{e}.down_proj.weight"] = module.w2[e]
+    return views, shards, stacked
+
+
+def hf_moe_leaf(leaf: str) -> tuple[str, int] | None:
+    """A checkpoint leaf under `model.layers.<i>.` -> (our leaf, shard), or None when it is
+    not an MoE tensor.  Mixtral's `block_sparse_moe.*`, Qwen2-MoE's `shared_expert.*` and
+    DeepSeek's `shared_experts.*` all map to one layout."""
+    parts = leaf.split(".")
+    if parts[0] == "block_sparse_moe":
+        parts[0] = "mlp"
+    if len(parts) < 3 or parts[0] != "mlp" or parts[-1] != "weight":
+        return None
+    if parts[1] == "experts" and len(parts) == 5 and parts[3] in _EXPERT_LEAVES:
+        name, shard = _EXPERT_LEAVES[parts[3]]
+        return f"mlp.experts.{parts[2]}.{name}.weight", shard
+    if parts[1] in ("shared_expert", "shared_experts") and len(parts) == 4:
+        fused = {"gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
+                 "down_proj": ("down_proj", 0)}.get(parts[2])
+        if fused is not None:
+            return f"mlp.shared_experts.{fused[0]}.weight", fused[1]
+    if leaf == "block_sparse_moe.gate.weight":
+        return "mlp.gate.weight", 0
+    return None
+
+
+_LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)")
+
+
+def moe_target(hf_name: str) -> tuple[str, int] | None:
+    """A checkpoint tensor name -> (our parameter or view name, shard) for MoE tensors."""
+    match = _LAYER.fullmatch(hf_name)
+    found = hf_moe_leaf(match.group(2)) if match else None
+    if match is None or found is None:
+        return None
+    return f"layers.{match.group(1)}.{found[0]}", found[1]
+
+
+def routed_expert_bytes(model: nn.Module) -> int:
+    """Bytes of one routed expert's weights (gate, up and down), as stored."""
+    layers = moe_layers(model)
+    if not layers:
+        return 0
+    m = layers[0]
+    return (m.w13[0].numel() + m.w2[0].numel()) * m.w13.element_size()
+

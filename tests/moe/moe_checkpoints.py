@@ -1,0 +1,55 @@
+"""Tiny random Mixtral / Qwen2-MoE / DeepSeek-V2 MoE checkpoints written by transformers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+VOCAB = 96
+_COMMON: dict[str, Any] = dict(vocab_size=VOCAB, hidden_size=64, num_attention_heads=4,
+                               max_position_embeddings=128, rms_norm_eps=1e-5,
+                               tie_word_embeddings=False)
+
+
+def _build(kind: str, **cfg: Any) -> Any:
+    import transformers as tf
+
+    if kind == "mixtral":
+        base = dict(_COMMON, num_key_value_heads=2, intermediate_size=48, num_hidden_layers=2,
+                    num_local_experts=8, num_experts_per_tok=2)
+        return tf.MixtralForCausalLM(tf.MixtralConfig(**{**base, **cfg}))
+    if kind == "qwen2_moe":
+        base = dict(_COMMON, num_key_value_heads=2, intermediate_size=96, num_hidden_layers=2,
+                    moe_intermediate_size=32, shared_expert_intermediate_size=80,
+                    num_experts=6, num_experts_per_tok=2, norm_topk_prob=False,
+                    qkv_bias=False)
+        return tf.Qwen2MoeForCausalLM(tf.Qwen2MoeConfig(**{**base, **cfg}))
+    if kind == "deepseek_v2":  # DeepSeek-V2-Lite's structure: layer 0 dense, then MoE
+        base = dict(_COMMON, intermediate_size=96, num_hidden_layers=3, kv_lora_rank=32,
+                    q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
+                    first_k_dense_replace=1, n_routed_experts=8, num_experts_per_tok=3,
+                    moe_intermediate_size=24, n_shared_experts=2, n_group=4, topk_group=2,
+                    topk_method="group_limited_greedy", routed_scaling_factor=1.5)
+        return tf.DeepseekV2ForCausalLM(tf.DeepseekV2Config(**{**base, **cfg}))
+    raise ValueError(kind)
+
+
+def write_hf_moe(tmp: Path, kind: str, seed: int = 0, **cfg: Any) -> Any:
+    """Save a tiny random MoE model with save_pretrained; return it (eval, fp32).
+
+    Router weights are drawn wide (std 1) so tokens spread over the experts with clear
+    score gaps; norms are random so a wrong mapping cannot hide behind all-ones."""
+    torch.manual_seed(seed)
+    model = _build(kind, **cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.uniform_(0.5, 1.5)
+            elif name.endswith(("mlp.gate.weight", "block_sparse_moe.gate.weight")):
+                p.normal_(0.0, 1.0)
+            elif p.dim() >= 2:
+                p.normal_(0.0, 0.05)
+    model.save_pretrained(tmp)
+    return model
