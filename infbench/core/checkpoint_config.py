@@ -26,6 +26,7 @@ from infbench.core.config import (
 )
 from infbench.core.errors import ConfigError, DamagedFileError, UserError
 from infbench.core.gguf_types import LOADABLE_TYPES, TensorInfo, native_mix
+from infbench.core.hf_families import FAMILY_ARCHITECTURES, FAMILY_MODEL_TYPES, family_config
 from infbench.core.moe_checkpoint import MOE_ARCHITECTURES, moe_from_hf
 
 if TYPE_CHECKING:
@@ -37,6 +38,7 @@ HF_ARCHITECTURES = {
     "MistralForCausalLM": "mistral",
     "DeepseekV2ForCausalLM": "deepseek_v2",
     "MambaForCausalLM": "mamba",
+    **FAMILY_ARCHITECTURES,  # Qwen2/2.5, Qwen3, Gemma-2, Gemma-3 (text), Phi-3
 }
 GGUF_ARCHITECTURES = ("llama",)
 HF_ARCHITECTURES.update(MOE_ARCHITECTURES)  # Mixtral, Qwen2-MoE (core/moe_checkpoint.py)
@@ -101,6 +103,8 @@ def _hf_arch(cfg_file: Path, raw: dict[str, Any]) -> str:
     if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
         raise UserError(f"{cfg_file}: architectures: must be a list of class names")
     by_type = {v: k for k, v in HF_ARCHITECTURES.items()}
+    by_type.update({t: k for k, v in FAMILY_ARCHITECTURES.items()
+                    for t, a in FAMILY_MODEL_TYPES.items() if a == v})
     # transformers writes no "architectures" when only a config was saved; fall back to model_type.
     name = archs[0] if archs else by_type.get(raw.get("model_type", ""), raw.get("model_type"))
     if name not in HF_ARCHITECTURES:
@@ -144,7 +148,8 @@ _HF_INT_KEYS = (
     "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim",
     "first_k_dense_replace", "state_size", "conv_kernel", "expand",
 )
-_HF_FLOAT_KEYS = ("rms_norm_eps", "layer_norm_epsilon", "rope_theta")
+_HF_FLOAT_KEYS = ("rms_norm_eps", "layer_norm_epsilon", "rope_theta", "query_pre_attn_scalar",
+                  "attn_logit_softcapping", "final_logit_softcapping", "partial_rotary_factor")
 
 
 def _check_types(cfg_file: Path, raw: dict[str, Any]) -> None:
@@ -171,6 +176,8 @@ def _config_from_raw(root: Path, raw: dict[str, Any]) -> ModelConfig:
     arch = _hf_arch(cfg_file, raw)
     if arch == "mamba":
         return _mamba(root, raw)
+    if arch in FAMILY_ARCHITECTURES.values():
+        return family_config(cfg_file, raw, arch, root.resolve().name)
     if raw.get("hidden_act", "silu") != "silu":
         raise UserError(f"{cfg_file}: hidden_act {raw['hidden_act']!r} unsupported; allowed: silu")
     for key in ("attention_bias", "mlp_bias"):

@@ -54,6 +54,8 @@ DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 assert tuple(DTYPE_BYTES) == DTYPES
 # Mixer kinds of a resolved layer.
 MIXERS = ("attention", "mla", "linear", "ssm")
+# ModelConfig.arch values whose blocks are Gemma's (docs/architectures.md).
+GEMMA_ARCHS = ("gemma2", "gemma3")
 
 
 # Sane upper limits (inclusive).  The analytic model is O(1) in the batch and the
@@ -382,6 +384,7 @@ class LayerSpec:
     window: int | None = None  # attention only: None is full causal attention
     owns_kv: bool = True  # CLA: only the first layer of a group writes KV
     kv_source: int = -1  # CLA: index of the layer whose KV this layer reads
+    softcap: float | None = None  # attention only: scores -> cap * tanh(scores / cap) (Gemma-2)
 
     @property
     def has_kv_cache(self) -> bool:
@@ -408,6 +411,14 @@ class ModelConfig:
     attention: AttentionConfig = field(default_factory=AttentionConfig)
     moe: MoEConfig | None = None
     arch: str = "llama"  # llama | mistral | deepseek_v2 | mamba (what a loader maps)
+    # Architecture features (docs/architectures.md); the defaults are Llama's.
+    qkv_bias: bool = False  # Qwen2: biases on the q/k/v projections
+    qk_norm: bool = False  # Qwen3, Gemma-3: per-head RMSNorm of q and k before RoPE
+    rotary_dim: int | None = None  # partial RoPE (Phi-3 partial_rotary_factor); None: head dim
+    attn_logit_softcap: float | None = None  # Gemma-2: scores -> cap * tanh(scores / cap)
+    final_logit_softcap: float | None = None  # Gemma-2: the same on the LM head's logits
+    query_pre_attn_scalar: float | None = None  # Gemma: softmax scale scalar**-0.5, not D**-0.5
+    rope_local_theta: float | None = None  # Gemma-3: RoPE base of the sliding-window layers
 
     def __post_init__(self) -> None:
         _check_positive(
@@ -455,6 +466,30 @@ class ModelConfig:
             )
         if self.moe is not None and self.moe.first_k_dense > self.num_layers:
             raise ConfigError("moe.first_k_dense exceeds model.num_layers")
+        self._check_features()
+
+    def _check_features(self) -> None:
+        """The architecture feature fields (qkv_bias ... rope_local_theta)."""
+        if self.rotary_dim is not None:
+            check_count("model", "rotary_dim", self.rotary_dim, self.dim_head)
+            if self.rotary_dim % 2:
+                raise ConfigError(f"model.rotary_dim must be even (RoPE rotates pairs), "
+                                  f"got {self.rotary_dim}")
+        for key in ("attn_logit_softcap", "final_logit_softcap", "query_pre_attn_scalar",
+                    "rope_local_theta"):
+            value = getattr(self, key)
+            if value is not None:
+                check_real("model", key, value)
+
+    @property
+    def is_gemma(self) -> bool:
+        """Gemma-2/3 blocks: (1 + w) RMSNorms around both sublayers, GeGLU, scaled embeddings."""
+        return self.arch in GEMMA_ARCHS
+
+    @property
+    def rot_dim(self) -> int:
+        """Dimensions of each head that RoPE rotates."""
+        return self.rotary_dim if self.rotary_dim is not None else self.dim_head
 
     # ----------------------------------------------------------------- shapes
     @property
@@ -497,6 +532,10 @@ class ModelConfig:
                 specs.append(LayerSpec(i, "attention", None if is_global else a.window, True, i))
             else:
                 specs.append(LayerSpec(i, "attention", kv_source=i))
+        if self.attn_logit_softcap is not None:
+            cap = self.attn_logit_softcap
+            specs = [dataclasses.replace(s, softcap=cap) if s.mixer == "attention" else s
+                     for s in specs]
         return tuple(specs)
 
     def with_overrides(self, **overrides: Any) -> ModelConfig:

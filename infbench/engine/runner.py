@@ -29,6 +29,7 @@ from infbench.engine.scheduler import ScheduledSeq, SchedulerOutput
 from infbench.engine.verify import verify_greedy, verify_sampled
 from infbench.model.context import LanguageModel, LayerState
 from infbench.model.ops import Ops
+from infbench.model.softcap import paged_softcapped_attention
 
 
 @dataclass
@@ -178,6 +179,8 @@ class PagedAttentionContext:
         if k is not None and v is not None:  # CLA non-owners reuse their group's cache
             self.ops.store_kv(k, v, k_cache, v_cache, slot_mapping, k_scales, v_scales)
         nd = inp.num_decode
+        if layer.softcap is not None:  # no kernel caps scores: model/softcap.py, any backend
+            return self._softcapped(layer, q, k_cache, v_cache, k_scales, v_scales, scale)
         if nd == q.shape[0]:
             return self.ops.decode_attention(  # type: ignore[no-any-return]
                 q, k_cache, v_cache, decode_tables, inp.decode_context_lens, scale,
@@ -195,6 +198,28 @@ class PagedAttentionContext:
             q[nd:], k_cache, v_cache, inp.prefill_cu_seqlens, inp.prefill_context_lens,
             prefill_tables, scale, layer.window, k_scales=k_scales, v_scales=v_scales)
         return out
+
+
+    def _softcapped(self, layer: LayerSpec, q: torch.Tensor, k_cache: torch.Tensor,
+                    v_cache: torch.Tensor, k_scales: torch.Tensor | None,
+                    v_scales: torch.Tensor | None, scale: float) -> torch.Tensor:
+        """Soft-capped attention (Gemma-2) of the step: decode rows, then prefill rows."""
+        assert layer.softcap is not None
+        inp = self.inputs
+        _, decode_tables, prefill_tables = self.paged(layer)
+        nd = inp.num_decode
+        parts = []
+        if nd:  # each decode row: one query over its own context
+            parts.append(paged_softcapped_attention(
+                q[:nd], k_cache, v_cache, list(range(nd + 1)),
+                inp.decode_context_lens.tolist(), decode_tables, scale, layer.window,
+                layer.softcap, k_scales, v_scales))
+        if nd < q.shape[0]:
+            parts.append(paged_softcapped_attention(
+                q[nd:], k_cache, v_cache, inp.prefill_cu_seqlens.tolist(),
+                inp.prefill_context_lens.tolist(), prefill_tables, scale, layer.window,
+                layer.softcap, k_scales, v_scales))
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 class ModelRunner:

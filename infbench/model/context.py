@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from infbench.core.config import LayerSpec, ModelConfig
+from infbench.model.softcap import softcapped_attention
 
 
 @dataclass
@@ -204,6 +205,11 @@ class DenseContext:
             qs = q[start:end].transpose(0, 1).unsqueeze(0)
             ks = k[start:end].transpose(0, 1).unsqueeze(0)
             vs = v[start:end].transpose(0, 1).unsqueeze(0)
+            if layer.softcap is not None:  # SDPA cannot cap scores: the explicit softmax
+                out[start:end] = softcapped_attention(
+                    q[start:end], ks[0], vs[0], torch.arange(end - start, device=q.device),
+                    scale, layer.window, layer.softcap)
+                continue
             o = _causal_sdpa(qs, ks, vs, layer.window, scale, is_gqa)
             out[start:end] = o.squeeze(0).transpose(0, 1)  # (L, Hq, D)
         return out

@@ -1,12 +1,13 @@
 """The `cpu` backend's fused decode layers: one C++ call per layer for decode steps.
 
 `build_decode_layers(model)` makes a `kernels.cpu_decode_layer` DecodeLayer for every layer
-it can (softmax attention — MHA/GQA/MQA, sliding window, CLA — with RMSNorms and a SwiGLU
-MLP whose projections are plain or int8/int4 `QuantLinear`s) and None for the others
-(MLA, linear attention, SSM, LLM.int8() or AWQ projections ...), which keep the per-op
-path.  `Transformer.forward` uses a layer's DecodeLayer when every token of the step is a
-single-token decode, there are at most 32 of them and the context offers an unquantized
-paged cache (`decode_layer_args`); the per-op path (`DecoderLayer.forward_fused`) is the
+it can (softmax attention — MHA/GQA/MQA, sliding window, CLA, q/k/v biases — with RMSNorms
+and a SwiGLU MLP whose projections are plain or int8/int4 `QuantLinear`s) and None for the
+others (MLA, linear attention, SSM, LLM.int8() or AWQ projections, q/k norms, partial RoPE,
+soft-capped scores, Gemma blocks ...), which keep the per-op path.  `Transformer.forward`
+uses a layer's DecodeLayer when every token of the step is a single-token decode, there are
+at most 32 of them and the context offers an unquantized paged cache
+(`decode_layer_args`); the per-op path (`DecoderLayer.forward_fused`) is the
 reference and gives the same values.
 
 Built when the engine binds the `cpu` ops; the DecodeLayers hold the weight tensors, so a
@@ -48,6 +49,9 @@ def build_decode_layers(model: Any, attention: type[nn.Module]) -> list[Any | No
         mlp: Any = layer.mlp
         plan = None
         kinds_ok = type(attn) is attention and type(mlp) is SwiGLUMLP  # no narrowing of Any
+        # The C++ layer has no q/k norms (Qwen3) and no score soft-capping (Gemma-2): such
+        # layers keep the per-op path, which computes them (model/softcap.py).
+        kinds_ok = kinds_ok and attn.q_norm is None and attn.layer.softcap is None
         if (dtype in (torch.float32, torch.bfloat16) and kinds_ok
                 and isinstance(layer.input_layernorm, RMSNorm)
                 and isinstance(layer.post_attention_layernorm, RMSNorm)

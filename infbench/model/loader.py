@@ -56,6 +56,7 @@ from infbench.core.gguf_types import (
 )
 from infbench.model import dtypes
 from infbench.model.calibrated_quant import quantize_with_calibration
+from infbench.model.gemma import GeGLUMLP
 from infbench.model.gguf_blocks import empty_format, format_parts, map_rows, native_weight
 from infbench.model.layers import SwiGLUMLP
 from infbench.model.moe import expert_views, moe_target
@@ -306,7 +307,14 @@ _LEAVES = {
     "mlp.down_proj.weight": ("mlp.down_proj.weight", 0),
     "input_layernorm.weight": ("input_layernorm.weight", 0),
     "post_attention_layernorm.weight": ("post_attention_layernorm.weight", 0),
+    # Qwen2's q/k/v biases, fused like their weights
+    "self_attn.q_proj.bias": ("self_attn.qkv_proj.bias", 0),
+    "self_attn.k_proj.bias": ("self_attn.qkv_proj.bias", 1),
+    "self_attn.v_proj.bias": ("self_attn.qkv_proj.bias", 2),
 }
+# Checkpoints that store a fused parameter whole (Phi-3): every shard at once.
+_WHOLE = -1
+_FUSED_LEAVES = ("self_attn.qkv_proj.weight", "mlp.gate_up_proj.weight")
 _TOP = {
     "model.embed_tokens.weight": "embed_tokens.weight",
     "model.norm.weight": "norm.weight",
@@ -340,7 +348,9 @@ class _WeightSink:
         for prefix, module in model.named_modules():
             if isinstance(module, Attention):
                 self.shards[f"{prefix}.qkv_proj.weight"] = module.split_sizes
-            elif isinstance(module, SwiGLUMLP):
+                if module.qkv_proj.bias is not None:
+                    self.shards[f"{prefix}.qkv_proj.bias"] = module.split_sizes
+            elif isinstance(module, SwiGLUMLP | GeGLUMLP):
                 size = module.intermediate_size
                 self.shards[f"{prefix}.gate_up_proj.weight"] = [size, size]
         self.pending = {
@@ -372,6 +382,8 @@ class _WeightSink:
             leaf = "input_layernorm.weight" if inner is None else f"self_attn.{inner}"
             return f"layers.{mamba.group(1)}.{leaf}", 0
         match = _LAYER.fullmatch(hf_name)
+        if match and match.group(2) in _FUSED_LEAVES:
+            return f"layers.{match.group(1)}.{match.group(2)}", _WHOLE
         if match and f"layers.{match.group(1)}.{match.group(2)}" in self.params:
             # Unfused parameters carry the checkpoint's own names (DeepSeek-V2's MLA).
             return f"layers.{match.group(1)}.{match.group(2)}", 0
@@ -389,8 +401,12 @@ class _WeightSink:
             raise UserError(f"{self.origin}: tensor {hf_name!r} has no place in this model config")
         param = self.params[name]
         sizes = self.shards.get(name, [param.shape[0]])
-        start = sum(sizes[:shard])
-        rows = param[start : start + sizes[shard]]  # view of this shard's rows
+        rows: torch.Tensor
+        if shard == _WHOLE:  # the fused tensor as the checkpoint stores it: all shards
+            rows = param
+        else:
+            start = sum(sizes[:shard])
+            rows = param[start : start + sizes[shard]]  # view of this shard's rows
         if tuple(rows.shape) != tuple(tensor.shape):
             raise UserError(
                 f"{self.origin}: tensor {hf_name!r} has shape {tuple(tensor.shape)}, "
@@ -398,6 +414,8 @@ class _WeightSink:
             )
         with torch.no_grad():
             rows.copy_(tensor)  # converts dtype and device
+        if shard == _WHOLE:
+            self.pending -= {(name, s) for s in range(len(sizes))}
         self.pending.discard((name, shard))
 
     def put_native(self, hf_name: str, weight: Int4Weight | Int8Weight) -> None:
@@ -407,6 +425,9 @@ class _WeightSink:
             raise UserError(f"{self.origin}: tensor {hf_name!r} has no quantized place in "
                             "this model config")
         name, shard = dest
+        if shard == _WHOLE:
+            raise UserError(f"{self.origin}: tensor {hf_name!r}: fused quantized tensors "
+                            "are not supported")
         module = self.native[name]
         sizes = self.shards.get(name, [module.out_features])
         start = sum(sizes[:shard])

@@ -20,10 +20,12 @@ from torch import nn
 from infbench.core.config import LayerSpec, ModelConfig, QuantConfig
 from infbench.core.errors import ConfigError
 from infbench.model.context import AttentionContext
+from infbench.model.gemma import GemmaDecoderLayer, GemmaRMSNorm
 from infbench.model.layers import RMSNorm, SwiGLUMLP, apply_rope, build_rope_cache
 from infbench.model.linear import make_linear, tied_logits
 from infbench.model.moe import MoEMLP
 from infbench.model.ops import Ops
+from infbench.model.softcap import softcap
 from infbench.roofline.shapes import has_mlp, is_moe_layer
 from kernels.cpu_decode_layer import MAX_ROWS as MAX_FUSED_DECODES
 
@@ -44,13 +46,25 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads = config.num_heads, config.kv_heads
         self.head_dim = config.dim_head
         self.scale = self.head_dim**-0.5
+        if config.query_pre_attn_scalar is not None:  # Gemma
+            self.scale = config.query_pre_attn_scalar**-0.5
+        # Partial RoPE (Phi-3's partial_rotary_factor): the kernel rotates rotary_dim dims.
+        self.rotary_dim = config.rotary_dim
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         # A CLA layer that reads another layer's KV has no k/v projection at all.
         self.split_sizes = [q_size, kv_size, kv_size] if layer.owns_kv else [q_size]
         kw: dict[str, Any] = dict(quant=quant, dtype=dtype, device=device)
-        self.qkv_proj = make_linear(config.hidden_size, sum(self.split_sizes), **kw)
+        self.qkv_proj = make_linear(config.hidden_size, sum(self.split_sizes),
+                                    bias=config.qkv_bias, **kw)
         self.o_proj = make_linear(q_size, config.hidden_size, **kw)
         self.ops: Ops | None = None
+        # Qwen3 / Gemma-3: RMSNorm over each head's q and k, before RoPE.
+        self.q_norm: nn.Module | None = None
+        self.k_norm: nn.Module | None = None
+        if config.qk_norm:
+            norm_cls = GemmaRMSNorm if config.is_gemma else RMSNorm
+            self.q_norm = norm_cls(self.head_dim, config.rms_norm_eps, dtype, device)
+            self.k_norm = norm_cls(self.head_dim, config.rms_norm_eps, dtype, device)
 
     def set_ops(self, ops: Ops) -> None:
         self.ops = ops
@@ -69,8 +83,12 @@ class Attention(nn.Module):
         if self.layer.owns_kv:
             k = parts[1].view(num_tokens, self.num_kv_heads, self.head_dim)  # (T, Hkv, D)
             v = parts[2].view(num_tokens, self.num_kv_heads, self.head_dim)  # (T, Hkv, D)
+        if self.q_norm is not None and self.k_norm is not None:
+            q = self.q_norm(q)  # (T, Hq, D), a new tensor
+            k = self.k_norm(k) if k is not None else None
         if self.ops is not None and k is not None:
-            q, k = self.ops.rope(q, k, positions, rope_cache)  # in place, on the qkv views
+            # in place, on the qkv views (or the normed copies)
+            q, k = self.ops.rope(q, k, positions, rope_cache, self.rotary_dim)
         else:
             q, k = apply_rope(q, k, positions, rope_cache)
         out = ctx.attention(self.layer, q, k, v, self.scale)  # (T, Hq, D)
@@ -219,9 +237,14 @@ class Transformer(nn.Module):
             config.vocab_size, config.hidden_size, dtype=dtype, device=device
         )
         self.layers = nn.ModuleList(
-            DecoderLayer(config, spec, quant, dtype, device) for spec in self.layer_specs
+            GemmaDecoderLayer(config, spec, quant, dtype, device, _make_mixer)
+            if config.is_gemma else DecoderLayer(config, spec, quant, dtype, device)
+            for spec in self.layer_specs
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype, device=device)
+        norm_cls = GemmaRMSNorm if config.is_gemma else RMSNorm
+        self.norm = norm_cls(config.hidden_size, config.rms_norm_eps, dtype=dtype, device=device)
+        # Gemma scales the embeddings by sqrt(hidden), rounded to the model dtype as HF does.
+        self.embed_scale = config.hidden_size**0.5 if config.is_gemma else None
         self.lm_head: nn.Module | None = None
         if not config.tie_word_embeddings:
             self.lm_head = make_linear(
@@ -229,22 +252,38 @@ class Transformer(nn.Module):
             )
         # Not persistent: derived from the config, never part of a checkpoint.
         self.register_buffer("rope_cache", self._rope_cache(device), persistent=False)
+        # Gemma-3: the sliding-window layers rotate with their own base (rope_local_theta).
+        local = self._rope_cache(device, local=True) if config.rope_local_theta else None
+        self.rope_local_cache: torch.Tensor | None
+        self.register_buffer("rope_local_cache", local, persistent=False)
 
     @property
     def device(self) -> torch.device:
         """Where the weights live (the final norm's: the embedding may be a quantized table)."""
         return self.norm.weight.device
 
-    def _rope_cache(self, device: Any) -> torch.Tensor:
+    def _rope_cache(self, device: Any, local: bool = False) -> torch.Tensor:
         c = self.config
+        if local:  # Gemma-3's local layers: their own base, no scaling
+            assert c.rope_local_theta is not None
+            return build_rope_cache(c.max_seq_len, c.rot_dim, c.rope_local_theta, None,
+                                    self.dtype, device)
         return build_rope_cache(
-            c.max_seq_len, c.dim_head, c.rope_theta, c.rope_scaling_dict, self.dtype, device
+            c.max_seq_len, c.rot_dim, c.rope_theta, c.rope_scaling_dict, self.dtype, device
         )
+
+    def _layer_rope(self, spec: LayerSpec) -> torch.Tensor:
+        """The RoPE table of one layer: Gemma-3's sliding layers have their own."""
+        if self.rope_local_cache is not None and spec.window is not None:
+            return self.rope_local_cache
+        return self.rope_cache
 
     def init_rope_cache(self) -> None:
         """Recompute the RoPE table and the mixers' config-derived buffers (FAVOR+ random
         features) in place, after `to_empty` left them uninitialized."""
         self.rope_cache = self._rope_cache(self.device)
+        if self.rope_local_cache is not None:
+            self.rope_local_cache = self._rope_cache(self.device, local=True)
         for layer in self.layers:
             init_buffers = getattr(layer.self_attn, "init_buffers", None)
             if init_buffers is not None:
@@ -277,8 +316,12 @@ class Transformer(nn.Module):
                 f"and {tuple(positions.shape)}"
             )
         x = self.embed_tokens(input_ids)  # (T, H)
+        if self.embed_scale is not None:
+            x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
         ops = getattr(self, "ops", None)
-        if ops is not None:
+        # Gemma blocks have no fused residual-add + norm path: they run `forward` below
+        # (with the context's paged attention and the ops' RoPE).
+        if ops is not None and not self.config.is_gemma:
             residual: torch.Tensor | None = None
             fused: list[Any | None] | None = getattr(self, "decode_layers", None)
             args_of: Any = getattr(ctx, "decode_layer_args", None)
@@ -299,12 +342,17 @@ class Transformer(nn.Module):
                     x, residual = layer.forward_fused(x, residual, positions, ctx,
                                                       self.rope_cache, ops)
             return ops.rmsnorm(x, self.norm.weight, self.norm.eps, residual)[0]  # (T, H)
-        for block in self.layers:
-            x = block(x, positions, ctx, self.rope_cache)
+        for block, spec in zip(self.layers, self.layer_specs, strict=True):
+            x = block(x, positions, ctx, self._layer_rope(spec))
         return self.norm(x)  # (T, H)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden (N, H) -> logits (N, V) in float32."""
+        """hidden (N, H) -> logits (N, V) in float32 (soft-capped when the model says so)."""
+        logits = self._head_logits(hidden)
+        cap = self.config.final_logit_softcap
+        return logits if cap is None else softcap(logits, cap)
+
+    def _head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         head_q = getattr(self, "head_q", None)  # quant.head int8 of a tied head
         if head_q is not None:
             return head_q.logits(hidden)  # type: ignore[no-any-return]

@@ -1,0 +1,170 @@
+"""Qwen2/2.5, Qwen3, Gemma-2, Gemma-3 and Phi-3 checkpoints: logits equal transformers'.
+
+Each case saves a tiny random transformers model (save_pretrained: config.json +
+safetensors), loads it with infbench and compares the fp32 logits of a prompt longer than
+the sliding window; the engine's greedy decode (torch and cpu backends: paged attention,
+chunked prefill, the soft-capping fallback) must emit transformers' greedy tokens.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from infbench.core.checkpoint_config import config_from_hf_dir
+from infbench.engine.llm import LLM
+from infbench.engine.request import SamplingParams
+from infbench.model.context import DenseContext
+from infbench.model.loader import load_model
+
+VOCAB, SEQ_LEN, TOL = 96, 19, 1e-4
+_BASE: dict[str, Any] = dict(
+    vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+    rms_norm_eps=1e-6, tie_word_embeddings=False,
+)
+_PHI3_TOKENS = dict(pad_token_id=0, eos_token_id=1, bos_token_id=2)  # defaults pass VOCAB
+# case -> (transformers class names, config overrides)
+CASES: dict[str, tuple[str, dict[str, Any]]] = {
+    "qwen2": ("Qwen2", {}),
+    "qwen2-tied": ("Qwen2", dict(tie_word_embeddings=True)),
+    "qwen3": ("Qwen3", dict(head_dim=24)),  # head_dim decoupled from hidden / heads
+    "qwen3-tied-mqa": ("Qwen3", dict(head_dim=32, num_key_value_heads=1,
+                                     tie_word_embeddings=True)),
+    "gemma2": ("Gemma2", dict(head_dim=16, num_hidden_layers=3, sliding_window=5,
+                              query_pre_attn_scalar=24, attn_logit_softcapping=2.0,
+                              final_logit_softcapping=3.0, tie_word_embeddings=True)),
+    "gemma3": ("Gemma3", dict(head_dim=16, num_hidden_layers=4, sliding_window=5,
+                              query_pre_attn_scalar=20, sliding_window_pattern=3,
+                              tie_word_embeddings=True,
+                              rope_parameters={
+                                  "sliding_attention": {"rope_type": "default",
+                                                        "rope_theta": 100.0},
+                                  "full_attention": {"rope_type": "linear", "factor": 4.0,
+                                                     "rope_theta": 50000.0}})),
+    "phi3": ("Phi3", dict(num_key_value_heads=4, sliding_window=7, **_PHI3_TOKENS)),
+    "phi3-partial-rotary": ("Phi3", dict(partial_rotary_factor=0.5, **_PHI3_TOKENS)),
+}
+
+
+def write_hf(tmp: Path, case: str, seed: int = 0) -> Any:
+    """Save a tiny random model of `case`; return the transformers model (eval, fp32)."""
+    import transformers
+
+    family, overrides = CASES[case]
+    config_cls = getattr(transformers, f"{family}TextConfig" if family == "Gemma3"
+                         else f"{family}Config")
+    model_cls = getattr(transformers, f"{family}ForCausalLM")
+    cfg = config_cls(**{**_BASE, **overrides})
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = model_cls(cfg).eval()
+    with torch.no_grad():  # random norms and biases: a wrong mapping cannot hide
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.uniform_(-0.5, 0.5) if family.startswith("Gemma") else p.uniform_(0.5, 1.5)
+            elif name.endswith(".bias"):
+                p.normal_(0.0, 0.2)
+    model.save_pretrained(tmp)
+    return model
+
+
+def _ours(model: Any, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        hidden = model(ids, torch.arange(ids.shape[0]), DenseContext.single(ids.shape[0]))
+        return model.compute_logits(hidden)  # (T, V)
+
+
+def _theirs(hf: Any, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return hf(ids[None]).logits[0].float()  # (T, V)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_logits_match_transformers(tmp_path: Path, case: str) -> None:
+    hf = write_hf(tmp_path, case)
+    model = load_model({"path": str(tmp_path)}).model
+    ids = torch.randint(0, VOCAB, (SEQ_LEN,), generator=torch.Generator().manual_seed(1))
+    ours, ref = _ours(model, ids), _theirs(hf, ids)
+    assert ours.shape == (SEQ_LEN, VOCAB)
+    assert (ours - ref).abs().max().item() < TOL
+
+
+def _hf_greedy(hf: Any, prompt: list[int], new_tokens: int) -> list[int]:
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, do_sample=False,
+                          min_new_tokens=new_tokens, pad_token_id=0)
+    return [int(t) for t in out[0, len(prompt):]]
+
+
+@pytest.mark.parametrize("backend", ["torch", "cpu"])
+@pytest.mark.parametrize("case", ["qwen2", "qwen3", "gemma2", "gemma3", "phi3-partial-rotary"])
+def test_engine_greedy_equals_transformers_generate(tmp_path: Path, case: str,
+                                                    backend: str) -> None:
+    hf = write_hf(tmp_path, case, seed=3)
+    prompts = [[3, 17, 42, 5, 9, 61, 2, 8, 30], [7, 7, 1, 90, 44, 12, 13]]
+    expected = [_hf_greedy(hf, p, 12) for p in prompts]  # past the windows of 5 and 7
+    llm = LLM(load_model({"path": str(tmp_path)}), backend=backend, max_model_len=64,
+              num_kv_blocks=32, block_size=4, max_num_batched_tokens=8)  # chunked prefill
+    outs = llm.generate(prompts, SamplingParams(max_tokens=12, ignore_eos=True))
+    assert [o.outputs[0].token_ids for o in outs] == expected
+
+
+def test_config_fields(tmp_path: Path) -> None:
+    write_hf(tmp_path / "g3", "gemma3")
+    g3 = config_from_hf_dir(tmp_path / "g3")
+    assert (g3.arch, g3.qk_norm, g3.query_pre_attn_scalar) == ("gemma3", True, 20.0)
+    assert (g3.rope_theta, g3.rope_local_theta) == (50000.0, 100.0)
+    assert g3.rope_scaling == (("factor", 4.0), ("rope_type", "linear"))
+    assert [s.window for s in g3.layers()] == [5, 5, None, 5]
+    assert g3.attn_logit_softcap is None and g3.final_logit_softcap is None
+    write_hf(tmp_path / "g2", "gemma2")
+    g2 = config_from_hf_dir(tmp_path / "g2")
+    assert [(s.window, s.softcap) for s in g2.layers()] == [(5, 2.0), (None, 2.0), (5, 2.0)]
+    assert (g2.final_logit_softcap, g2.qk_norm, g2.tie_word_embeddings) == (3.0, False, True)
+    write_hf(tmp_path / "q2", "qwen2")
+    q2 = config_from_hf_dir(tmp_path / "q2")
+    assert (q2.arch, q2.qkv_bias, q2.attention.kind, q2.layers()[0].window) == (
+        "qwen2", True, "gqa", None)
+    write_hf(tmp_path / "q3", "qwen3")
+    q3 = config_from_hf_dir(tmp_path / "q3")
+    assert (q3.qk_norm, q3.qkv_bias, q3.dim_head, q3.head_dim) == (True, False, 24, 24)
+    write_hf(tmp_path / "p3", "phi3-partial-rotary")
+    p3 = config_from_hf_dir(tmp_path / "p3")
+    assert (p3.arch, p3.rotary_dim, p3.rot_dim, p3.dim_head) == ("phi3", 8, 8, 16)
+
+
+def test_softcap_falls_back_from_the_fused_cpu_decode_layer(tmp_path: Path) -> None:
+    # A Qwen2 layer runs the fused C++ decode layer; capping its scores (no kernel does)
+    # must move it to the per-op path with model/softcap.py, and the engine must then emit
+    # the capped model's dense greedy tokens, not the uncapped ones.
+    from infbench.model.ops import Ops
+
+    write_hf(tmp_path, "qwen2", seed=5)
+    plain = load_model({"path": str(tmp_path)})
+    capped = load_model({"path": str(tmp_path)}, overrides={"attn_logit_softcap": 2.0})
+    with torch.no_grad():  # sharp attention (scores of tens), so that capping them matters
+        for loaded in (plain, capped):
+            for layer in loaded.model.layers:
+                layer.self_attn.qkv_proj.weight.mul_(8.0)
+    plain.model.set_ops(Ops("cpu"))
+    capped.model.set_ops(Ops("cpu"))
+    assert all(plan is not None for plan in plain.model.decode_layers)
+    assert all(plan is None for plan in capped.model.decode_layers)
+    del plain.model.ops, capped.model.ops  # back to the dense reference path
+
+    def dense_greedy(model: Any, prompt: list[int], n: int) -> list[int]:
+        ids = list(prompt)
+        for _ in range(n):
+            ids.append(int(_ours(model, torch.tensor(ids))[-1].argmax()))
+        return ids[len(prompt):]
+
+    prompt = [3, 17, 42, 5, 9, 61, 2, 8, 30]
+    expected = dense_greedy(capped.model, prompt, 10)
+    assert expected != dense_greedy(plain.model, prompt, 10)
+    llm = LLM(capped, backend="cpu", max_model_len=64, num_kv_blocks=16, block_size=4)
+    out = llm.generate([prompt], SamplingParams(max_tokens=10, ignore_eos=True))
+    assert out[0].outputs[0].token_ids == expected
