@@ -521,8 +521,33 @@ def predict_command(
         None, callback=opt.non_negative_int, help=WORKSPACE_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print JSON on stdout."),
     ops: bool = typer.Option(False, "--ops", help="Also print the per-operator table."),
+    diffusion_steps: str | None = typer.Option(
+        None, callback=opt.positive_int_list, help="Masked-diffusion decoding (LLaDA): "
+        "price L = --gen tokens in S refinement steps, e.g. 16,64; see docs/diffusion.md."),
+    block_length: int | None = typer.Option(
+        None, callback=opt.positive_int, help="Diffusion block length B (default --gen)."),
+    prefix_cache: bool = typer.Option(
+        False, "--prefix-cache", help="Diffusion: block-wise prefix K/V cache (Fast-dLLM)."),
 ) -> None:
     """Predict TTFT, time per token, throughput, memory and max batch from the roofline."""
+    if diffusion_steps is not None:
+        from infbench.commands.predict_diffusion import run_predict_diffusion
+
+        others = {"scenario": scenario, "set": set_, "spec-tokens": spec_tokens, "tp": tp,
+                  "pp": pp, "quant": quant, "attention": attention}
+        used = [k for k, v in others.items() if v not in (None, [], ())]
+        if used:
+            raise UserError(f"--diffusion-steps: --{used[0]} is not modelled for diffusion "
+                            "decoding; allowed with it: --model, --hardware, --batch, --prompt, "
+                            "--gen, --dtype, --block-length, --prefix-cache, --json")
+        source = opt.model_source(model or DEFAULT_MODEL)
+        run_predict_diffusion(source, base_config, hardware or DEFAULT_HARDWARE,
+                              parse_sizes(batch or "1", "--batch"), prompt or 128, gen or 256,
+                              parse_sizes(diffusion_steps, "--diffusion-steps"), block_length,
+                              prefix_cache, dtype or "bfloat16", as_json)
+        return
+    if block_length is not None or prefix_cache:
+        raise UserError("--block-length and --prefix-cache need --diffusion-steps")
     from infbench.core.hardware import get_hardware
     from infbench.roofline.analysis import check_context, predict
 

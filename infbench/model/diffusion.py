@@ -9,22 +9,22 @@ K/V for block-wise caching (Fast-dLLM's prefix cache).
 
 `load_llada(dir)` reads a LLaDA-format Hugging Face directory: config.json with
 model_type "llada" (OLMo-style keys) and safetensors with LLaDA's weight names, mapped
-onto the Llama names the shared loader already fuses (`LLADA_NAMES`).
+onto the Llama names the shared loader already fuses (`LLADA_NAMES`); the config keys are
+read by `core/llada_config.py` (no torch, so `predict` can price a LLaDA directory).
 """
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from infbench.core.config import LayerSpec, ModelConfig
 from infbench.core.errors import UserError
+from infbench.core.llada_config import read_llada_config
 from infbench.model.context import LayerState
 from infbench.model.dtypes import torch_dtype
 from infbench.model.loader import _safetensors_tensors, _WeightSink
@@ -169,40 +169,6 @@ def llada_to_hf_name(name: str, origin: str) -> str:
     raise UserError(f"{origin}: unexpected tensor {name!r} for a LLaDA model")
 
 
-def llada_config(data: dict[str, Any], origin: str) -> tuple[ModelConfig, int | None]:
-    """LLaDA config.json -> (ModelConfig, mask_token_id)."""
-    if data.get("model_type") != "llada":
-        raise UserError(f"{origin}: model_type is {data.get('model_type')!r}, expected 'llada'")
-    unsupported = {k: data[k] for k in ("include_bias", "include_qkv_bias", "alibi",
-                                        "attention_layer_norm") if data.get(k)}
-    if data.get("block_type", "llama") != "llama":
-        unsupported["block_type"] = data["block_type"]
-    if data.get("activation_type", "silu") not in ("silu", "swiglu"):
-        unsupported["activation_type"] = data["activation_type"]
-    if unsupported:
-        raise UserError(f"{origin}: unsupported LLaDA options {unsupported} (llama blocks "
-                        "without biases only)")
-    try:
-        heads = int(data["n_heads"])
-        config = ModelConfig(
-            name=str(data.get("name_or_path") or Path(origin).name or "llada"),
-            vocab_size=int(data.get("embedding_size") or data["vocab_size"]),
-            hidden_size=int(data["d_model"]),
-            num_layers=int(data["n_layers"]),
-            num_heads=heads,
-            num_kv_heads=int(data.get("n_kv_heads") or heads),
-            intermediate_size=int(data["mlp_hidden_size"]),
-            max_seq_len=int(data.get("max_sequence_length", 4096)),
-            rope_theta=float(data.get("rope_theta", 10000.0)),
-            rms_norm_eps=float(data.get("rms_norm_eps", 1e-5)),
-            tie_word_embeddings=bool(data.get("weight_tying", False)),
-        )
-    except KeyError as exc:
-        raise UserError(f"{origin}: config.json lacks {exc.args[0]!r}") from None
-    mask = data.get("mask_token_id")
-    return config, (None if mask is None else int(mask))
-
-
 def load_llada(path: str | Path, dtype: str = "float32", device: str = "cpu",
                mask_token_id: int | None = None) -> DiffusionLM:
     """A LLaDA-format HF directory (config.json + *.safetensors) -> DiffusionLM.
@@ -210,14 +176,7 @@ def load_llada(path: str | Path, dtype: str = "float32", device: str = "cpu",
     mask_token_id overrides the config's (a checkpoint without one needs it).
     """
     root = Path(path)
-    config_file = root / "config.json"
-    if not config_file.is_file():
-        raise UserError(f"{root}: no config.json")
-    try:
-        data = json.loads(config_file.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{config_file}: not readable JSON ({exc})") from None
-    config, file_mask = llada_config(data, str(root))
+    config, file_mask = read_llada_config(root)
     mask = check_mask_token(config, mask_token_id if mask_token_id is not None else file_mask)
     model = Transformer(config, dtype=torch_dtype(dtype), device=device)
     files = sorted(root.glob("*.safetensors"))
