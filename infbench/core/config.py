@@ -790,6 +790,64 @@ PRESETS: dict[str, ModelConfig] = {
     ),
 }
 
+# Qwen2.5, Qwen3, Gemma-2, Gemma-3 and Phi-3 (docs/architectures.md), shapes and features
+# from each model's published config.json on the Hugging Face hub.
+def _qwen2(name: str, vocab: int, hidden: int, layers: int, heads: int, kv: int, inter: int,
+           tied: bool) -> ModelConfig:
+    return ModelConfig(name=name, vocab_size=vocab, hidden_size=hidden, num_layers=layers,
+                       num_heads=heads, num_kv_heads=kv, intermediate_size=inter,
+                       max_seq_len=32768, rope_theta=1e6, rms_norm_eps=1e-6,
+                       tie_word_embeddings=tied, attention=_GQA, arch="qwen2", qkv_bias=True)
+
+
+def _qwen3(name: str, hidden: int, layers: int, heads: int, inter: int,
+           tied: bool) -> ModelConfig:
+    return ModelConfig(name=name, vocab_size=151936, hidden_size=hidden, num_layers=layers,
+                       num_heads=heads, num_kv_heads=8, head_dim=128, intermediate_size=inter,
+                       max_seq_len=40960, rope_theta=1e6, rms_norm_eps=1e-6,
+                       tie_word_embeddings=tied, attention=_GQA, arch="qwen3", qk_norm=True)
+
+
+def _gemma(name: str, arch: str, vocab: int, hidden: int, layers: int, heads: int, kv: int,
+           inter: int, context: int, window: int, **features: Any) -> ModelConfig:
+    every = 2 if arch == "gemma2" else 6  # Gemma-2: local/global alternate; Gemma-3: 5:1
+    return ModelConfig(name=name, vocab_size=vocab, hidden_size=hidden, num_layers=layers,
+                       num_heads=heads, num_kv_heads=kv, head_dim=256, intermediate_size=inter,
+                       max_seq_len=context, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                       attention=AttentionConfig(kind="sliding", window=window,
+                                                 global_every=every, kv_heads=kv),
+                       arch=arch, query_pre_attn_scalar=256.0, **features)
+
+
+_GEMMA2 = dict(attn_logit_softcap=50.0, final_logit_softcap=30.0)
+_GEMMA3 = dict(qk_norm=True, rope_theta=1e6, rope_local_theta=10000.0)
+FAMILY_PRESETS: dict[str, ModelConfig] = {
+    # Qwen/Qwen2.5-{0.5B,1.5B,7B}
+    "qwen2.5-0.5b": _qwen2("qwen2.5-0.5b", 151936, 896, 24, 14, 2, 4864, tied=True),
+    "qwen2.5-1.5b": _qwen2("qwen2.5-1.5b", 151936, 1536, 28, 12, 2, 8960, tied=True),
+    "qwen2.5-7b": _qwen2("qwen2.5-7b", 152064, 3584, 28, 28, 4, 18944, tied=False),
+    # Qwen/Qwen3-{0.6B,8B}
+    "qwen3-0.6b": _qwen3("qwen3-0.6b", 1024, 28, 16, 3072, tied=True),
+    "qwen3-8b": _qwen3("qwen3-8b", 4096, 36, 32, 12288, tied=False),
+    # google/gemma-2-{2b,9b}
+    "gemma-2-2b": _gemma("gemma-2-2b", "gemma2", 256000, 2304, 26, 8, 4, 9216, 8192, 4096,
+                         **_GEMMA2),
+    "gemma-2-9b": _gemma("gemma-2-9b", "gemma2", 256000, 3584, 42, 16, 8, 14336, 8192, 4096,
+                         **_GEMMA2),
+    # google/gemma-3-1b-pt; google/gemma-3-4b-pt's text model (linear RoPE x8 on global layers)
+    "gemma-3-1b": _gemma("gemma-3-1b", "gemma3", 262144, 1152, 26, 4, 1, 6912, 32768, 512,
+                         **_GEMMA3),
+    "gemma-3-4b": _gemma("gemma-3-4b", "gemma3", 262208, 2560, 34, 8, 4, 10240, 131072, 1024,
+                         rope_scaling=(("factor", 8.0), ("rope_type", "linear")), **_GEMMA3),
+    # microsoft/Phi-3-mini-4k-instruct (sliding_window 2047 on every layer)
+    "phi-3-mini": ModelConfig(
+        name="phi-3-mini", vocab_size=32064, hidden_size=3072, num_layers=32, num_heads=32,
+        num_kv_heads=32, intermediate_size=8192, max_seq_len=4096, rms_norm_eps=1e-5,
+        attention=AttentionConfig(kind="sliding", window=2047), arch="phi3",
+    ),
+}
+PRESETS.update(FAMILY_PRESETS)
+
 # Presets that name a released model -> the weights file `model.loader` reads for it (a name
 # `checkpoint_config.resolve_gguf` knows).  Other presets always get seeded random weights.
 REAL_WEIGHTS: dict[str, str] = {"smollm2-135m": "smollm2-135m"}

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 from infbench.core.config import MAX_BATCH, ModelConfig, QuantConfig, check_count
 from infbench.core.errors import ConfigError
-from infbench.roofline.layer_costs import FIELDS, Totals, add, layer_costs
+from infbench.roofline.layer_costs import FIELDS, SOFTCAP_FLOPS, Totals, add, layer_costs
 from infbench.roofline.ops import OpCost, SeqWork, merge_by_name, total
 from infbench.roofline.shapes import (
     ParamCount,
@@ -73,6 +73,8 @@ def _model_level(cfg: ModelConfig, num_tokens: int, num_logits: int, a: int,
         head_bytes = v * d * quant.weight_bits(d, a, "lm_head") / 8.0  # quant.head
         add(last, "lm_head", "matmul", flops=2.0 * num_logits * d * v, weight=head_bytes,
             act=num_logits * (d + v) * a)
+        if cfg.final_logit_softcap is not None:  # Gemma-2: divide, tanh, multiply per logit
+            add(last, "lm_head", "matmul", flops=SOFTCAP_FLOPS * num_logits * v)
 
 
 def step_costs(

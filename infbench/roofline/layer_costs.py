@@ -79,6 +79,11 @@ def _matmul(acc: Totals, name: str, tokens: float, in_f: int, out_f: int, a: int
     add(acc, name, "matmul", flops=2.0 * tokens * in_f * out_f, act=tokens * (in_f + out_f) * a)
 
 
+# Soft-capping (Gemma-2) adds cap * tanh(x / cap) per score or logit: a divide, a tanh and
+# a multiply, priced as FLOPs only (it runs on values already on chip).
+SOFTCAP_FLOPS = 3.0
+
+
 def _norm(acc: Totals, tokens: float, width: int, a: int) -> None:
     # RMSNorm: square, sum, scale, weight: about 4 FLOPs per element.
     add(acc, "norm", "elementwise", flops=4.0 * tokens * width, act=2.0 * tokens * width * a)
@@ -91,6 +96,10 @@ def _attention(acc: Totals, cfg: ModelConfig, spec: LayerSpec, groups: Groups, t
     kv_scales = 2 * kvh * sb if spec.owns_kv else 0  # a quantized cache's row scales
     add(acc, "qkv_proj", "matmul", flops=2.0 * t * d * (h * hd + kv_width),
         act=t * (d + h * hd) * a, kv_write=t * (kv_width * kvb + kv_scales))
+    if cfg.qkv_bias:  # Qwen2: one add per projected value
+        add(acc, "qkv_proj", "matmul", flops=t * (h * hd + kv_width))
+    if cfg.qk_norm:  # Qwen3, Gemma-3: an RMSNorm over each head of q and k
+        _norm(acc, t * (h + (kvh if spec.owns_kv else 0)), hd, a)
     for sw, n in groups:
         pairs = attended_pairs(sw.context_len, sw.query_len, spec.window)
         keys = kv_tokens_read(sw.context_len, sw.query_len, spec.window)
@@ -98,6 +107,8 @@ def _attention(acc: Totals, cfg: ModelConfig, spec: LayerSpec, groups: Groups, t
         kv = n * keys * kvh * (hd * kvb + sb)
         act = n * sw.query_len * h * hd * a
         add(acc, "attn_score", "attention", flops=2.0 * n * pairs * h * hd, kv_read=kv, act=act)
+        if spec.softcap is not None:
+            add(acc, "attn_score", "attention", flops=SOFTCAP_FLOPS * n * pairs * h)
         add(acc, "attn_value", "attention", flops=2.0 * n * pairs * h * hd, kv_read=kv, act=act)
     _matmul(acc, "o_proj", t, h * hd, d, a)
 
@@ -232,9 +243,13 @@ def layer_costs(cfg: ModelConfig, spec: LayerSpec, groups: Groups, a: int, kvb: 
         _linear_attention(acc, cfg, spec, groups, t, a)
     else:
         _ssm(acc, cfg, spec, groups, t, a)
+    if cfg.is_gemma:  # Gemma: the attention output is normed before the residual add
+        _norm(acc, t, cfg.hidden_size, a)
     if has_mlp(cfg):
         _norm(acc, t, cfg.hidden_size, a)
         _mlp(acc, cfg, spec, t, a)
+        if cfg.is_gemma:  # and so is the MLP output
+            _norm(acc, t, cfg.hidden_size, a)
     hit = 1.0
     if cfg.moe is not None:  # fraction of routed experts that at least one token selects
         hit = cfg.moe.expected_distinct_experts(t) / cfg.moe.num_experts

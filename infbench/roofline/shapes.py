@@ -112,6 +112,8 @@ def _mixer_weights(cfg: ModelConfig, spec: LayerSpec) -> list[Weight]:
         ws = [Weight("qkv_proj", d, h * hd)]
         if spec.owns_kv:  # CLA: a layer that reads another layer's KV has no K/V projection
             ws.append(Weight("qkv_proj", d, 2 * kvh * hd))
+        if spec.mixer == "attention":
+            ws += _attention_extras(cfg, spec)
         return [*ws, Weight("o_proj", h * hd, d)]
     if spec.mixer == "mla":
         r, rope, nope, v = mla_dims(cfg)
@@ -143,6 +145,18 @@ def _mixer_weights(cfg: ModelConfig, spec: LayerSpec) -> list[Weight]:
     ]
 
 
+def _attention_extras(cfg: ModelConfig, spec: LayerSpec) -> list[Weight]:
+    """Qwen2's q/k/v biases and the q/k norms of Qwen3 / Gemma-3 (vectors, never quantized)."""
+    h, hd, kvh = cfg.num_heads, cfg.dim_head, cfg.kv_heads
+    ws = []
+    if cfg.qkv_bias:
+        ws.append(Weight("qkv_proj", 1, h * hd + (2 * kvh * hd if spec.owns_kv else 0),
+                         quantized=False))
+    if cfg.qk_norm:
+        ws += [Weight("norm", 1, hd, quantized=False)] * 2
+    return ws
+
+
 def _mlp_weights(cfg: ModelConfig, spec: LayerSpec) -> list[Weight]:
     d = cfg.hidden_size
     if not is_moe_layer(cfg, spec):
@@ -170,7 +184,9 @@ def layer_weights(cfg: ModelConfig, spec: LayerSpec) -> list[Weight]:
     norms = [Weight("norm", 1, cfg.hidden_size, quantized=False)]
     if not has_mlp(cfg):
         return norms + _mixer_weights(cfg, spec)
-    return [*norms, *_mixer_weights(cfg, spec), norms[0], *_mlp_weights(cfg, spec)]
+    if cfg.is_gemma:  # a norm after each sublayer too: post-attention, pre/post feed-forward
+        norms = norms * 2
+    return [*norms, *_mixer_weights(cfg, spec), *norms, *_mlp_weights(cfg, spec)]
 
 
 def model_weights(cfg: ModelConfig, quant: QuantConfig | None = None) -> list[Weight]:

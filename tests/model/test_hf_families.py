@@ -168,3 +168,49 @@ def test_softcap_falls_back_from_the_fused_cpu_decode_layer(tmp_path: Path) -> N
     llm = LLM(capped, backend="cpu", max_model_len=64, num_kv_blocks=16, block_size=4)
     out = llm.generate([prompt], SamplingParams(max_tokens=10, ignore_eos=True))
     assert out[0].outputs[0].token_ids == expected
+
+
+@pytest.mark.parametrize("case", ["qwen2", "qwen3", "gemma2", "gemma3", "phi3"])
+def test_analytic_weight_bytes_equal_the_loaded_parameters(tmp_path: Path, case: str) -> None:
+    # The analytic model prices every bias and norm the checkpoint has (a tied head once).
+    from infbench.roofline.shapes import weight_bytes
+
+    write_hf(tmp_path, case)
+    loaded = load_model({"path": str(tmp_path)})
+    params = {id(p): p for p in loaded.model.parameters()}.values()
+    assert loaded.weight_bytes == sum(p.numel() * 4 for p in params)
+    assert weight_bytes(loaded.config, "float32") == loaded.weight_bytes
+
+
+def test_unsupported_architecture_is_one_line_exit_2(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["FalconForCausalLM"]}))
+    proc = subprocess.run([sys.executable, "-m", "infbench.cli", "predict", "--model",
+                           str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "unsupported architecture 'FalconForCausalLM'" in lines[0]
+    for name in ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Gemma2ForCausalLM",
+                 "Gemma3ForCausalLM", "Phi3ForCausalLM", "LlamaForCausalLM"):
+        assert name in lines[0]
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"use_sliding_window": True}, "use_sliding_window=true is not supported for qwen2"),
+    ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}},
+     "rope_type 'longrope' is not supported"),
+    ({"hidden_act": "gelu"}, "hidden_act 'gelu' unsupported for qwen2"),
+])
+def test_what_is_refused(tmp_path: Path, change: dict[str, Any], message: str) -> None:
+    import json
+
+    from infbench.core.errors import UserError
+
+    write_hf(tmp_path, "qwen2")
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, **change}))
+    with pytest.raises(UserError, match=message):
+        config_from_hf_dir(tmp_path)
