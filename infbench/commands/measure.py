@@ -90,7 +90,8 @@ def report(
     """Measured vs predicted TTFT, TPOT and throughput, with the model's error %; results
     of a scenario with variants also get one row per variant (bytes, speed, accuracy),
     speculative points a table of acceptance and speed-up (also spec_* columns in the
-    --json / --markdown / --csv rows), and points run with measure.slo a goodput table and,
+    --json / --markdown / --csv rows), MoE points a table of routing statistics beside the
+    roofline's expert bytes (docs/moe.md), and points run with measure.slo a goodput table and,
     over a rate sweep, the highest rate meeting the SLOs (slo_max_rate in --json rows)."""
     from rich.console import Console
 
@@ -103,6 +104,7 @@ def report(
         max_rate_line,
         max_rate_summaries,
     )
+    from infbench.results.moe import moe_rows, moe_table
     from infbench.results.report import (
         report_frame,
         report_rows,
@@ -132,6 +134,9 @@ def report(
             Console().print(variant_table(variants))
         if speculative:  # points run with `speculative.method` set
             Console().print(spec_table(speculative))
+        moe = moe_rows(loaded)
+        if moe:  # MoE models: routing measured vs the roofline's uniform routing
+            Console().print(moe_table(moe))
         if goodput:  # points run with `measure.slo`
             Console().print(goodput_table(goodput))
             for summary in max_rates:

@@ -34,6 +34,7 @@ from infbench.engine.kv_cache import (
     plan_num_blocks,
 )
 from infbench.engine.kv_groups import GroupedBlockManager, kv_group_windows, plan_group_blocks
+from infbench.engine.moe_stats import RoutingRecorder
 from infbench.engine.records import RequestRecord, StepRecord
 from infbench.engine.request import Request
 from infbench.engine.runner import ModelRunner
@@ -167,6 +168,9 @@ class Engine:
         # Several groups: GroupedBlockManager releases per windowed group itself.
         self.window = self.kv_windows[0] if len(self.kv_windows) == 1 else None
         self.runner = ModelRunner(model, self.kv, self.ops, device, seed, states=self.states)
+        # MoE: the tokens each expert received, read once per step (engine/moe_stats.py).
+        self.routing = (RoutingRecorder(model, cfg, self.dtype.itemsize)
+                        if cfg.moe is not None else None)
         # Features asked for that this model runs without: results record them (no silent
         # downgrades), as {"feature": engine-config key, "reason": why}.
         self.disabled: list[dict[str, str]] = []
@@ -214,6 +218,9 @@ class Engine:
             reason = "MLA and recurrent-state layers run eagerly for now"
         elif len(self.kv.group_num_blocks) > 1:
             reason = "models with several KV groups (windowed and full layers) run eagerly"
+        elif any(s.softcap is not None for s in self.cfg.layers()):
+            # model/softcap.py reads context lengths on the host: not capturable
+            reason = "soft-capped attention (Gemma-2) runs its torch fallback eagerly"
         if reason is not None:
             self.disabled.append({"feature": "cuda_graphs", "reason": reason})
             warnings.warn(f"engine.cuda_graphs ignored: {reason}", stacklevel=3)
@@ -245,6 +252,8 @@ class Engine:
         proposer = getattr(self, "proposer", None)
         if proposer is not None:
             proposer.reset()
+        if self.routing is not None:
+            self.routing.reset()
         self._step_index = 0
 
     def add_request(self, request: Request) -> Seq:
@@ -321,6 +330,8 @@ class Engine:
             spec_accepted=[a for _, a in self.runner.verified],
             draft_time_s=draft_time,
         )
+        if self.routing is not None:
+            record.moe = self.routing.take()
         self._step_index += 1
         for seq in finished:
             self.runner.sampler.release((seq.request_id, seq.sample_index))

@@ -9,6 +9,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+@dataclass(frozen=True)
+class MoEStep:
+    """One step's expert routing, summed over the MoE layers (engine/moe_stats.py)."""
+
+    num_tokens: int  # tokens routed through each MoE layer
+    experts_touched: int  # routed experts that got at least one token
+    expert_bytes: int  # the weight bytes of those experts, as the engine stores them
+    expected_experts: float  # the same under uniform routing, as the roofline prices it
+    expected_bytes: float
+    max_over_mean: float  # max tokens of one expert / mean tokens per expert (layer mean)
+    cv: float  # coefficient of variation of the tokens per expert (layer mean)
+
+
 @dataclass
 class StepRecord:
     """One engine iteration (scheduler.schedule -> runner.execute -> scheduler.update)."""
@@ -40,6 +53,7 @@ class StepRecord:
     spec_drafts: list[int] = field(default_factory=list)
     spec_accepted: list[int] = field(default_factory=list)
     draft_time_s: float = 0.0
+    moe: MoEStep | None = None  # MoE models: the step's routing statistics
 
 
 @dataclass

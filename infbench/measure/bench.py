@@ -150,6 +150,7 @@ def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None
     from infbench.measure import speculative as spec_mod
     from infbench.measure.calibrate import measure_reference_bandwidth
     from infbench.measure.goodput import goodput_metrics
+    from infbench.measure.moe_routing import routing_metrics
     from infbench.measure.prediction import predict_point
     from infbench.measure.traffic import annotate_steps, stage_traffic
     from infbench.measure.workload import generate_requests
@@ -246,6 +247,9 @@ def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None
             m.update(goodput_metrics(metrics_mod.request_rows(out.requests), point.measure.slo,
                                      out.wall_s))
         m["state_bytes_per_seq"] = engine.states.bytes_per_seq if engine.states else 0
+        moe_routing = routing_metrics(out.steps)  # MoE: experts touched vs uniform routing
+        if moe_routing is not None:
+            m["moe"] = moe_routing
         step_costs = annotate_steps(out.steps, cfg, point.dtype, point.quant_config(), hw)
         m.update(stage_traffic(out.steps, step_costs, hw, point.dtype))
         # Same-run reference: how fast memory streams right now on this (shared) machine.

@@ -87,9 +87,11 @@ class MoEMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.routed(x)
-        counts = torch.zeros(self.moe.num_experts, dtype=torch.int64, device=x.device)
-        counts.index_add_(0, ids.reshape(-1), torch.ones_like(ids.reshape(-1)))
-        self.expert_counts = counts if self.expert_counts is None else self.expert_counts + counts
+        if self.expert_counts is None or self.expert_counts.device != x.device:
+            self.expert_counts = torch.zeros(self.moe.num_experts, dtype=torch.int64,
+                                             device=x.device)
+        flat = ids.reshape(-1)  # (T*k,)
+        self.expert_counts.index_add_(0, flat, torch.ones_like(flat))  # in place: graph-safe
         run = fused_moe if self.use_kernel and x.is_cuda else fused_moe_ref
         out = run(x.contiguous(), self.w13, self.w2, weights.to(x.dtype), ids)  # (T, H)
         if self.shared_experts is not None:
@@ -115,7 +117,9 @@ def take_routing_counts(model: nn.Module) -> list[list[int]] | None:
     for m in layers:
         counts = m.expert_counts
         rows.append([0] * m.moe.num_experts if counts is None else counts.tolist())
-        m.expert_counts = None
+        if counts is not None:
+            with torch.inference_mode():  # the engine's forwards made it an inference tensor
+                counts.zero_()
     return rows
 
 

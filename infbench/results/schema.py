@@ -142,6 +142,39 @@ class Speculative(_Closed):
     speedup_predicted: Number | None = None
 
 
+class MoEStage(_Closed):
+    """MoE routing over a set of steps (measure/moe_routing.py, docs/moe.md): routed
+    experts touched per step (summed over the MoE layers) and the bytes of their weights,
+    measured and as the roofline expects them under uniform routing."""
+
+    steps: int | None = None
+    experts_touched_per_step: Number | None = None
+    expected_experts_per_step: Number | None = None
+    expert_bytes: Number | None = None
+    expected_expert_bytes: Number | None = None
+    expert_bytes_error_pct: Number | None = None  # (measured - expected) / expected, %
+
+
+class MoERouting(MoEStage):
+    """`metrics.moe`: all steps, the routing skew, and the decode steps apart."""
+
+    max_over_mean: Number | None = None  # max / mean tokens per expert (layer mean)
+    cv: Number | None = None  # coefficient of variation of tokens per expert
+    decode: MoEStage | None = None
+
+
+class MoEStepRow(_Closed):
+    """`steps[].moe`: one step's routing (engine.records.MoEStep)."""
+
+    num_tokens: int | None = None
+    experts_touched: int | None = None
+    expert_bytes: int | None = None
+    expected_experts: Number | None = None
+    expected_bytes: Number | None = None
+    max_over_mean: Number | None = None
+    cv: Number | None = None
+
+
 class Metrics(_Closed):
     """One measured run's metrics (a result's `metrics` is the median of its repeats)."""
 
@@ -179,6 +212,7 @@ class Metrics(_Closed):
     goodput_requests_per_s: Number | None = None
     slo_attainment: Number | None = None
     num_slo_met: Number | None = None  # the median over repeats may fall between two counts
+    moe: MoERouting | None = None  # MoE models: routing measured vs uniform (docs/moe.md)
 
 
 class Accuracy(_Closed):
@@ -311,6 +345,7 @@ class Step(_Closed):
     achieved_bytes_per_s: Number | None = None
     mbu: Number | None = None
     mfu: Number | None = None
+    moe: MoEStepRow | None = None  # MoE models: the step's routing
 
 
 class RequestRow(_Closed):

@@ -1,0 +1,119 @@
+"""MoE models in the engine: batch invariance, the fused CPU decode path refused, and the
+routing statistics (experts touched, expert bytes) against the cost model's accounting."""
+
+from __future__ import annotations
+
+import pytest
+from engine_helpers import greedy_recompute, make_engine, random_requests
+
+from infbench.core.config import ModelConfig, QuantConfig
+from infbench.engine.moe_stats import analytic_expert_bytes, summarize_counts
+from infbench.model.fused_decode import build_decode_layers
+from infbench.model.loader import load_model
+from infbench.model.moe import MoEMLP
+from infbench.model.transformer import Attention
+from infbench.roofline.costs import kv_bytes_per_token, step_costs
+from infbench.roofline.ops import SeqWork
+from infbench.roofline.shapes import is_moe_layer, layer_weights
+
+# DeepSeek-V2-Lite's structure, tiny: MLA, first layer dense, 2 shared experts, groups.
+LITE = {"num_layers": 3, "arch": "deepseek_v2",
+        "attention": {"kind": "mla", "kv_lora_rank": 32, "q_lora_rank": None,
+                      "qk_rope_head_dim": 8, "qk_nope_head_dim": 16, "v_head_dim": 16},
+        "moe": {"num_experts": 8, "num_experts_per_tok": 3, "moe_intermediate_size": 24,
+                "num_shared_experts": 2, "first_k_dense": 1, "n_group": 4, "topk_group": 2,
+                "routed_scaling_factor": 1.5}}
+
+
+def _loaded(**overrides):
+    return load_model({"preset": "tiny-moe"}, dtype="float32", device="cpu", seed=1,
+                      overrides=overrides or None)
+
+
+@pytest.mark.parametrize("over", [{}, LITE], ids=["tiny-moe", "lite-shaped"])
+def test_batch_invariance_under_chunked_prefill_and_preemption(over):
+    loaded = _loaded(**over)
+    reqs = random_requests([3, 9, 14, 6, 11], gen=8, vocab=loaded.config.vocab_size)
+    alone = {}
+    for r in reqs:
+        alone.update(make_engine(loaded, [r]).run([r]).outputs)
+    first = reqs[0]
+    assert alone[first.request_id] == greedy_recompute(loaded.model, list(first.prompt_ids), 8)
+    cfg = loaded.config
+    per_token = kv_bytes_per_token(cfg, "float32", QuantConfig())
+    engine = make_engine(loaded, reqs, max_num_batched_tokens=8,
+                         kv_cache_memory=per_token * 4 * 10)
+    res = engine.run(reqs)
+    assert res.outputs == alone
+    assert sum(r.num_preemptions for r in res.requests) > 0
+    assert any(s.num_prefill_tokens and s.num_decode_tokens for s in res.steps)
+
+
+def test_fused_cpu_decode_layers_leave_moe_layers_to_the_per_op_path():
+    loaded = _loaded(num_layers=3, moe={"first_k_dense": 1})
+    plans = build_decode_layers(loaded.model, Attention)
+    kinds = [type(layer.mlp) for layer in loaded.model.layers]
+    assert kinds[0] is not MoEMLP and kinds[1] is MoEMLP and kinds[2] is MoEMLP
+    assert plans[0] is not None and plans[1] is None and plans[2] is None
+    # The engine's cpu backend then still decodes every MoE token exactly.
+    reqs = random_requests([5, 7], gen=6, vocab=loaded.config.vocab_size)
+    out = make_engine(loaded, reqs, backend="cpu").run(reqs).outputs
+    for r in reqs:
+        assert out[r.request_id] == greedy_recompute(loaded.model, list(r.prompt_ids), 6)
+
+
+def test_expert_bytes_and_allocation_equal_the_cost_model():
+    loaded = _loaded(**LITE)
+    cfg: ModelConfig = loaded.config
+    moe = cfg.moe
+    assert moe is not None
+    spec = next(s for s in cfg.layers() if is_moe_layer(cfg, s))
+    # Allocation: the stacked experts, router and shared experts hold exactly the bytes the
+    # roofline declares for an MoE layer's MLP.
+    mlp = loaded.model.layers[spec.index].mlp
+    held = sum(p.numel() * p.element_size() for p in mlp.parameters())
+    declared = sum(w.nbytes(QuantConfig(), 4) for w in layer_weights(cfg, spec)
+                   if w.op.startswith("moe_"))
+    assert held == declared
+    per_expert = analytic_expert_bytes(cfg, 4)
+    assert per_expert == (mlp.w13[0].numel() + mlp.w2[0].numel()) * 4
+    # A step's expected bytes are what the roofline charges the routed experts for the
+    # step's tokens (uniform routing), and the measured bytes with every expert touched
+    # are all of the routed experts' weights.
+    for tokens in (1, 5, 40):
+        counts = [[0] * moe.num_experts for _ in range(2)]
+        for row in counts:  # tokens * k picks spread round-robin over the experts
+            for t in range(tokens * moe.num_experts_per_tok):
+                row[t % moe.num_experts] += 1
+        step = summarize_counts(counts, moe.num_experts_per_tok, int(per_expert), cfg,
+                                per_expert)
+        ops = step_costs(cfg, [SeqWork(tokens, tokens)], "float32", QuantConfig())
+        priced = sum(op.weight_bytes for op in ops if op.name == "moe_experts")
+        assert step.expected_bytes == pytest.approx(priced, rel=1e-12)
+        assert step.num_tokens == tokens
+        touched = min(tokens * moe.num_experts_per_tok, moe.num_experts)
+        assert step.experts_touched == 2 * touched
+        assert step.expert_bytes == 2 * touched * per_expert
+    all_experts = sum(w.nbytes(QuantConfig(), 4) for w in layer_weights(cfg, spec) if w.expert)
+    assert per_expert * moe.num_experts == all_experts
+
+
+def test_measured_routing_in_step_records():
+    loaded = _loaded(**LITE)
+    moe = loaded.config.moe
+    assert moe is not None
+    reqs = random_requests([12, 5, 9], gen=5, vocab=loaded.config.vocab_size)
+    res = make_engine(loaded, reqs).run(reqs)
+    num_moe = 2
+    per_expert = analytic_expert_bytes(loaded.config, 4)
+    for s in res.steps:
+        if s.moe is None:
+            continue
+        tokens = s.num_prefill_tokens + s.num_decode_tokens
+        assert s.moe.num_tokens == tokens
+        assert moe.num_experts_per_tok <= s.moe.experts_touched / num_moe <= moe.num_experts
+        assert s.moe.expert_bytes == s.moe.experts_touched * per_expert
+        assert s.moe.expected_experts == pytest.approx(
+            num_moe * moe.expected_distinct_experts(tokens))
+        assert s.moe.max_over_mean >= 1.0
+    assert sum(1 for s in res.steps if s.moe is not None) == len(res.steps)
