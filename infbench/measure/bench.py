@@ -309,6 +309,9 @@ def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None
         print(f"note: {point.name} point {point.index} ({point.label}): {warning}",
               file=sys.stderr)
     prediction = predict_point(point, cfg, hw)
+    for flag in prediction.get("profile_flags") or []:  # a doubtful profile: never silent
+        print(f"note: {point.name} point {point.index} ({point.label}): predicted on the "
+              f"flagged profile {hw.name!r}: {flag}", file=sys.stderr)
     steps = [{**dataclasses.asdict(s), **c} for s, c in zip(last_steps, last_costs, strict=True)]
     env = results_mod.env_info(dev)
     env["backend"] = engine.ops.name

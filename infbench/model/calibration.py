@@ -144,7 +144,7 @@ def for_each_layer(model: Transformer, ids: list[int], on_layer: LayerCallback,
     positions = torch.cat([torch.arange(b - a, device=device)
                            for a, b in zip(bounds, bounds[1:], strict=False)])  # (T,)
     ctx = DenseContext(bounds, config)
-    x = model.embed_tokens(torch.tensor(ids, dtype=torch.long, device=device))  # (T, H)
+    x = model.embed(torch.tensor(ids, dtype=torch.long, device=device))  # (T, H)
     for index, layer in enumerate(model.layers):
         linears = _layer_linears(layer)
         stats = {name: InputStats(m.in_features, device, keep_inputs)
@@ -152,7 +152,8 @@ def for_each_layer(model: Transformer, ids: list[int], on_layer: LayerCallback,
         hooks = [m.register_forward_pre_hook(
             lambda _m, args, s=stats[name]: s.add(args[0])) for name, m in linears.items()]
         try:
-            x = layer(x, positions, ctx, model.rope_cache)  # (T, H), float weights
+            # (T, H), float weights; Gemma-3's local layers rotate with their own table
+            x = layer(x, positions, ctx, model.layer_rope(model.layer_specs[index]))
         finally:
             for hook in hooks:
                 hook.remove()

@@ -79,7 +79,7 @@ def _layer_inputs(model: Transformer, window: torch.Tensor) -> tuple[torch.Tenso
     device = model.device
     ids = window.to(device)
     positions = torch.arange(ids.numel(), device=device)  # (L,)
-    return model.embed_tokens(ids), positions, DenseContext.single(ids.numel(), model.config)
+    return model.embed(ids), positions, DenseContext.single(ids.numel(), model.config)
 
 
 # ------------------------------------------------------------ layer importance
@@ -93,7 +93,7 @@ def block_influence(model: Transformer, windows: Sequence[torch.Tensor]) -> list
     for window in windows:
         x, positions, ctx = _layer_inputs(model, window)
         for i, layer in enumerate(model.layers):
-            y = layer(x, positions, ctx, model.rope_cache)  # (L, H)
+            y = layer(x, positions, ctx, model.layer_rope(model.layer_specs[i]))  # (L, H)
             cos = torch.nn.functional.cosine_similarity(x.float(), y.float(), dim=-1)  # (L,)
             sums[i] += cos.double().sum().cpu()
             x = y

@@ -272,7 +272,7 @@ class Transformer(nn.Module):
             c.max_seq_len, c.rot_dim, c.rope_theta, c.rope_scaling_dict, self.dtype, device
         )
 
-    def _layer_rope(self, spec: LayerSpec) -> torch.Tensor:
+    def layer_rope(self, spec: LayerSpec) -> torch.Tensor:
         """The RoPE table of one layer: Gemma-3's sliding layers have their own."""
         if self.rope_local_cache is not None and spec.window is not None:
             return self.rope_local_cache
@@ -315,9 +315,7 @@ class Transformer(nn.Module):
                 f"expected input_ids (T,) and positions (T,), got {tuple(input_ids.shape)} "
                 f"and {tuple(positions.shape)}"
             )
-        x = self.embed_tokens(input_ids)  # (T, H)
-        if self.embed_scale is not None:
-            x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
+        x = self.embed(input_ids)  # (T, H)
         ops = getattr(self, "ops", None)
         # Gemma blocks have no fused residual-add + norm path: they run `forward` below
         # (with the context's paged attention and the ops' RoPE).
@@ -343,8 +341,15 @@ class Transformer(nn.Module):
                                                       self.rope_cache, ops)
             return ops.rmsnorm(x, self.norm.weight, self.norm.eps, residual)[0]  # (T, H)
         for block, spec in zip(self.layers, self.layer_specs, strict=True):
-            x = block(x, positions, ctx, self._layer_rope(spec))
+            x = block(x, positions, ctx, self.layer_rope(spec))
         return self.norm(x)  # (T, H)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """input_ids (T,) -> the first layer's input (T, H), Gemma's sqrt(hidden) scale applied."""
+        x = self.embed_tokens(input_ids)  # (T, H)
+        if self.embed_scale is not None:
+            x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
+        return x  # type: ignore[no-any-return]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden (N, H) -> logits (N, V) in float32 (soft-capped when the model says so)."""

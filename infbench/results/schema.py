@@ -21,8 +21,9 @@ Versions:
   still load; any other version is refused.  Fields added to version 2 later are optional
   (`metrics.torch_reference`, `normalized.output_tokens_per_s_over_torch_reference`,
   `accuracy`, and `metrics.goodput_requests_per_s`, `slo_attainment`, `num_slo_met` of a
-  point run with `measure.slo`), so a version 2 file written before them loads unchanged,
-  with those fields None.
+  point run with `measure.slo`, and `prediction.profile_flags`, the flags of the calibrated
+  profile the point was priced on), so a version 2 file written before them loads
+  unchanged, with those fields None.
 """
 
 from __future__ import annotations
@@ -309,6 +310,9 @@ class Prediction(_Closed):
     decode_tokens_per_s: Number | None = None  # batch / TPOT, decode only
     total_tokens_per_s: Number | None = None
     waves: int | None = None
+    # the flags of the calibrated profile it was priced on ([] none; None: a datasheet entry
+    # or a result written before profiles had flags)
+    profile_flags: list[str] | None = None
 
 
 class Step(_Closed):

@@ -214,3 +214,33 @@ def test_what_is_refused(tmp_path: Path, change: dict[str, Any], message: str) -
     (tmp_path / "config.json").write_text(json.dumps({**cfg, **change}))
     with pytest.raises(UserError, match=message):
         config_from_hf_dir(tmp_path)
+
+
+@pytest.mark.parametrize("case", ["qwen2", "gemma3"])
+def test_int8_weights_keep_biases_and_gemma_blocks(tmp_path: Path, case: str) -> None:
+    # Quantized projections keep Qwen2's biases; Gemma's GeGLU and norms are untouched.
+    from infbench.core.config import QuantConfig
+
+    write_hf(tmp_path, case)
+    ids = torch.randint(0, VOCAB, (SEQ_LEN,), generator=torch.Generator().manual_seed(1))
+    exact = _ours(load_model({"path": str(tmp_path)}).model, ids)
+    quant = load_model({"path": str(tmp_path)}, quant=QuantConfig(weights="int8"))
+    assert "int8 rtn" in quant.source
+    err = (_ours(quant.model, ids) - exact).abs().max().item()
+    assert 0 < err < 0.05 * exact.abs().max().item()
+
+
+def test_calibration_inputs_follow_gemma_embeddings_and_local_rope(tmp_path: Path) -> None:
+    # AWQ / pruning run the layers one by one: their inputs must be the model's own.
+    from infbench.model.prune import block_influence
+
+    write_hf(tmp_path, "gemma3")
+    model = load_model({"path": str(tmp_path)}).model
+    ids = torch.randint(0, VOCAB, (SEQ_LEN,), generator=torch.Generator().manual_seed(4))
+    x = model.embed(ids)
+    positions, ctx = torch.arange(SEQ_LEN), DenseContext.single(SEQ_LEN)
+    with torch.no_grad():
+        for layer, spec in zip(model.layers, model.layer_specs, strict=True):
+            x = layer(x, positions, ctx, model.layer_rope(spec))
+        torch.testing.assert_close(model.norm(x), model(ids, positions, ctx))
+    assert len(block_influence(model, [ids])) == 4
