@@ -34,7 +34,12 @@ def calibrate(
     name: str = typer.Option("local", "--name", help="Profile name: `hardware: NAME`."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
-    """Measure this machine's bandwidth and FLOP/s and save them as a hardware profile."""
+    """Measure this machine's bandwidth and FLOP/s and save them as a hardware profile.
+
+    Each figure is the best of a round of repeats, re-measured (at most 3 rounds) when they
+    spread by more than 20%; a figure still spread that far, or figures that disagree, are
+    saved as flags (one `warning:` line each on stderr); figures that contradict each other
+    beyond repair (a GEMV under a quarter of the streaming read) exit 2 with nothing saved."""
     from infbench.measure.calibrate import calibrate as run_calibration
     from infbench.measure.calibrate import save_profile
 
@@ -43,6 +48,8 @@ def calibrate(
     spec = run_calibration(device=device, quick=quick, name=name)
     path = save_profile(spec, name)
     extra = spec.extra
+    for flag in spec.profile_flags:
+        print(f"warning: calibrate: profile {name!r} flagged: {flag}", file=sys.stderr)
     if as_json:
         print(json.dumps({
             "name": name,
@@ -54,6 +61,9 @@ def calibrate(
             "flops_per_s": spec.peak_flops,
             "memory_bytes": spec.memory_bytes,
             "torch_threads": extra["torch_threads"],
+            "spread": {k: f["spread"] for k, f in extra["figures"].items()
+                       if k in ("read_bytes_per_s", "copy_bytes_per_s", "gemv_bytes_per_s")},
+            "flags": spec.profile_flags,
             "profile_path": str(path),
         }, indent=2))
         return
@@ -63,19 +73,34 @@ def calibrate(
     table = Table(title=f"{spec.description}{' (quick)' if quick else ''}")
     table.add_column("measurement")
     table.add_column("value", justify="right")
-    table.add_row("read bandwidth (profile bandwidth)", f"{spec.bandwidth / 1e9:.1f} GB/s")
-    table.add_row("copy bandwidth (read + write)", f"{extra['copy_bytes_per_s'] / 1e9:.1f} GB/s")
+    table.add_column("spread", justify="right")
+    figures = extra["figures"]
+
+    def spread(key: str) -> str:
+        fig = figures.get(key)
+        return "" if fig is None else f"{fig['spread']:.0%}" + (" !" if fig["flagged"] else "")
+
+    table.add_row("read bandwidth (profile bandwidth)", f"{spec.bandwidth / 1e9:.1f} GB/s",
+                  spread("read_bytes_per_s"))
+    table.add_row("copy bandwidth (read + write)", f"{extra['copy_bytes_per_s'] / 1e9:.1f} GB/s",
+                  spread("copy_bytes_per_s"))
     rows, cols = extra["gemv_shape"]
     table.add_row(f"GEMV {rows}x{cols} {extra['gemv_dtype']}",
-                  f"{extra['gemv_bytes_per_s'] / 1e9:.1f} GB/s")
+                  f"{extra['gemv_bytes_per_s'] / 1e9:.1f} GB/s", spread("gemv_bytes_per_s"))
     for dtype, flops in spec.peak_flops.items():
-        table.add_row(f"GEMM {dtype} (best size)", f"{flops / 1e9:,.1f} GFLOP/s")
+        by_size = extra["gemm_flops_per_s"][dtype]
+        best = max(by_size, key=by_size.__getitem__)
+        table.add_row(f"GEMM {dtype} (best size)", f"{flops / 1e9:,.1f} GFLOP/s",
+                      spread(f"gemm.{dtype}.{best}"))
     for dtype in spec.peak_flops:
         table.add_row(f"ridge point {dtype}", f"{spec.ridge_point(dtype):.1f} FLOP/byte")
     table.add_row("memory", f"{spec.memory_bytes / 1e9:.1f} GB")
     console = Console()
     console.print(table)
-    console.print(f"saved {path}; use `hardware: {name}` in a scenario")
+    flagged = len(spec.profile_flags)
+    console.print(f"saved {path}; use `hardware: {name}` in a scenario"
+                  + (f" ({flagged} flag{'s' * (flagged != 1)}: see the warnings)"
+                     if flagged else ""))
 
 
 def report(
@@ -106,6 +131,7 @@ def report(
     )
     from infbench.results.moe import moe_rows, moe_table
     from infbench.results.report import (
+        profile_flag_notes,
         report_frame,
         report_rows,
         report_table,
@@ -121,6 +147,8 @@ def report(
     speculative = spec_rows(loaded)
     goodput = goodput_rows(loaded)
     max_rates = max_rate_summaries(loaded)
+    for note in profile_flag_notes(loaded):  # predictions on a doubtful profile
+        print(note, file=sys.stderr)
     if as_json:
         rows = report_rows(loaded)
         if max_rates:  # each row: the SLO max rate of its sweep (the same in one sweep)

@@ -14,7 +14,11 @@ One rule for every spec, built-in or loaded: `HardwareSpec.__post_init__` refuse
 peak, bandwidth or capacity that is not a finite number > 0, a dtype outside
 `PEAK_DTYPES`, and a malformed calibration curve; `load_profile` first checks the
 file against `profile_schema()` (pydantic: extra keys forbidden, types strict) so a
-damaged profile is one line naming the file and the key, never a traceback.
+damaged profile is one line naming the file and the key, never a traceback, then runs
+`core.calibration_checks.check_profile` on it: figures that contradict each other beyond
+repair are refused the same way, and what is only doubtful joins the profile's flags
+(`HardwareSpec.profile_flags`).  A profile written before calibrations kept their repeats
+(no `extra.figures`) loads unflagged, with its spread unknown (`spread_known` is False).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
+from infbench.core.calibration_checks import check_profile, merge_flags
 from infbench.core.errors import ConfigError, UserError
 from infbench.core.io import read_text
 
@@ -154,6 +159,16 @@ class HardwareSpec:
         per_layer = float(extra.get("layer_overhead_s", 0.0)) + num_seqs * float(
             extra.get("seq_layer_overhead_s", 0.0))
         return float(extra.get("step_overhead_s", 0.0)) + num_layers * per_layer
+
+    @property
+    def profile_flags(self) -> list[str]:
+        """What `infbench calibrate` (or loading the profile) flagged; [] when nothing."""
+        return list(self.extra.get("flags") or [])
+
+    @property
+    def spread_known(self) -> bool:
+        """Whether the profile kept the repeats of its figures (older profiles did not)."""
+        return "figures" in self.extra
 
     def ridge_point(self, dtype: str = "bfloat16") -> float:
         """FLOP per byte where the bandwidth slope meets the compute ceiling."""
@@ -490,6 +505,14 @@ def profile_schema() -> tuple[type[BaseModel], type[BaseModel]]:
     class Strict(BaseModel):
         model_config = ConfigDict(extra="forbid")
 
+    class ProfileFigure(Strict):
+        repeats: list[positive] = Field(min_length=1)  # type: ignore[valid-type]
+        choice: Literal["best", "min"]
+        value: positive  # type: ignore[valid-type]
+        spread: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False, strict=True)]
+        rounds: Annotated[int, Field(ge=1, strict=True)]
+        flagged: bool
+
     class ProfileExtra(Strict):
         matmul_flops_by_tokens: dict[dtype, curve] | None = None  # type: ignore[valid-type]
         step_overhead_s: non_negative | None = None  # type: ignore[valid-type]
@@ -511,6 +534,10 @@ def profile_schema() -> tuple[type[BaseModel], type[BaseModel]]:
         torch_version: str | None = None
         allow_tf32: bool | None = None
         timestamp: str | None = None
+        figures: dict[str, ProfileFigure] | None = None
+        spread_limit: Annotated[float, Field(gt=0, allow_inf_nan=False, strict=True)] | None = None
+        max_rounds: Annotated[int, Field(ge=1, strict=True)] | None = None
+        flags: list[str] | None = None
 
         @field_validator("matmul_flops_by_tokens")
         @classmethod
@@ -620,6 +647,15 @@ def _interconnect(data: dict[str, Any] | None) -> Interconnect | None:
 
 def load_profile(path: Path) -> HardwareSpec:
     data = read_profile(path)
+    extra = dict(data.get("extra") or {})
+    check = check_profile(extra)
+    if check.errors:
+        more = f" (and {len(check.errors) - 1} more)" if len(check.errors) > 1 else ""
+        raise UserError(f"{path}: refused hardware profile: {check.errors[0]}{more}; re-run "
+                        "`infbench calibrate` on an idle machine")
+    flags = merge_flags(extra.get("flags") or [], check.flags)
+    if flags:
+        extra["flags"] = flags
     try:
         return HardwareSpec(
             name=data["name"],
@@ -629,7 +665,7 @@ def load_profile(path: Path) -> HardwareSpec:
             memory_bytes=float(data["memory_bytes"]),
             source=data.get("source", str(path)),
             kind=data.get("kind", "cpu"),
-            extra=dict(data.get("extra") or {}),
+            extra=extra,
             interconnect=_interconnect(data.get("interconnect")),
         )
     except (ConfigError, TypeError) as exc:

@@ -1,8 +1,11 @@
 """Measure this machine's roofline: read/copy bandwidth, GEMV bandwidth, GEMM FLOP/s.
 
 `infbench calibrate` calls `calibrate()` and `save_profile()` so that scenarios can
-say `hardware: local`.  Every figure is the median of several timed repeats after
-warm-up; on CUDA the timing uses CUDA events, on CPU `time.perf_counter`.
+say `hardware: local`.  Every figure is a round of timed repeats after warm-up (on CUDA
+timed with CUDA events, on CPU with `time.perf_counter`) and its value is the best repeat,
+the least disturbed on a shared machine; a round whose repeats spread too far is measured
+again, and the profile is checked for figures that contradict each other before it is
+saved (`core.calibration_checks`: refused, or saved with its flags).
 
 - read bandwidth: `x.sum()` over a buffer far larger than the last-level cache.
   This is the profile's `bandwidth`, because decode is a read-dominated stream of
@@ -21,12 +24,20 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from infbench.core.calibration_checks import (
+    MAX_ROUNDS,
+    SPREAD_LIMIT,
+    Figure,
+    check_profile,
+    measure_figure,
+)
 from infbench.core.errors import UserError
 from infbench.core.hardware import HardwareSpec, profile_path
 from infbench.core.io import write_json_atomic
@@ -66,34 +77,38 @@ def _inner(device: str) -> int:
     return 5 if device == "cuda" else 1
 
 
-def read_bandwidth(device: str, nbytes: int, repeats: int, warmup: int) -> float:
+def _rates(work: float, fn: Callable[[], object], device: str, repeats: int,
+           warmup: int) -> Callable[[], list[float]]:
+    """One round of `repeats` timings of `fn` as rates (`work` per second)."""
+    return lambda: [work / t for t in time_op(fn, device, repeats, warmup, _inner(device))]
+
+
+def read_bandwidth(device: str, nbytes: int, repeats: int, warmup: int) -> Figure:
     x = torch.ones(nbytes // 4, dtype=torch.float32, device=device)  # touch every page
-    t = statistics.median(time_op(lambda: x.sum(), device, repeats, warmup, _inner(device)))
-    return x.numel() * 4 / t
+    return measure_figure(_rates(x.numel() * 4, lambda: x.sum(), device, repeats, warmup))
 
 
-def copy_bandwidth(device: str, nbytes: int, repeats: int, warmup: int) -> float:
+def copy_bandwidth(device: str, nbytes: int, repeats: int, warmup: int) -> Figure:
     src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
     dst = torch.zeros_like(src)
-    t = statistics.median(time_op(lambda: dst.copy_(src), device, repeats, warmup,
-                                  _inner(device)))
-    return 2 * src.numel() * 4 / t  # read src + write dst
+    # read src + write dst
+    return measure_figure(_rates(2 * src.numel() * 4, lambda: dst.copy_(src), device, repeats,
+                                 warmup))
 
 
 def gemv_bandwidth(device: str, shape: tuple[int, int], dtype: torch.dtype, repeats: int,
-                   warmup: int) -> float:
+                   warmup: int) -> Figure:
     rows, cols = shape
     w = torch.randn(rows, cols, dtype=dtype, device=device)  # (rows, cols), like a Linear weight
     v = torch.randn(cols, dtype=dtype, device=device)
-    t = statistics.median(time_op(lambda: torch.mv(w, v), device, repeats, warmup,
-                                  _inner(device)))
-    return (w.numel() + v.numel() + rows) * w.element_size() / t
+    nbytes = (w.numel() + v.numel() + rows) * w.element_size()
+    return measure_figure(_rates(nbytes, lambda: torch.mv(w, v), device, repeats, warmup))
 
 
 def gemm_flops(device: str, dtype: torch.dtype, sizes: tuple[int, ...], repeats: int,
-               warmup: int, max_single_s: float) -> dict[int, float]:
+               warmup: int, max_single_s: float) -> dict[int, Figure]:
     """FLOP/s per square size; stops growing once a single matmul exceeds `max_single_s`."""
-    out: dict[int, float] = {}
+    out: dict[int, Figure] = {}
     for n in sizes:
         a = torch.randn(n, n, dtype=dtype, device=device)
         b = torch.randn(n, n, dtype=dtype, device=device)
@@ -102,11 +117,10 @@ def gemm_flops(device: str, dtype: torch.dtype, sizes: tuple[int, ...], repeats:
 
         first = time_op(matmul, device, 1, 1)[0]  # warm-up + a size probe
         if first > max_single_s:
-            out[n] = 2.0 * n**3 / first
+            out[n] = Figure((2.0 * n**3 / first,), "best")
             break
-        t = statistics.median(time_op(matmul, device, repeats, max(warmup - 1, 0),
-                                      _inner(device)))
-        out[n] = 2.0 * n**3 / t
+        out[n] = measure_figure(_rates(2.0 * n**3, matmul, device, repeats,
+                                       max(warmup - 1, 0)))
     return out
 
 
@@ -140,25 +154,34 @@ def calibrate(device: str = "cpu", quick: bool = False,
     if unknown:
         raise UserError(f"calibrate: unknown dtype {unknown[0]!r}; "
                         f"allowed: {', '.join(TORCH_DTYPES)}")
-    read = read_bandwidth(device, plan.buffer_bytes, plan.repeats, plan.warmup)
-    copy = copy_bandwidth(device, plan.buffer_bytes, plan.repeats, plan.warmup)
+    figures: dict[str, Figure] = {
+        "read_bytes_per_s": read_bandwidth(device, plan.buffer_bytes, plan.repeats,
+                                           plan.warmup),
+        "copy_bytes_per_s": copy_bandwidth(device, plan.buffer_bytes, plan.repeats,
+                                           plan.warmup),
+    }
     gemv_dtype = "float32" if device == "cpu" else "bfloat16"  # bf16 GEMV is emulated on CPU
-    gemv = gemv_bandwidth(device, plan.gemv_shape, TORCH_DTYPES[gemv_dtype], plan.repeats,
-                          plan.warmup)
+    figures["gemv_bytes_per_s"] = gemv_bandwidth(device, plan.gemv_shape,
+                                                 TORCH_DTYPES[gemv_dtype], plan.repeats,
+                                                 plan.warmup)
     per_size = {d: gemm_flops(device, TORCH_DTYPES[d], plan.gemm_sizes, plan.repeats, plan.warmup,
                               plan.max_single_s) for d in dtypes}
-    peaks = {d: max(v.values()) for d, v in per_size.items()}
+    for d, by_size in per_size.items():
+        figures.update({f"gemm.{d}.{n}": fig for n, fig in by_size.items()})
+    read = figures["read_bytes_per_s"].value
+    peaks = {d: max(f.value for f in v.values()) for d, v in per_size.items()}
     threads = torch.get_num_threads()
     desc = device_description(device)
     extra: dict[str, Any] = {
         "device": device,
         "quick": quick,
         "read_bytes_per_s": read,
-        "copy_bytes_per_s": copy,
-        "gemv_bytes_per_s": gemv,
+        "copy_bytes_per_s": figures["copy_bytes_per_s"].value,
+        "gemv_bytes_per_s": figures["gemv_bytes_per_s"].value,
         "gemv_shape": list(plan.gemv_shape),
         "gemv_dtype": gemv_dtype,
-        "gemm_flops_per_s": {d: {str(n): f for n, f in v.items()} for d, v in per_size.items()},
+        "gemm_flops_per_s": {d: {str(n): f.value for n, f in v.items()}
+                             for d, v in per_size.items()},
         "buffer_bytes": plan.buffer_bytes,
         "repeats": plan.repeats,
         "warmup": plan.warmup,
@@ -171,7 +194,9 @@ def calibrate(device: str = "cpu", quick: bool = False,
     if engine_terms:
         from infbench.measure.calibrate_engine import engine_extra
 
-        extra.update(engine_extra(device, dtypes, quick))
+        engine, engine_figures = engine_extra(device, dtypes, quick)
+        extra.update(engine)
+        figures.update(engine_figures)
         # The engine's own batch-1 GEMV over 128 MB of weights streams them faster than
         # x.sum() does on some CPUs (two threads each reading half the rows): the roofline
         # ceiling is the best streaming rate measured, so take the higher of the two.
@@ -180,6 +205,15 @@ def calibrate(device: str = "cpu", quick: bool = False,
             gemv = curve[0][1] / 2.0 * 4.0  # fp32: 2 FLOPs per 4-byte weight at M = 1
             extra["engine_gemv_bytes_per_s"] = gemv
             bandwidth = max(read, gemv)
+    extra.update({"figures": {k: f.to_dict() for k, f in figures.items()},
+                  "spread_limit": SPREAD_LIMIT, "max_rounds": MAX_ROUNDS})
+    check = check_profile(extra)
+    if check.errors:  # before anything is written: the previous profile stays
+        more = f" (and {len(check.errors) - 1} more)" if len(check.errors) > 1 else ""
+        raise UserError(f"calibrate: profile {name!r} refused, nothing saved: "
+                        f"{check.errors[0]}{more}; re-run `infbench calibrate` on an idle "
+                        "machine")
+    extra["flags"] = check.flags
     return HardwareSpec(
         name=name,
         description=f"{desc} ({threads} torch threads), calibrated" if device == "cpu"
@@ -188,7 +222,7 @@ def calibrate(device: str = "cpu", quick: bool = False,
         bandwidth=bandwidth,
         memory_bytes=memory_capacity(device),
         source="infbench calibrate" + (" --quick" if quick else "")
-        + f": median of {plan.repeats} repeats",
+        + f": best of {plan.repeats} repeats per round, up to {MAX_ROUNDS} rounds",
         kind="gpu" if device == "cuda" else "cpu",
         extra=extra,
     )

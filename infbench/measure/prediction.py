@@ -12,6 +12,10 @@ The names mean what the measured metrics mean (docs/results.md#metric-definition
 first wave; `output_tokens_per_s` and `total_tokens_per_s` end to end (tokens / the
 predicted wall time of the whole workload, prefill included); `decode_tokens_per_s`
 the decode-only rate (batch / decode step time), which has no measured twin.
+
+`profile_flags` carries the flags of a calibrated profile (`HardwareSpec.profile_flags`,
+[] when it has none) so that `run` and `report` can say a prediction rests on doubtful
+figures; datasheet entries leave it out.
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ def predict_point(point: Any, cfg: ModelConfig, hw: HardwareSpec) -> dict[str, A
         "total_tokens_per_s": n * (w.prompt_len + w.gen_len) / wall,
         "waves": waves,
     })
+    if hw.extra:  # a calibrated profile (datasheet entries have no calibration details)
+        d["profile_flags"] = hw.profile_flags
     if point.quant_config().method == "llm_int8":  # its outlier count is known after loading
         d["note"] = ("llm_int8 priced as int8: the outlier columns it keeps in the model dtype "
                      "(chosen on calibration text) are not in the predicted weight bytes; the "

@@ -175,6 +175,7 @@ def report_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     with_accuracy = has_accuracy(results)
     with_goodput = has_goodput(results)
     with_spec = has_speculative(results)
+    with_flags = any(_profile_flags(r) for r in results)
     rows = []
     for r in results:
         scenario = r.get("scenario") or {}
@@ -218,9 +219,25 @@ def report_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                if with_accuracy else {}),
             **({name: metric(r, name) for name in GOODPUT_METRICS} if with_goodput else {}),
             **(_spec_columns(r) if with_spec else {}),
+            **({"profile_flags": "; ".join(_profile_flags(r)) or None} if with_flags else {}),
             "file": r.get("_path"),
         })
     return rows
+
+
+def _profile_flags(result: dict[str, Any]) -> list[str]:
+    return list((result.get("prediction") or {}).get("profile_flags") or [])
+
+
+def profile_flag_notes(results: list[dict[str, Any]]) -> list[str]:
+    """One stderr line per flag of each flagged profile the predictions were priced on."""
+    counts: dict[tuple[str, str], int] = {}
+    for r in results:
+        hw = str((r.get("prediction") or {}).get("hardware") or "?")
+        for flag in _profile_flags(r):
+            counts[hw, flag] = counts.get((hw, flag), 0) + 1
+    return [f"note: {n} prediction{'s' * (n != 1)} priced on the flagged profile {hw!r}: {flag}"
+            for (hw, flag), n in counts.items()]
 
 
 def _spec_columns(result: dict[str, Any]) -> dict[str, Any]:
@@ -235,7 +252,7 @@ def report_frame(results: list[dict[str, Any]]) -> pd.DataFrame:
 
     df = pd.DataFrame(report_rows(results))
     numeric = [c for c in df.columns
-               if c not in ("label", "name", "hardware", "file", "spec_method")]
+               if c not in ("label", "name", "hardware", "file", "spec_method", "profile_flags")]
     df[numeric] = df[numeric].apply(pd.to_numeric)  # None -> NaN
     return df
 

@@ -13,16 +13,21 @@ from infbench.measure import calibrate as cal
 
 
 def test_formulas_on_synthetic_timing(monkeypatch):
-    """8.5 GB in 0.5 s is 17 GB/s; copy counts read + write; GEMM is 2 n^3 FLOPs."""
+    """8.5 GB in 0.4 s is 21 GB/s; copy counts read + write; GEMM is 2 n^3 FLOPs; each figure
+    is the best repeat (the shortest time), and these repeats spread too far: flagged after
+    three rounds."""
     monkeypatch.setattr(cal, "time_op", lambda fn, device, repeats, warmup, inner=1:
                         [0.4, 0.5, 0.9][:max(repeats, 1)])
     nbytes = 1 << 20
-    assert cal.read_bandwidth("cpu", nbytes, 3, 0) == pytest.approx(nbytes / 0.5)
-    assert cal.copy_bandwidth("cpu", nbytes, 3, 0) == pytest.approx(2 * nbytes / 0.5)
+    read = cal.read_bandwidth("cpu", nbytes, 3, 0)
+    assert read.value == pytest.approx(nbytes / 0.4)
+    assert read.spread == pytest.approx(1 - 0.4 / 0.9) and read.rounds == 3 and read.flagged
+    assert cal.copy_bandwidth("cpu", nbytes, 3, 0).value == pytest.approx(2 * nbytes / 0.4)
     gemv = cal.gemv_bandwidth("cpu", (64, 32), torch.float32, 3, 0)
-    assert gemv == pytest.approx((64 * 32 + 32 + 64) * 4 / 0.5)
+    assert gemv.value == pytest.approx((64 * 32 + 32 + 64) * 4 / 0.4)
     flops = cal.gemm_flops("cpu", torch.float32, (16, 32), 3, 1, max_single_s=10.0)
-    assert flops == {16: pytest.approx(2 * 16**3 / 0.5), 32: pytest.approx(2 * 32**3 / 0.5)}
+    assert {n: f.value for n, f in flops.items()} == {
+        16: pytest.approx(2 * 16**3 / 0.4), 32: pytest.approx(2 * 32**3 / 0.4)}
     # a single run slower than the budget stops the size ladder there
     assert list(cal.gemm_flops("cpu", torch.float32, (16, 32), 3, 1, max_single_s=0.1)) == [16]
 
@@ -31,8 +36,8 @@ def test_mbu_of_the_calibrated_bandwidth(monkeypatch):
     """A decode step moving 8.5 GB in 1 s on a machine calibrated at 17 GB/s runs at MBU 0.5."""
     monkeypatch.setattr(cal, "time_op", lambda *a, **k: [1e-3])  # 17 MB read in 1 ms
     bw = cal.read_bandwidth("cpu", 17_000_000, 1, 0)
-    assert bw == pytest.approx(17e9)
-    assert 8.5e9 / 1.0 / bw == pytest.approx(0.5)
+    assert bw.value == pytest.approx(17e9) and bw.rounds == 1 and not bw.flagged
+    assert 8.5e9 / 1.0 / bw.value == pytest.approx(0.5)
 
 
 def test_time_op_cpu_counts_repeats():
@@ -43,7 +48,9 @@ def test_time_op_cpu_counts_repeats():
 
 
 def test_quick_calibration_measures_plausible_numbers():
-    spec = cal.calibrate("cpu", quick=True, dtypes=("float32",))
+    # engine terms measured on their own below: on a busy machine the engine's curve may
+    # (rightly) get the profile refused, which test_calibrate_checks.py covers with a fake timer
+    spec = cal.calibrate("cpu", quick=True, dtypes=("float32",), engine_terms=False)
     assert spec.kind == "cpu" and spec.name == "local"
     assert 1e8 < spec.bandwidth < 1e13
     assert spec.bandwidth == spec.extra["read_bytes_per_s"]
@@ -55,11 +62,34 @@ def test_quick_calibration_measures_plausible_numbers():
     assert spec.peak_flops["float32"] == best
     assert spec.memory_bytes > 1e9
     assert spec.extra["quick"] is True and spec.extra["torch_threads"] >= 1
+    figures = spec.extra["figures"]
+    assert set(figures) == {"read_bytes_per_s", "copy_bytes_per_s", "gemv_bytes_per_s",
+                            *(f"gemm.float32.{n}" for n in spec.extra["gemm_flops_per_s"]
+                              ["float32"])}
+    read = figures["read_bytes_per_s"]
+    assert read["value"] == max(read["repeats"]) == spec.bandwidth and read["choice"] == "best"
+    assert 1 <= read["rounds"] <= 3 and len(read["repeats"]) == 3
+    assert read["flagged"] == (read["spread"] > 0.2)
+
+
+def test_engine_terms_quick_are_figures():
+    """The engine's matmul curve and decode step times, really measured (quick sizes)."""
+    from infbench.measure.calibrate_engine import engine_extra
+
+    terms, figures = engine_extra("cpu", ("float32",), quick=True)
+    curve = terms["matmul_flops_by_tokens"]["float32"]
+    assert [m for m, _ in curve] == [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    assert [f for _, f in curve] == [figures[f"matmul.float32.{int(m)}"].value for m, _ in curve]
+    steps = [figures[f"decode_step_s.{k}"] for k in ("2x1", "8x1", "8x16")]
+    assert all(f.choice == "min" and 0 < f.value < 1 and len(f.repeats) == 2 for f in steps)
+    for key in ("step_overhead_s", "layer_overhead_s", "seq_layer_overhead_s"):
+        assert terms[key] >= 0
 
 
 def test_save_profile_then_get_hardware(tmp_path, monkeypatch):
     monkeypatch.setenv("INFBENCH_HOME", str(tmp_path))
-    spec = cal.calibrate("cpu", quick=True, dtypes=("float32",), name="mybox")
+    spec = cal.calibrate("cpu", quick=True, dtypes=("float32",), name="mybox",
+                         engine_terms=False)
     path = cal.save_profile(spec, "mybox")
     assert path == profile_path("mybox") and path.parent == tmp_path / "hardware"
     data = json.loads(path.read_text())

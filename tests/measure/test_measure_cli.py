@@ -91,6 +91,13 @@ def test_plots_writes_three_pngs(monkeypatch, capsys, result_file, tmp_path):
 
 def test_calibrate_quick_json_writes_profile(monkeypatch, capsys, tmp_path):
     monkeypatch.setenv("INFBENCH_HOME", str(tmp_path))
+    # fixed engine terms: on a busy machine the measured ones may (rightly) be refused;
+    # tests/measure/test_calibrate_checks.py covers that, test_calibrate.py measures them
+    monkeypatch.setattr("infbench.measure.calibrate_engine.engine_extra",
+                        lambda device, dtypes, quick: (
+                            {"matmul_flops_by_tokens": {"float32": [[1, 1e9], [16, 1e10]]},
+                             "step_overhead_s": 2e-4, "layer_overhead_s": 5e-5,
+                             "seq_layer_overhead_s": 1e-5}, {}))
     code, out, _ = run_cli(monkeypatch, capsys, "calibrate", "--quick", "--json",
                            "--device", "cpu")
     assert code == 0
@@ -102,6 +109,8 @@ def test_calibrate_quick_json_writes_profile(monkeypatch, capsys, tmp_path):
     hw = get_hardware("local")
     assert hw.bandwidth == data["bandwidth_bytes_per_s"]
     assert hw.peak("float32") == data["flops_per_s"]["float32"]
+    assert hw.spread_known and data["flags"] == hw.profile_flags
+    assert set(data["spread"]) == {"read_bytes_per_s", "copy_bytes_per_s", "gemv_bytes_per_s"}
 
 
 def test_json_commands_do_not_import_torch():
