@@ -362,7 +362,8 @@ def fmt_gb(nbytes: float) -> str:
 
 def fmt_si(value: float) -> str:
     for unit, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(value) >= scale:
+        # compare after rounding to 3 digits: 999.9M is "1G", not "1e+03M" (gemma-3-1b)
+        if float(f"{abs(value) / scale:.3g}") >= 1:
             return f"{value / scale:.3g}{unit}"
     return f"{value:.3g}"
 

@@ -81,3 +81,10 @@ def test_structural_extras_are_small_and_priced(feature: str) -> None:
     (f1, b1), (f0, b0) = _step(extra), _step(plain)
     assert f1 > f0 and b1 > b0
     assert (b1 - b0) / b0 < 1e-3 and param_count(extra).total > param_count(plain).total
+
+
+def test_a_count_that_rounds_up_takes_the_next_unit() -> None:
+    from infbench.commands.predict import fmt_si
+
+    assert fmt_si(param_count(PRESETS["gemma-3-1b"]).total) == "1G"  # 999,885,952
+    assert [fmt_si(x) for x in (999.4e6, 999.96e3, 1500, 12)] == ["999M", "1M", "1.5k", "12"]
