@@ -19,9 +19,13 @@ builds the same `tokenizers` pipeline:
 
 Equal scores (rare outside the byte and control pieces) are ranked by the longer left
 piece, then the longer right piece, then the piece's id, the order transformers uses, so
-ids agree with its conversion (`tests/model/test_gguf_spm_tokenizer.py`).  Importing
-nothing from `model.tokenizer`, this module returns a bare backend; `Tokenizer.from_gguf`
-adds the BOS/EOS template.
+ids agree with its conversion (`tests/model/test_gguf_spm_tokenizer.py`).  Where that
+conversion and llama.cpp differ, this follows transformers: Metaspace adds no "▁" to text
+that already starts with a space, nor after a control token inside the text (llama.cpp
+prepends a space to both); `add_space_prefix: false` is honoured (transformers ignores it).
+
+Importing nothing from `model.tokenizer`, this module returns a bare backend;
+`Tokenizer.from_gguf` adds the BOS/EOS template.
 """
 
 from __future__ import annotations
