@@ -286,10 +286,13 @@ def _finish(
 def _init_random(model: Transformer, seed: int) -> None:
     """Seeded N(0, 0.02) matrices and unit norms, generated in place on the model's device."""
     gen = torch.Generator(device=model.device).manual_seed(seed)
+    unit = 0.0 if model.config.is_gemma else 1.0  # Gemma's norms scale by (1 + weight)
     with torch.no_grad():
-        for _, param in model.named_parameters():
-            if param.dim() == 1:  # RMSNorm weights
-                param.fill_(1.0)
+        for name, param in model.named_parameters():
+            if name.endswith("qkv_proj.bias"):  # Qwen2's q/k/v biases start at zero
+                param.zero_()
+            elif param.dim() == 1:  # RMSNorm weights
+                param.fill_(unit)
             else:
                 param.normal_(0.0, INIT_STD, generator=gen)
 

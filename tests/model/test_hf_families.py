@@ -244,3 +244,19 @@ def test_calibration_inputs_follow_gemma_embeddings_and_local_rope(tmp_path: Pat
             x = layer(x, positions, ctx, model.layer_rope(spec))
         torch.testing.assert_close(model.norm(x), model(ids, positions, ctx))
     assert len(block_influence(model, [ids])) == 4
+
+
+def test_random_weights_of_a_preset_have_identity_norms_and_zero_biases() -> None:
+    from infbench.core.config import PRESETS
+
+    for name, norm_value in (("gemma-3-1b", 0.0), ("qwen2.5-0.5b", 1.0)):
+        cfg = PRESETS[name].with_overrides(num_layers=1, vocab_size=64, max_seq_len=1024)
+        model = load_model({"preset": name}, overrides=dict(
+            num_layers=1, vocab_size=64, max_seq_len=1024)).model
+        assert model.config == cfg
+        attn = model.layers[0].self_attn
+        assert float(model.norm.weight.abs().max()) == norm_value
+        if cfg.qkv_bias:
+            assert attn.qkv_proj.bias is not None and not attn.qkv_proj.bias.any()
+        else:
+            assert attn.q_norm is not None and float(attn.q_norm.weight.abs().max()) == 0.0
