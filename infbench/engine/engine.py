@@ -182,7 +182,10 @@ class Engine:
                 reason = "models with several KV groups (windowed and full layers) share no cache"
             if reason is not None:
                 self.disabled.append({"feature": "enable_prefix_caching", "reason": reason})
-        if engine_cfg.cuda_graphs:
+        if engine_cfg.cuda_graphs and cfg.moe is not None:
+            self.disabled.append({"feature": "cuda_graphs", "reason": "MoE layers sort their "
+                                  "tokens by expert with data-dependent sizes (not captured)"})
+        elif engine_cfg.cuda_graphs:
             self._enable_cuda_graphs()
         self.seed = seed
         # Speculative decoding (enable_speculation): the proposer, its settings, and

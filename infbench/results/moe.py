@@ -28,7 +28,9 @@ def moe_rows(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     for r in results:
         if metric(r, "moe.experts_touched_per_step") is None:
             continue
-        row: dict[str, Any] = {"label": str(r.get("label") or r.get("name"))}
+        name, label = r.get("name"), r.get("label")  # several scenarios may share labels
+        row: dict[str, Any] = {"label": f"{name} {label}" if name and label else
+                               str(label or name)}
         row.update({f: metric(r, f"moe.{f}") for f in _FIELDS})
         for f in ("experts_touched_per_step", "expected_experts_per_step",
                   "expert_bytes_error_pct"):

@@ -117,3 +117,11 @@ def test_measured_routing_in_step_records():
             num_moe * moe.expected_distinct_experts(tokens))
         assert s.moe.max_over_mean >= 1.0
     assert sum(1 for s in res.steps if s.moe is not None) == len(res.steps)
+
+
+def test_cuda_graphs_are_not_captured_over_moe_layers():
+    loaded = _loaded()
+    reqs = random_requests([4], gen=2, vocab=loaded.config.vocab_size)
+    engine = make_engine(loaded, reqs, cuda_graphs=True)
+    assert [d["feature"] for d in engine.disabled] == ["cuda_graphs"]
+    assert "MoE" in engine.disabled[0]["reason"]
