@@ -63,6 +63,7 @@ from infbench.core.config import (
     make_prune,
     make_quant,
 )
+from infbench.core.decoding import DecodingSection
 from infbench.core.device import auto_dtype, guess_device
 from infbench.core.errors import ConfigError, DamagedFileError, UserError
 from infbench.core.hardware import default_hardware
@@ -100,7 +101,7 @@ LENGTH_DISTS: tuple[str, ...] = typing.get_args(LengthDist)
 NORMALIZE_MODES: tuple[str, ...] = typing.get_args(NormalizeMode)
 _LENGTH_DISTS = LENGTH_DISTS
 _SECTIONS = ("device", "dtype", "hardware", "model", "workload", "engine", "speculative",
-             "measure", "gate")
+             "measure", "gate", "decoding")
 
 
 def _as_list(value: Any) -> Any:
@@ -501,6 +502,8 @@ class Scenario(_Section):
     speculative: SpeculativeSection = Field(default_factory=SpeculativeSection)
     parallel: ParallelSection = Field(default_factory=ParallelSection)
     """Tensor / pipeline / expert parallel degrees and replicas (the analytic model)."""
+    decoding: DecodingSection = Field(default_factory=DecodingSection)
+    """autoregressive (default) or masked diffusion (core/decoding.py, docs/diffusion.md)."""
     measure: MeasureSection = Field(default_factory=MeasureSection)
     gate: GateSection | None = None
     sweep: dict[str, list[Any]] = Field(default_factory=dict)
@@ -701,6 +704,7 @@ class Scenario(_Section):
                 swept=swept,
                 source=self._source,
                 target=None if self.target is None else self.target.model_dump(),
+                decoding=self.decoding.resolved(wl["gen_len"], self._model_source()),
             )
         except ConfigError as exc:
             where = f" (at {point_label(swept)})" if swept else ""
@@ -919,6 +923,7 @@ class ScenarioPoint:
     dtype_reason: str = ""  # with dtype: auto, what it resolved to and why (else empty)
     target: dict[str, Any] | None = None  # the `target:` section: a server measured instead
     parallel: ParallelConfig = ParallelConfig()  # the `parallel:` section
+    decoding: dict[str, Any] | None = None  # the `decoding:` section; None: autoregressive
 
     @property
     def label(self) -> str:
@@ -985,6 +990,7 @@ class ScenarioPoint:
             "gate": dataclasses.asdict(self.gate) if self.gate is not None else None,
             "swept": dict(self.swept),
             **({"target": copy.deepcopy(self.target)} if self.target is not None else {}),
+            **({"decoding": dict(self.decoding)} if self.decoding is not None else {}),
         }
 
 

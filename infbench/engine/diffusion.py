@@ -26,15 +26,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Literal
 
 import torch
 
+from infbench.core.decoding import REMASKING, check_diffusion_plan
 from infbench.core.errors import UserError
 from infbench.model.diffusion import BidirectionalContext, DiffusionLM
-
-Remasking = Literal["low_confidence", "random"]
-REMASKING: tuple[str, ...] = ("low_confidence", "random")
 
 
 @dataclass(frozen=True)
@@ -64,19 +61,7 @@ class DiffusionPlan:
 
 def check_plan(gen_len: int, steps: int, block_length: int) -> None:
     """L >= 1, B divides L, S a multiple of L / B, and no step that commits nothing."""
-    for key, value in (("gen_len", gen_len), ("steps", steps), ("block_length", block_length)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise UserError(f"diffusion {key} must be an integer >= 1, got {value!r}")
-    if gen_len % block_length:
-        raise UserError(f"diffusion block_length {block_length} must divide the generation "
-                        f"length {gen_len}")
-    blocks = gen_len // block_length
-    if steps % blocks:
-        raise UserError(f"diffusion steps {steps} must be a multiple of the number of blocks "
-                        f"{blocks} (gen_len {gen_len} / block_length {block_length})")
-    if steps > gen_len:
-        raise UserError(f"diffusion steps {steps} must be <= the generation length {gen_len} "
-                        "(a step commits at least one token)")
+    check_diffusion_plan(gen_len, steps, block_length)  # a ConfigError: one line, exit 2
 
 
 @dataclass(frozen=True)
@@ -95,6 +80,7 @@ class DiffusionStep:
 class DiffusionOutput:
     tokens: torch.Tensor  # (batch, L) the generated tokens
     steps: list[DiffusionStep] = field(default_factory=list)
+    wall_s: float = 0.0  # the whole decode, set-up included
 
     @property
     def total_s(self) -> float:
@@ -126,6 +112,8 @@ def diffusion_generate(lm: DiffusionLM, prompts: torch.Tensor, plan: DiffusionPl
         raise UserError(f"prompt {prompt_len} + gen {plan.gen_len} tokens exceed the model's "
                         f"max_seq_len {lm.config.max_seq_len}")
     device = lm.model.device
+    _sync(device)
+    t_start = time.perf_counter()
     gen = torch.Generator(device=device).manual_seed(seed)
     canvas = torch.full((batch, total), lm.mask_token_id, dtype=torch.long, device=device)
     canvas[:, :prompt_len] = prompts.to(device)
@@ -152,6 +140,7 @@ def diffusion_generate(lm: DiffusionLM, prompts: torch.Tensor, plan: DiffusionPl
             _sync(device)
             out.steps.append(DiffusionStep(block, query, query + start, hi - lo, count,
                                            time.perf_counter() - t0))
+    out.wall_s = time.perf_counter() - t_start
     if bool((out.tokens == lm.mask_token_id).any()):  # the plan guarantees it; a bug if not
         raise RuntimeError("diffusion decoding left masked positions")
     return out

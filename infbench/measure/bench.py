@@ -140,6 +140,11 @@ def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None
               on_step: Callable[[StepRecord], None] | None = None,
               on_phase: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Measure one ScenarioPoint and return its self-describing result dict."""
+    if getattr(point, "decoding", None) is not None:  # masked diffusion: its own loop
+        from infbench.measure.diffusion_point import run_diffusion_point
+
+        return run_diffusion_point(point, cache=cache or ModelCache(), device=device,
+                                   on_phase=on_phase)
     import torch
 
     from infbench.core.hardware import get_hardware

@@ -37,7 +37,7 @@ from infbench.results.accessor import scenario_number, value_at
 from infbench.results.report import short_label
 from infbench.roofline.tables import RooflinePoint
 
-_STAGES = ("prefill", "decode")
+_STAGES = ("prefill", "decode", "diffusion")  # diffusion: decoding.kind diffusion points
 
 
 def _where(result: dict[str, Any]) -> str:

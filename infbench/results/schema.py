@@ -22,8 +22,9 @@ Versions:
   (`metrics.torch_reference`, `normalized.output_tokens_per_s_over_torch_reference`,
   `accuracy`, and `metrics.goodput_requests_per_s`, `slo_attainment`, `num_slo_met` of a
   point run with `measure.slo`, and `prediction.profile_flags`, the flags of the calibrated
-  profile the point was priced on), so a version 2 file written before them loads
-  unchanged, with those fields None.
+  profile the point was priced on, and `metrics.diffusion`, `prediction.diffusion` and
+  `diffusion` of a `decoding.kind: diffusion` point), so a version 2 file written before
+  them loads unchanged, with those fields None.
 """
 
 from __future__ import annotations
@@ -213,6 +214,7 @@ class Metrics(_Closed):
     goodput_requests_per_s: Number | None = None
     slo_attainment: Number | None = None
     num_slo_met: Number | None = None  # the median over repeats may fall between two counts
+    diffusion: StageTraffic | None = None  # decoding.kind diffusion: its refinement steps
     moe: MoERouting | None = None  # MoE models: routing measured vs uniform (docs/moe.md)
 
 
@@ -310,6 +312,7 @@ class Prediction(_Closed):
     decode_tokens_per_s: Number | None = None  # batch / TPOT, decode only
     total_tokens_per_s: Number | None = None
     waves: int | None = None
+    diffusion: PredictedStage | None = None  # decoding.kind diffusion (roofline/diffusion.py)
     # the flags of the calibrated profile it was priced on ([] none; None: a datasheet entry
     # or a result written before profiles had flags)
     profile_flags: list[str] | None = None
@@ -431,6 +434,9 @@ class RunResult(_Closed):
     telemetry: dict[str, Any] = Field(default_factory=dict)  # open: nvml / ncu samples
     engine_disabled: list[EngineDisabled] = Field(default_factory=list)
     accuracy: Accuracy | None = None  # quantized / pruned points, or measure.eval_tokens
+    # open: decoding.kind diffusion's settings, the analytic detail (step kinds, the
+    # autoregressive twin) and the first sequence's tokens (measure/diffusion_point.py)
+    diffusion: dict[str, Any] | None = None
 
     model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
 

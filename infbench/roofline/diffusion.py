@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from infbench.core.config import ModelConfig, QuantConfig
-from infbench.core.errors import ConfigError
+from infbench.core.decoding import check_diffusion_plan
 from infbench.core.hardware import HardwareSpec
 from infbench.roofline.analysis import bound_of, check_context, predict, roofline_time
 from infbench.roofline.costs import group_costs
@@ -81,20 +81,8 @@ class DiffusionPrediction:
 
 
 def check_diffusion(gen_len: int, steps: int, block_length: int) -> None:
-    """The engine's plan rules, without torch: B divides L, S a multiple of L/B, S <= L."""
-    if gen_len < 1 or steps < 1 or block_length < 1:
-        raise ConfigError(f"diffusion needs gen_len, steps and block_length >= 1, got "
-                          f"{gen_len}, {steps}, {block_length}")
-    if gen_len % block_length:
-        raise ConfigError(f"diffusion block_length {block_length} must divide the generation "
-                          f"length {gen_len}")
-    blocks = gen_len // block_length
-    if steps % blocks:
-        raise ConfigError(f"diffusion steps {steps} must be a multiple of the number of blocks "
-                          f"{blocks} (gen_len {gen_len} / block_length {block_length})")
-    if steps > gen_len:
-        raise ConfigError(f"diffusion steps {steps} must be <= the generation length {gen_len} "
-                          "(a step commits at least one token)")
+    """The engine's plan rules: B divides L, S a multiple of L / B, S <= L."""
+    check_diffusion_plan(gen_len, steps, block_length)
 
 
 def diffusion_schedule(prompt_len: int, gen_len: int, steps: int, block_length: int,
