@@ -91,8 +91,11 @@ def test_plots_writes_three_pngs(monkeypatch, capsys, result_file, tmp_path):
 
 def test_calibrate_quick_json_writes_profile(monkeypatch, capsys, tmp_path):
     monkeypatch.setenv("INFBENCH_HOME", str(tmp_path))
-    # fixed engine terms: on a busy machine the measured ones may (rightly) be refused;
-    # tests/measure/test_calibrate_checks.py covers that, test_calibrate.py measures them
+    # 1 ms per timing and fixed engine terms: on a busy machine measured figures may (rightly)
+    # be refused; tests/measure/test_calibrate_checks.py covers that, test_calibrate.py
+    # measures them
+    monkeypatch.setattr("infbench.measure.calibrate.time_op",
+                        lambda fn, device, repeats, warmup, inner=1: [1e-3] * repeats)
     monkeypatch.setattr("infbench.measure.calibrate_engine.engine_extra",
                         lambda device, dtypes, quick: (
                             {"matmul_flops_by_tokens": {"float32": [[1, 1e9], [16, 1e10]]},
