@@ -120,6 +120,10 @@ def load_model(
     if native:
         native_gguf_file(source, weights, overrides)  # a one-line error without a GGUF
     loaded = _load(source, dtype, device, seed, overrides, weights, native)
+    if loaded.config.moe is not None and quant is not None and quant.weights in ("int8", "int4"):
+        raise ConfigError(f"quant.weights={quant.weights}: the routed experts of an MoE model "
+                          f"are not quantized in the engine (model {loaded.config.name!r}); "
+                          "allowed for MoE models: none")
     if prune is not None and prune.active:
         apply_prune(loaded, prune, seed)
     if quant is not None and quant.weights in ("int8", "int4"):

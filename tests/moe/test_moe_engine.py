@@ -7,6 +7,7 @@ import pytest
 from engine_helpers import greedy_recompute, make_engine, random_requests
 
 from infbench.core.config import ModelConfig, QuantConfig
+from infbench.core.errors import ConfigError
 from infbench.engine.moe_stats import analytic_expert_bytes, summarize_counts
 from infbench.model.fused_decode import build_decode_layers
 from infbench.model.loader import load_model
@@ -125,3 +126,9 @@ def test_cuda_graphs_are_not_captured_over_moe_layers():
     engine = make_engine(loaded, reqs, cuda_graphs=True)
     assert [d["feature"] for d in engine.disabled] == ["cuda_graphs"]
     assert "MoE" in engine.disabled[0]["reason"]
+
+
+def test_weight_quantization_of_an_moe_model_is_refused():
+    with pytest.raises(ConfigError, match="allowed for MoE models: none") as info:
+        load_model({"preset": "tiny-moe"}, quant=QuantConfig(weights="int8"))
+    assert "\n" not in str(info.value)
