@@ -260,3 +260,42 @@ def test_random_weights_of_a_preset_have_identity_norms_and_zero_biases() -> Non
             assert attn.qkv_proj.bias is not None and not attn.qkv_proj.bias.any()
         else:
             assert attn.q_norm is not None and float(attn.q_norm.weight.abs().max()) == 0.0
+
+
+def test_gemma3_config_of_older_transformers_reads_the_same(tmp_path: Path) -> None:
+    # Before rope_parameters was nested per layer type: rope_theta + rope_scaling for the
+    # global layers, rope_local_base_freq for the local ones, sliding_window_pattern.
+    import json
+
+    write_hf(tmp_path, "gemma3")
+    new = config_from_hf_dir(tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    for key in ("rope_parameters", "layer_types"):
+        raw.pop(key)
+    raw.update(rope_theta=50000.0, rope_local_base_freq=100.0, sliding_window_pattern=3,
+               rope_scaling={"type": "linear", "factor": 4.0})
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    assert config_from_hf_dir(tmp_path) == new
+
+
+
+def test_speculative_verification_rows_are_soft_capped_too(tmp_path: Path) -> None:
+    # n-gram speculation verifies 1 + k decode rows per sequence through the softcap
+    # fallback, each row over its own context: still the capped model's greedy tokens.
+    # (Gemma's windowed + full layers do not speculate yet: a capped Qwen2 stands in.)
+    from infbench.core.scenario import SpeculativeConfig
+
+    write_hf(tmp_path, "qwen2", seed=5)
+    capped = load_model({"path": str(tmp_path)}, overrides={"attn_logit_softcap": 2.0})
+    with torch.no_grad():  # sharp attention, so that capping matters
+        for layer in capped.model.layers:
+            layer.self_attn.qkv_proj.weight.mul_(8.0)
+    prompt = [7, 8, 9, 10] * 3
+    ids = list(prompt)
+    for _ in range(12):
+        ids.append(int(_ours(capped.model, torch.tensor(ids))[-1].argmax()))
+    llm = LLM(capped, backend="cpu", max_model_len=64, num_kv_blocks=32, block_size=4,
+              speculative=SpeculativeConfig("ngram", 3, ngram_max=2))
+    out = llm.generate([prompt], SamplingParams(max_tokens=12, ignore_eos=True))
+    assert out[0].outputs[0].token_ids == ids[len(prompt):]
+    assert sum(d for step in llm.last_steps for d in step.spec_drafts) > 0  # verified drafts
