@@ -202,6 +202,8 @@ def test_unsupported_architecture_is_one_line_exit_2(tmp_path: Path) -> None:
     ({"use_sliding_window": True}, "use_sliding_window=true is not supported for qwen2"),
     ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}},
      "rope_type 'longrope' is not supported"),
+    ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}},
+     "rope_type 'yarn' is not supported; allowed: default, linear, llama3"),
     ({"hidden_act": "gelu"}, "hidden_act 'gelu' unsupported for qwen2"),
 ])
 def test_what_is_refused(tmp_path: Path, change: dict[str, Any], message: str) -> None:
