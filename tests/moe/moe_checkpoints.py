@@ -49,7 +49,7 @@ def write_hf_moe(tmp: Path, kind: str, seed: int = 0, **cfg: Any) -> Any:
                 p.uniform_(0.5, 1.5)
             elif name.endswith(("mlp.gate.weight", "block_sparse_moe.gate.weight")):
                 p.normal_(0.0, 1.0)
-            elif p.dim() >= 2:
+            elif p.dim() >= 2 or name.endswith(".bias"):  # Qwen2's q/k/v biases too
                 p.normal_(0.0, 0.05)
     model.save_pretrained(tmp)
     return model

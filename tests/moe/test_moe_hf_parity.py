@@ -65,8 +65,9 @@ def test_router_options_are_read(tmp_path: Path) -> None:
         assert {k: getattr(moe, k) for k in expect} == expect, kind
 
 
-def test_renormalized_qwen2_moe_and_greedy_deepseek_match(tmp_path: Path) -> None:
-    for kind, cfg in [("qwen2_moe", dict(norm_topk_prob=True)),
+def test_renormalized_biased_qwen2_moe_and_greedy_deepseek_match(tmp_path: Path) -> None:
+    # qkv_bias=True: the released Qwen2-MoE checkpoints' q/k/v biases
+    for kind, cfg in [("qwen2_moe", dict(norm_topk_prob=True, qkv_bias=True)),
                       ("deepseek_v2", dict(topk_method="greedy", routed_scaling_factor=1.0))]:
         d = tmp_path / kind
         hf = write_hf_moe(d, kind, seed=3, **cfg)
