@@ -571,6 +571,10 @@ def predict_command(
         from infbench.core.scenario import load_scenario
 
         points = load_scenario(scenario).points()
+        if any(getattr(p, "decoding", None) for p in points):
+            raise UserError(f"{scenario}: decoding.kind diffusion points are priced by "
+                            "`infbench predict --diffusion-steps` (and next to `run`'s "
+                            "measurements), not by predict SCENARIO")
         predictions = point_predictions(points, None, overlap, reserve, kv_bits)
         labels = [point.label for point in points]
     else:
