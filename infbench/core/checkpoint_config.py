@@ -135,6 +135,10 @@ def _rope(cfg_file: Path, raw: dict[str, Any]) -> tuple[float, tuple[tuple[str, 
 def config_from_hf_dir(path: str | Path) -> ModelConfig:
     """ModelConfig of a Llama/Mistral/DeepSeek-V2 checkpoint directory (reads config.json)."""
     root, raw = _read_config_json(path)
+    if raw.get("model_type") == "llada":  # a masked-diffusion LM (docs/diffusion.md)
+        from infbench.core.llada_config import llada_config
+
+        return llada_config(raw, str(root))[0]
     # Wrong value types (a string where a count belongs, a list as rope_scaling) surface as
     # ValueError/TypeError/AttributeError anywhere below: one error naming config.json.
     with reading(root / "config.json", "Hugging Face config.json"):

@@ -85,3 +85,68 @@ def test_bad_decoding_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert code == 2
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and match in lines[0], err
+
+
+def _llada_dir(root: Path) -> Path:
+    """A tiny LLaDA-format checkpoint (random weights, mask token 250) written here."""
+    import torch
+    from safetensors.torch import save_file
+
+    from infbench.model.diffusion import LLADA_NAMES, LLADA_TOP
+
+    hidden, inter, layers, vocab = 32, 48, 2, 256
+    gen = torch.Generator().manual_seed(0)
+
+    def w(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen) * 0.05
+
+    shapes = {"q_proj.weight": (hidden, hidden), "k_proj.weight": (hidden, hidden),
+              "v_proj.weight": (hidden, hidden), "attn_out.weight": (hidden, hidden),
+              "ff_proj.weight": (inter, hidden), "up_proj.weight": (inter, hidden),
+              "ff_out.weight": (hidden, inter), "attn_norm.weight": (hidden,),
+              "ff_norm.weight": (hidden,)}
+    assert set(shapes) == set(LLADA_NAMES)
+    tensors = {f"model.transformer.blocks.{i}.{k}": w(*v) for i in range(layers)
+               for k, v in shapes.items()}
+    top = {"model.transformer.wte.weight": (vocab, hidden),
+           "model.transformer.ln_f.weight": (hidden,),
+           "model.transformer.ff_out.weight": (vocab, hidden)}
+    assert set(top) == set(LLADA_TOP)
+    tensors.update({k: w(*v) for k, v in top.items()})
+    root.mkdir()
+    save_file(tensors, str(root / "model.safetensors"))
+    (root / "config.json").write_text(json.dumps({
+        "model_type": "llada", "d_model": hidden, "n_heads": 4, "n_kv_heads": 4,
+        "n_layers": layers, "mlp_hidden_size": inter, "vocab_size": vocab,
+        "embedding_size": vocab, "max_sequence_length": 64, "rope_theta": 10000.0,
+        "rms_norm_eps": 1e-5, "weight_tying": False, "mask_token_id": 250}))
+    return root
+
+
+def test_llada_directory_in_a_scenario_and_predict(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    ckpt = _llada_dir(tmp_path / "llada")
+    scenario = tmp_path / "llada.yaml"
+    scenario.write_text(f"""
+name: llada
+device: cpu
+dtype: float32
+hardware: cpu
+model: {{path: {ckpt}}}
+workload: {{kind: static, batch_size: 2, prompt_len: 5, gen_len: 6, seed: 0}}
+measure: {{warmup: 0, repeats: 1}}
+decoding: {{kind: diffusion, steps: 3, remasking: random}}
+""")
+    out = tmp_path / "out"
+    code, _, err = run_cli(monkeypatch, capsys, "run", str(scenario), "--out", str(out))
+    assert code == 0, err
+    (result,) = [json.loads(p.read_text()) for p in out.glob("llada_*.json")]
+    assert result["diffusion"]["mask_token_id"] == 250  # from config.json
+    assert result["model_config"]["hidden_size"] == 32 and result["metrics"]["num_steps"] == 3
+    assert 250 not in result["diffusion"]["sample_tokens"]
+    code, text, err = run_cli(monkeypatch, capsys, "predict", "--model", str(ckpt),
+                              "--diffusion-steps", "2,4", "--gen", "8", "--prompt", "8",
+                              "--hardware", "cpu", "--json")
+    assert code == 0, err
+    assert [r["steps"] for r in json.loads(text)] == [2, 4]
