@@ -15,7 +15,7 @@ from infbench.model.moe import MoEMLP
 from infbench.model.transformer import Attention
 from infbench.roofline.costs import kv_bytes_per_token, step_costs
 from infbench.roofline.ops import SeqWork
-from infbench.roofline.shapes import is_moe_layer, layer_weights
+from infbench.roofline.shapes import is_moe_layer, layer_weights, weight_bytes
 
 # DeepSeek-V2-Lite's structure, tiny: MLA, first layer dense, 2 shared experts, groups.
 LITE = {"num_layers": 3, "arch": "deepseek_v2",
@@ -76,6 +76,8 @@ def test_expert_bytes_and_allocation_equal_the_cost_model():
     declared = sum(w.nbytes(QuantConfig(), 4) for w in layer_weights(cfg, spec)
                    if w.op.startswith("moe_"))
     assert held == declared
+    # and the whole model: what the loader reports equals the roofline's weight bytes
+    assert loaded.weight_bytes == weight_bytes(cfg, "float32")
     per_expert = analytic_expert_bytes(cfg, 4)
     assert per_expert == (mlp.w13[0].numel() + mlp.w2[0].numel()) * 4
     # A step's expected bytes are what the roofline charges the routed experts for the

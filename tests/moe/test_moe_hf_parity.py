@@ -13,6 +13,7 @@ from infbench.model.context import DenseContext
 from infbench.model.layers import SwiGLUMLP
 from infbench.model.loader import load_model
 from infbench.model.moe import MoEMLP
+from infbench.roofline.shapes import weight_bytes
 
 TOL = 2e-5
 SEQ_LEN = 23
@@ -33,6 +34,8 @@ def test_logits_match_transformers(tmp_path: Path, kind: str) -> None:
         ref = hf(ids[None]).logits[0].float()
     out = _logits(loaded.model, ids)
     torch.testing.assert_close(out, ref, atol=TOL, rtol=TOL)
+    # What the checkpoint filled is what the cost model prices (Qwen2-MoE's gate included).
+    assert loaded.weight_bytes == weight_bytes(loaded.config, "float32")
     mlps = [layer.mlp for layer in loaded.model.layers]
     if kind == "deepseek_v2":  # first_k_dense_replace=1: a dense layer, then MoE layers
         assert type(mlps[0]) is SwiGLUMLP and all(isinstance(m, MoEMLP) for m in mlps[1:])
