@@ -28,10 +28,9 @@ FAMILY_ARCHITECTURES = {
 # model_type of a config saved without "architectures" -> ModelConfig.arch
 FAMILY_MODEL_TYPES = {"qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
                       "gemma3_text": "gemma3", "phi3": "phi3"}
-# RoPE variants these families run exactly.  YaRN is left out: transformers also scales
-# cos/sin by its attention factor (0.1 ln(factor) + 1), which the softmax-attention layers
-# do not apply (only MLA does).
-ROPE_TYPES = ("default", "linear", "llama3")
+# RoPE variants the model implements (model/layers.py ROPE_TYPES; YaRN with its attention
+# factor on cos/sin, Transformer._rope_cache)
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 _GEMMA_SOFTCAPS = {"gemma2": (50.0, 30.0), "gemma3": (None, None)}  # transformers' defaults
 
 

@@ -23,6 +23,7 @@ from infbench.model.context import AttentionContext
 from infbench.model.gemma import GemmaDecoderLayer, GemmaRMSNorm
 from infbench.model.layers import RMSNorm, SwiGLUMLP, apply_rope, build_rope_cache
 from infbench.model.linear import make_linear, tied_logits
+from infbench.model.mla import rope_attention_factor
 from infbench.model.moe import MoEMLP
 from infbench.model.ops import Ops
 from infbench.model.softcap import softcap
@@ -268,9 +269,16 @@ class Transformer(nn.Module):
             assert c.rope_local_theta is not None
             return build_rope_cache(c.max_seq_len, c.rot_dim, c.rope_local_theta, None,
                                     self.dtype, device)
-        return build_rope_cache(
-            c.max_seq_len, c.rot_dim, c.rope_theta, c.rope_scaling_dict, self.dtype, device
-        )
+        scaling = c.rope_scaling_dict
+        # YaRN: transformers also scales cos and sin by its attention factor (the attention
+        # temperature); MLA layers build their own table and apply it there.
+        factor = rope_attention_factor(scaling)
+        if factor == 1.0:
+            return build_rope_cache(c.max_seq_len, c.rot_dim, c.rope_theta, scaling,
+                                    self.dtype, device)
+        table = build_rope_cache(c.max_seq_len, c.rot_dim, c.rope_theta, scaling,
+                                 torch.float32, device)  # (max_pos, rot_dim)
+        return (table * factor).to(self.dtype)
 
     def layer_rope(self, spec: LayerSpec) -> torch.Tensor:
         """The RoPE table of one layer: Gemma-3's sliding layers have their own."""

@@ -202,8 +202,6 @@ def test_unsupported_architecture_is_one_line_exit_2(tmp_path: Path) -> None:
     ({"use_sliding_window": True}, "use_sliding_window=true is not supported for qwen2"),
     ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}},
      "rope_type 'longrope' is not supported"),
-    ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}},
-     "rope_type 'yarn' is not supported; allowed: default, linear, llama3"),
     ({"hidden_act": "gelu"}, "hidden_act 'gelu' unsupported for qwen2"),
 ])
 def test_what_is_refused(tmp_path: Path, change: dict[str, Any], message: str) -> None:
@@ -301,3 +299,24 @@ def test_speculative_verification_rows_are_soft_capped_too(tmp_path: Path) -> No
     out = llm.generate([prompt], SamplingParams(max_tokens=12, ignore_eos=True))
     assert out[0].outputs[0].token_ids == ids[len(prompt):]
     assert sum(d for step in llm.last_steps for d in step.spec_drafts) > 0  # verified drafts
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_yarn_rope_matches_transformers_attention_factor_included(tmp_path: Path,
+                                                                  family: str) -> None:
+    # Qwen2.5's long-context setting: transformers scales cos/sin by 0.1 ln(factor) + 1.
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32,
+            "rope_theta": 10000.0}
+    if family == "llama":
+        from model_checkpoints import write_hf_llama
+
+        hf = write_hf_llama(tmp_path, rope_parameters=yarn)
+    else:
+        CASES["qwen2-yarn"] = ("Qwen2", dict(rope_parameters=yarn))
+        try:
+            hf = write_hf(tmp_path, "qwen2-yarn")
+        finally:
+            del CASES["qwen2-yarn"]
+    model = load_model({"path": str(tmp_path)}).model
+    ids = torch.randint(0, VOCAB, (SEQ_LEN,), generator=torch.Generator().manual_seed(1))
+    assert (_ours(model, ids) - _theirs(hf, ids)).abs().max().item() < TOL
