@@ -39,6 +39,19 @@ def moe_rows(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def has_moe(results: Sequence[dict[str, Any]]) -> bool:
+    return any(metric(r, "moe.experts_touched_per_step") is not None for r in results)
+
+
+def moe_columns(result: dict[str, Any]) -> dict[str, Any]:
+    """The `moe_*` columns of `report --json / --markdown / --csv` (None: no MoE routing)."""
+    cols = {f"moe_{f}": metric(result, f"moe.{f}") for f in _FIELDS}
+    cols.update({f"moe_decode_{f}": metric(result, f"moe.decode.{f}")
+                 for f in ("experts_touched_per_step", "expected_experts_per_step",
+                           "expert_bytes_error_pct")})
+    return cols
+
+
 def _num(value: float | None, digits: int = 1, scale: float = 1.0) -> str:
     return "-" if value is None else f"{value * scale:,.{digits}f}"
 

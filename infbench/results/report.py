@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from infbench.core.io import write_text_atomic
 from infbench.results.accessor import metric, scenario_number
+from infbench.results.moe import has_moe, moe_columns
 from infbench.results.speculative import EXPORTED as SPEC_EXPORTED
 from infbench.results.speculative import has_speculative, spec_row
 
@@ -175,6 +176,7 @@ def report_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     with_accuracy = has_accuracy(results)
     with_goodput = has_goodput(results)
     with_spec = has_speculative(results)
+    with_moe = has_moe(results)
     with_flags = any(_profile_flags(r) for r in results)
     rows = []
     for r in results:
@@ -219,6 +221,7 @@ def report_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                if with_accuracy else {}),
             **({name: metric(r, name) for name in GOODPUT_METRICS} if with_goodput else {}),
             **(_spec_columns(r) if with_spec else {}),
+            **(moe_columns(r) if with_moe else {}),  # MoE routing vs the roofline (moe.py)
             **({"profile_flags": "; ".join(_profile_flags(r)) or None} if with_flags else {}),
             "file": r.get("_path"),
         })

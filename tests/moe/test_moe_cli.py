@@ -37,6 +37,13 @@ def test_mixtral_scenario_reports_routing_beside_the_roofline(monkeypatch, capsy
     code, report, err = run_cli(monkeypatch, capsys, "report", str(out))
     assert code == 0, err
     assert "MoE routing" in report and "roofline MB" in report
+    code, rows, err = run_cli(monkeypatch, capsys, "report", str(out), "--json")
+    assert code == 0, err
+    by_label = {row["label"]: row for row in json.loads(rows)}
+    for r in results:
+        row = by_label[r["label"]]
+        assert row["moe_expert_bytes"] == r["metrics"]["moe"]["expert_bytes"]
+        assert row["moe_expert_bytes_error_pct"] == r["metrics"]["moe"]["expert_bytes_error_pct"]
 
 
 def test_unsupported_moe_variant_is_one_line_exit_2(monkeypatch, capsys, tmp_path):
