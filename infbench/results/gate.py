@@ -48,7 +48,8 @@ ADDED_SCENARIO_KEYS: dict[str, Any] = {
                  "ngram_max", "ngram_min")}
 ADDED_SCENARIO_KEYS.update({"scenario.workload.burstiness": 1.0,
                             "scenario.workload.max_concurrency": None,
-                            "scenario.workload.dataset": None})
+                            "scenario.workload.dataset": None,
+                            "scenario.model.quant.activations": "float"})
 
 
 def _as_recorded(scenario: dict[str, Any]) -> dict[str, Any]:
@@ -60,6 +61,8 @@ def _as_recorded(scenario: dict[str, Any]) -> dict[str, Any]:
             or workload.get("kind", "static") != "static" or "batch_size" not in workload):
         return scenario
     return {**scenario, "workload": {**workload, "num_requests": workload["batch_size"]}}
+
+
 DEFAULT_METRIC = "output_tokens_per_s"
 
 
