@@ -25,7 +25,10 @@ def step_stage(step: StepRecord) -> str:
 
 def annotate_steps(steps: Sequence[StepRecord], cfg: ModelConfig, dtype: str,
                    quant: QuantConfig, hw: HardwareSpec) -> list[dict[str, Any]]:
-    """Per step: accounted FLOPs and bytes, achieved FLOP/s and bytes/s, MBU, MFU."""
+    """Per step: accounted FLOPs and bytes, achieved FLOP/s and bytes/s, MBU, MFU.
+
+    The roofline's bytes, except an MoE step's routed-expert weights: the bytes of the
+    experts its tokens touched (StepRecord.moe) replace uniform routing's expectation."""
     memo: dict[tuple[tuple[int, int, int], ...], tuple[float, float, float, float]] = {}
     peak = hw.peak(dtype)
     rows = []
@@ -38,6 +41,9 @@ def annotate_steps(steps: Sequence[StepRecord], cfg: ModelConfig, dtype: str,
             memo[key] = ((t.flops, t.bytes, t.weight_bytes, t.kv_read_bytes + t.kv_write_bytes)
                          if t is not None else (0.0, 0.0, 0.0, 0.0))
         flops, nbytes, wbytes, kvbytes = memo[key]
+        if s.moe is not None:  # MoE: the experts the step's tokens really touched
+            routed = s.moe.expert_bytes - s.moe.expected_bytes  # minus uniform routing's
+            nbytes, wbytes = nbytes + routed, wbytes + routed
         dur = max(s.duration_s, 1e-12)
         rows.append({
             "stage": step_stage(s),

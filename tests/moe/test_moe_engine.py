@@ -134,3 +134,25 @@ def test_weight_quantization_of_an_moe_model_is_refused():
     with pytest.raises(ConfigError, match="allowed for MoE models: none") as info:
         load_model({"preset": "tiny-moe"}, quant=QuantConfig(weights="int8"))
     assert "\n" not in str(info.value)
+
+
+def test_step_traffic_reads_the_experts_the_step_touched():
+    """annotate_steps (MBU) charges the measured expert bytes instead of uniform routing's."""
+    import dataclasses
+
+    from infbench.core.hardware import get_hardware
+    from infbench.measure.traffic import annotate_steps
+
+    loaded = _loaded(**LITE)
+    reqs = random_requests([12, 5], gen=3, vocab=loaded.config.vocab_size)
+    steps = make_engine(loaded, reqs).run(reqs).steps
+    hw = get_hardware("cpu")
+    measured = annotate_steps(steps, loaded.config, "float32", QuantConfig(), hw)
+    uniform = annotate_steps([dataclasses.replace(s, moe=None) for s in steps], loaded.config,
+                             "float32", QuantConfig(), hw)
+    assert any(s.moe.expert_bytes != s.moe.expected_bytes for s in steps)
+    for s, m, u in zip(steps, measured, uniform, strict=True):
+        delta = s.moe.expert_bytes - s.moe.expected_bytes
+        assert m["weight_bytes_read"] == pytest.approx(u["weight_bytes_read"] + delta)
+        assert m["bytes"] == pytest.approx(u["bytes"] + delta)
+        assert m["flops"] == u["flops"]
