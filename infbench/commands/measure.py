@@ -116,8 +116,9 @@ def report(
     of a scenario with variants also get one row per variant (bytes, speed, accuracy),
     speculative points a table of acceptance and speed-up (also spec_* columns in the
     --json / --markdown / --csv rows), MoE points a table of routing statistics beside the
-    roofline's expert bytes (docs/moe.md; moe_* columns in those rows), and points run with measure.slo a goodput table and,
-    over a rate sweep, the highest rate meeting the SLOs (slo_max_rate in --json rows)."""
+    roofline's expert bytes (docs/moe.md; moe_* columns in those rows), and points run with
+    measure.slo a goodput table and, over a rate sweep, the highest rate meeting the SLOs
+    (slo_max_rate in --json rows)."""
     from rich.console import Console
 
     from infbench.results.gate import load_results
