@@ -42,14 +42,19 @@ def llada_config(data: dict[str, Any], origin: str) -> tuple[ModelConfig, int | 
     if data.get("model_type") != "llada":
         raise UserError(f"{origin}: model_type is {data.get('model_type')!r}, expected 'llada'")
     unsupported = {k: data[k] for k in ("include_bias", "include_qkv_bias", "alibi",
-                                        "attention_layer_norm") if data.get(k)}
+                                        "attention_layer_norm", "input_emb_norm",
+                                        "scale_logits") if data.get(k)}
+    if data.get("rope", True) is not True:
+        unsupported["rope"] = data["rope"]
     if data.get("block_type", "llama") != "llama":
         unsupported["block_type"] = data["block_type"]
-    if data.get("activation_type", "silu") not in ("silu", "swiglu"):
+    # LLaDALlamaBlock: act(ff_proj(x)) * up_proj(x); "silu" is that SwiGLU, while "swiglu"
+    # would split ff_proj's output in two and is not mapped here.
+    if data.get("activation_type", "silu") != "silu":
         unsupported["activation_type"] = data["activation_type"]
     if unsupported:
         raise UserError(f"{origin}: unsupported LLaDA options {unsupported} (llama blocks "
-                        "without biases only)")
+                        "with RoPE, SiLU gating and no biases only)")
     try:
         heads = int(data["n_heads"])
         config = ModelConfig(

@@ -110,6 +110,12 @@ def test_llada_config_errors(llama_and_dir, tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(data))
     with pytest.raises(UserError, match="expected 'llada'"):
         load_llada(tmp_path)
+    for key, value in (("activation_type", "swiglu"), ("include_qkv_bias", True),
+                       ("block_type", "sequential")):
+        (tmp_path / "config.json").write_text(json.dumps({**data, "model_type": "llada",
+                                                          key: value}))
+        with pytest.raises(UserError, match=f"unsupported LLaDA options .*{key}"):
+            load_llada(tmp_path)
 
 
 def test_mask_token_checks() -> None:
