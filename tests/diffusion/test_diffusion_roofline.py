@@ -85,3 +85,34 @@ def test_predict_cli_bad_input(monkeypatch: pytest.MonkeyPatch,
     code, _, err = run_cli(monkeypatch, capsys, "predict", "--model", "tiny", *args)
     assert code == 2
     assert len(err.strip().splitlines()) == 1 and err.startswith("error:")
+
+
+@pytest.mark.parametrize("prefix", [0, 10])
+def test_priced_matmuls_equal_the_engine_forward(prefix: int) -> None:
+    """The matmul FLOPs the cost model charges a step equal torch's count of the forward the
+    engine runs for it (whole canvas, or the positions after a cached prefix)."""
+    torch = pytest.importorskip("torch")
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from infbench.model.diffusion import BidirectionalContext, DiffusionLM
+    from infbench.model.transformer import Transformer
+
+    cfg = ModelConfig(name="x", vocab_size=64, hidden_size=64, num_layers=2, num_heads=4,
+                      num_kv_heads=2, intermediate_size=96, max_seq_len=64)
+    lm = DiffusionLM(Transformer(cfg).eval(), cfg, 63)
+    tokens = torch.randint(0, 63, (3, 20), generator=torch.Generator().manual_seed(0))
+    lo, hi = 10, 18  # the current block
+    with torch.no_grad():
+        ctx = BidirectionalContext(3, 20, record_prefix=prefix)
+        lm.logits(tokens, ctx)
+        ctx = BidirectionalContext(3, 20 - prefix, prefix=ctx.recorded or None)
+        with FlopCounterMode(display=False) as counter:
+            lm.logits(tokens[:, prefix:], ctx, prefix, (lo - prefix, hi - prefix))
+    counted = counter.get_flop_counts()["Global"]
+    mm = sum(v for k, v in counted.items() if "mm" in str(k))
+    shape = DiffusionStepShape(20 - prefix, 20, hi - lo, 1)
+    ops = {op.name: op.flops for op in diffusion_step_costs(cfg, shape, 3, "float32")}
+    d, i = cfg.hidden_size, cfg.intermediate_size
+    mlp_matmul = 2.0 * 3 * shape.query_len * 3 * d * i * cfg.num_layers  # gate, up, down
+    assert mm == pytest.approx(ops["qkv_proj"] + ops["o_proj"] + ops["lm_head"] + mlp_matmul)
+    assert ops["mlp"] == pytest.approx(mlp_matmul, rel=0.02)  # + the SiLU-and-mul
