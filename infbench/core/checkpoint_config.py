@@ -638,6 +638,7 @@ def _gguf_rope_scaling(
     factor = float(_gguf_required(reader, key("rope.scaling.factor")))
     return (("factor", factor), ("rope_type", "linear"))
 
+
 def _gguf_rope_freqs(reader: GGUFReader, file: Path, key: Any, head_dim: int,
                      scaling: tuple[tuple[str, Any], ...] | None
                      ) -> tuple[tuple[str, Any], ...] | None:
