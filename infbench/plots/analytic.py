@@ -40,8 +40,9 @@ FIGURE_SIZES: dict[str, tuple[tuple[float, float], int, float]] = {
 # Okabe-Ito: distinguishable under the common colour-vision deficiencies.
 OKABE_ITO = ("#000000", "#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00",
              "#CC79A7")
-STAGE_COLOURS = {"prefill": "#D55E00", "decode": "#0072B2"}
-STAGE_MARKERS = {"prefill": "s", "decode": "o"}
+# diffusion: a masked-diffusion refinement step (decoding.kind diffusion, docs/diffusion.md)
+STAGE_COLOURS = {"prefill": "#D55E00", "decode": "#0072B2", "diffusion": "#009E73"}
+STAGE_MARKERS = {"prefill": "s", "decode": "o", "diffusion": "^"}
 OTHER_MARKER = "^"  # a measured step of a kind that is neither (e.g. mixed)
 
 # Operator families: a 13-operator model stays a 5-colour legend. First match wins.

@@ -58,8 +58,16 @@ def test_run_report_plots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         assert r["diffusion"]["analytic"]["autoregressive"]["tokens_per_s"] > 0
     assert all("decoding" not in r["scenario"] for r in ar)  # autoregressive as before
     # the measured and predicted diffusion stages land on the roofline
-    stages = {(p.kind, p.stage) for p in measured_roofline_points(dlm)}
+    points = measured_roofline_points(dlm)
+    stages = {(p.kind, p.stage) for p in points}
     assert {("measured", "diffusion"), ("predicted", "diffusion")} <= stages
+    from infbench.core.hardware import get_hardware
+
+    peak = get_hardware("cpu").peak_at("float32", None)
+    for p in points:  # a predicted step sits on the roof: its FLOPs over its own time
+        if p.kind == "predicted" and p.stage == "diffusion":
+            roof = min(peak, p.intensity * get_hardware("cpu").bandwidth)
+            assert p.flops_per_s == pytest.approx(roof, rel=1e-6)
     code, table, err = run_cli(monkeypatch, capsys, "report", str(out))
     assert code == 0, err
     assert "dlm" in table
