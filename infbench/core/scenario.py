@@ -201,6 +201,9 @@ class QuantSection(_Section):
     head: HeadQuant = "model"
     """The LM head: model (the model dtype) | int8 (per-row scales, as llama.cpp stores it;
     a tied head gets an int8 copy, the embedding gather stays in the model dtype)."""
+    activations: ActivationQuant = "float"
+    """What quantized projections multiply: float (exact) | int8 (32-column blocks rounded
+    to int8, llama.cpp's arithmetic; integer dot products at batch 1 on AVX512-VNNI CPUs)."""
 
 
 class PruneSection(_Section):
@@ -231,9 +234,6 @@ class AttentionSection(_Section):
     feature_dim: PosInt | None = None
     d_state: PosInt | None = None
     d_conv: PosInt | None = None
-    activations: ActivationQuant = "float"
-    """What quantized projections multiply: float (exact) | int8 (32-column blocks rounded
-    to int8, llama.cpp's arithmetic; integer dot products at batch 1 on AVX512-VNNI CPUs)."""
     expand: PosInt | None = None
     dt_rank: PosInt | None = None
     attn_every: PosInt | None = None
