@@ -603,24 +603,9 @@ def run(opts: Options, log: Callable[[str], None]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from rich.console import Console
+    from infbench.benchmarks._main import bench_main
 
-    from infbench.core.errors import UserError
-    from infbench.results.store import write_json_atomic
-
-    err = Console(stderr=True)
-    try:
-        opts = parse_args(argv)
-        data = run(opts, lambda msg: err.print(msg, markup=False, highlight=False))
-        write_json_atomic(opts.out, data)
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    out = Console()
-    for table in render(data):
-        out.print(table)
-    err.print(f"wrote {opts.out}", markup=False, highlight=False)
-    return 0
+    return bench_main(argv, parse_args, run, render)
 
 
 if __name__ == "__main__":

@@ -262,24 +262,9 @@ def render(data: dict[str, Any]) -> list[Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from rich.console import Console
+    from infbench.benchmarks._main import bench_main
 
-    from infbench.core.errors import UserError
-    from infbench.results.store import write_json_atomic
-
-    err = Console(stderr=True)
-    try:
-        opts = parse_args(argv)
-        data = run(opts, lambda msg: err.print(msg, markup=False, highlight=False))
-        write_json_atomic(opts.out, data)
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    out = Console(width=max(Console().width, 120))
-    for item in render(data):
-        out.print(item)
-    err.print(f"wrote {opts.out}", markup=False, highlight=False)
-    return 0
+    return bench_main(argv, parse_args, run, render, min_width=120)
 
 
 if __name__ == "__main__":
