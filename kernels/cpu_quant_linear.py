@@ -31,9 +31,9 @@ def cpu_quant_linear(x: torch.Tensor, w: Int8Weight | Int4Weight,
                      act_int8: bool = False) -> torch.Tensor:
     """x (M, K) float32/bfloat16 @ dequant(w)^T [+ bias] -> (M, N) in x's dtype.
 
-    act_int8: at M = 1 on a CPU with AVX512-VNNI, x is quantized to int8 in blocks of 32
-    columns (one scale each) and multiplied with integer dot products (`linear_q8act.cpp`);
-    elsewhere the float path runs.
+    act_int8: x is rounded to int8 in blocks of 32 columns (one scale each); on a CPU with
+    AVX512-VNNI the codes are multiplied with integer dot products (`linear_q8act.cpp`: int4
+    weights up to 32 rows, int8 up to 4), elsewhere the float path runs on the rounded values.
     """
     q, scales, mins = _parts(w)
     return module().quant_linear(x, q, scales, mins, w.group_size, bias,  # type: ignore[no-any-return]

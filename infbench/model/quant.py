@@ -46,8 +46,8 @@ class QuantLinear(nn.Module):
     its per-input-channel scales into the quantized weight this way).
 
     `act_int8` (`quant.activations: int8`, set by `use_int8_activations`): the activations
-    are rounded to int8 in blocks of 32 columns first (`quantize_activations`); one-row
-    products on the `cpu` backend run that as integer dot products in C++."""
+    are rounded to int8 in blocks of 32 columns first (`quantize_activations`); decode rows on
+    the `cpu` backend run that as integer dot products in C++ (`kernels/csrc/linear_q8act.cpp`)."""
 
     qweight: torch.Tensor  # int8 (N, K) or packed int4 (N, K // 2) uint8
     scales: torch.Tensor

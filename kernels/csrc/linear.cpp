@@ -460,7 +460,7 @@ void quant_linear(const float* x, const QuantWeight& w, const float* bias, void*
   const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
   std::vector<float> xq;
   if (w.act_int8) {
-    if (M == 1 && quant_gemv_q8act(x, w, bias, y, y_bf16)) return;
+    if (quant_gemv_q8act(x, M, w, bias, y, y_bf16)) return;
     // the same rounded activations through the float path below
     xq.resize(static_cast<size_t>(M * w.K));
     quantize_activation_rows(x, xq.data(), M, w.K);

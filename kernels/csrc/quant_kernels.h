@@ -13,8 +13,8 @@ struct QuantWeight {
   const uint16_t* scales; // fp16 (N, K / group)
   const uint16_t* mins;   // fp16 (N, K / group); int4 only
   int64_t N, K, group;
-  // Batch-1 decode with int8 activations and VNNI dot products (linear_q8act.cpp) where
-  // the CPU has AVX512-VNNI; otherwise, and for more rows, the float path.
+  // int8 activations: VNNI dot products (linear_q8act.cpp) where the CPU has AVX512-VNNI
+  // (int4 up to 32 rows, int8 up to 4); otherwise the float path on the rounded values.
   bool act_int8 = false;
 };
 
@@ -22,10 +22,10 @@ struct QuantWeight {
 void quant_linear(const float* x, const QuantWeight& w, const float* bias, void* y, int64_t M,
                   bool y_bf16);
 
-// linear_q8act.cpp: y (N) = int8(x (K)) @ dequant(w)^T [+ bias]; false (nothing written)
-// when this build or this weight's group size has no such path.
-bool quant_gemv_q8act(const float* x, const QuantWeight& w, const float* bias, void* y,
-                      bool y_bf16);
+// linear_q8act.cpp: y (M, N) = int8(x (M, K)) @ dequant(w)^T [+ bias]; false (nothing
+// written) when this build or this weight's group size has no such path.
+bool quant_gemv_q8act(const float* x, int64_t M, const QuantWeight& w, const float* bias,
+                      void* y, bool y_bf16);
 bool quant_gemv_q8act_supported();
 // out (M, K) = x (M, K) with each 32-column block rounded to int8 codes times its scale
 // (what quant_gemv_q8act multiplies; a shorter last block when 32 does not divide K).
