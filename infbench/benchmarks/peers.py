@@ -26,7 +26,6 @@ same file and machine) is evaluated on the int8-activation row, like for like.
 
 from __future__ import annotations
 
-import argparse
 import gc
 import os
 import sys
@@ -77,32 +76,12 @@ class Options:
 
 def parse_args(argv: list[str] | None) -> Options:
     """The options; a bad value raises UserError naming it."""
-    from infbench.core.errors import UserError
+    from infbench.benchmarks._main import round_options
 
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--rounds", type=int, help=f"timed rounds (default {FULL['rounds']})")
-    parser.add_argument("--prompt", type=int, help=f"prompt tokens (default {FULL['prompt']})")
-    parser.add_argument("--gen", type=int, help=f"new tokens, >= 2 (default {FULL['gen']})")
-    parser.add_argument("--threads", type=int, help="CPU threads of every engine (default: "
-                                                    "torch's, one per core)")
-    parser.add_argument("--out", default="results/bench_peers.json", help="the JSON file")
-    parser.add_argument("--quick", action="store_true",
-                        help=f"tiny sizes for a test: {QUICK['prompt']}-token prompt, "
-                             f"{QUICK['gen']} new tokens, {QUICK['rounds']} round")
-    args = parser.parse_args(argv)
-    base = QUICK if args.quick else FULL
-
-    def pick(name: str) -> int:
-        value = getattr(args, name)
-        return int(base[name] if value is None else value)
-
-    for name, low in (("rounds", 1), ("prompt", 1), ("gen", 2)):
-        if pick(name) < low:
-            raise UserError(f"--{name} must be >= {low}, got {pick(name)}")
-    if args.threads is not None and args.threads < 1:
-        raise UserError(f"--threads must be >= 1, got {args.threads}")
-    return Options(rounds=pick("rounds"), prompt=pick("prompt"), gen=pick("gen"), out=args.out,
-                   quick=args.quick, threads=args.threads)
+    o = round_options(argv, __doc__, FULL, QUICK, "results/bench_peers.json",
+                      "CPU threads of every engine (default: torch's, one per core)")
+    return Options(rounds=o["rounds"], prompt=o["prompt"], gen=o["gen"], out=o["out"],
+                   quick=o["quick"], threads=o["threads"])
 
 
 # ---------------------------------------------------------------------- runners

@@ -232,7 +232,8 @@ def overhead(opts: Options, log: Any) -> dict[str, Any]:
     d_ttft = b["ttft_p50_s"] - a["ttft_p50_s"]
     d_tpot = b["tpot_mean_s"] - a["tpot_mean_s"]
     return {
-        "threads": threads, "backend": backend, "in_process": a, "served": b,
+        "threads": threads, "backend": backend, "vocab_size": vocab, "in_process": a,
+        "served": b,
         "failures": failed,
         "added_ttft_p50_s": d_ttft, "added_tpot_mean_s": d_tpot,
         "targets": [
@@ -245,16 +246,8 @@ def overhead(opts: Options, log: Any) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------- part 2
-def replicas(opts: Options, log: Any) -> dict[str, Any]:
-    from infbench.core.checkpoint_config import config_from_gguf, resolve_gguf
-
-    try:
-        vocab = config_from_gguf(resolve_gguf(opts.model)).vocab_size
-    except Exception:  # noqa: BLE001 (not a GGUF name: ask the preset)
-        from infbench.core.checkpoint_config import model_source
-        from infbench.model.loader import load_model
-
-        vocab = load_model(model_source(opts.model), weights="random").config.vocab_size
+def replicas(opts: Options, log: Any, vocab: int) -> dict[str, Any]:
+    """`vocab`: the model's vocabulary size (the overhead part loaded the model already)."""
     reqs = _requests(opts, opts.load_requests, vocab, "q")
     rows = []
     for n in (1, 2):
@@ -297,8 +290,9 @@ def run(opts: Options, log: Any) -> dict[str, Any]:
                  "gen": opts.gen, "load_requests": opts.load_requests,
                  "concurrency": opts.concurrency, "quick": opts.quick},
         "overhead": overhead(opts, log),
-        "replicas": None if opts.skip_replicas else replicas(opts, log),
     }
+    data["replicas"] = (None if opts.skip_replicas
+                        else replicas(opts, log, data["overhead"]["vocab_size"]))
     data["load_average"] = {"before": load_before, "after": load_average(),
                             "cores": os.cpu_count()}
     return data

@@ -88,7 +88,7 @@ class _Abort:
 
 
 class _Stop:
-    pass
+    """The command that ends the engine thread's loop."""
 
 
 @dataclass
