@@ -55,18 +55,19 @@ class RoutingRecorder:
     """Reads and clears the model's routing counts once per engine step."""
 
     def __init__(self, model: Any, cfg: ModelConfig, dtype_bytes: int) -> None:
-        from infbench.model.moe import routed_expert_bytes
+        from infbench.model.moe import moe_layers, routed_expert_bytes
 
         assert cfg.moe is not None
         self.model, self.cfg = model, cfg
+        self.layers = moe_layers(model)  # walked once, read every step
         self.expert_bytes = routed_expert_bytes(model)  # as stored in the engine
         self.analytic_bytes = analytic_expert_bytes(cfg, dtype_bytes)
 
     def reset(self) -> None:
-        take_routing_counts(self.model)  # drop what warm-up forwards routed
+        take_routing_counts(self.model, self.layers)  # drop what warm-up forwards routed
 
     def take(self) -> MoEStep | None:
-        counts = take_routing_counts(self.model)
+        counts = take_routing_counts(self.model, self.layers)
         if counts is None:
             return None
         assert self.cfg.moe is not None

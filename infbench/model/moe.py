@@ -108,19 +108,22 @@ def moe_layers(model: nn.Module) -> list[MoEMLP]:
     return [m for m in model.modules() if isinstance(m, MoEMLP)]
 
 
-def take_routing_counts(model: nn.Module) -> list[list[int]] | None:
+def take_routing_counts(model: nn.Module,
+                        layers: list[MoEMLP] | None = None) -> list[list[int]] | None:
     """Tokens per routed expert of each MoE layer since the last call (then cleared);
-    None for a model without MoE layers."""
-    layers = moe_layers(model)
+    None for a model without MoE layers.  `layers`: `moe_layers(model)`, when the caller
+    keeps it (the engine reads this every step: one module walk saved, and the counts of
+    all layers come back in one device-to-host copy)."""
+    layers = moe_layers(model) if layers is None else layers
     if not layers:
         return None
-    rows = []
-    for m in layers:
-        counts = m.expert_counts
-        rows.append([0] * m.moe.num_experts if counts is None else counts.tolist())
-        if counts is not None:
-            with torch.inference_mode():  # the engine's forwards made it an inference tensor
-                counts.zero_()
+    kept = [m.expert_counts for m in layers if m.expert_counts is not None]
+    values = iter(torch.stack(kept).tolist() if kept else [])
+    rows = [next(values) if m.expert_counts is not None else [0] * m.moe.num_experts
+            for m in layers]
+    with torch.inference_mode():  # the engine's forwards made them inference tensors
+        for counts in kept:
+            counts.zero_()
     return rows
 
 
