@@ -103,7 +103,8 @@ class QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.input_scales is not None:
             x = x / self.input_scales
-        if self.act_int8 and not self._cpu_gemv(x):
+        route = self._cpu_route(x)
+        if self.act_int8 and route != "gemv":  # the C++ GEMV rounds int8 activations itself
             x = quantize_activations(x).to(x.dtype)
         if x.is_cuda:  # Triton dequantize-in-GEMV / GEMM on this format
             from kernels.quant_matmul import int4_matmul, int8_matmul
@@ -113,12 +114,9 @@ class QuantLinear(nn.Module):
             if self.bias is not None:
                 y = y + self.bias
             return y.view(*x.shape[:-1], self.out_features)
-        if (x.device.type == "cpu" and self.backend == "cpu" and x.dim() == 2
-                and x.dtype in (torch.float32, torch.bfloat16)):
-            if x.shape[0] <= CPU_MAX_ROWS:  # decode: dequantize inside the GEMV
-                return cpu_quant_linear(x, self.weight_format(), self.bias,
-                                        act_int8=self.act_int8)
-            # prefill: rebuild the float matrix once (multi-threaded C++), then the BLAS GEMM
+        if route == "gemv":  # decode: dequantize inside the GEMV
+            return cpu_quant_linear(x, self.weight_format(), self.bias, act_int8=self.act_int8)
+        if route == "gemm":  # prefill: the float matrix once (multi-threaded C++), then BLAS
             return gemm(x, cpu_dequantize(self.weight_format(), x.dtype), self.bias)
         return self.reference(x)
 
@@ -127,22 +125,24 @@ class QuantLinear(nn.Module):
         the CPU).  CUDA: the Triton kernels of `forward`, as the float head's F.linear."""
         if hidden.is_cuda:
             return self.forward(hidden).float()
-        if self.act_int8 and not self._cpu_gemv(hidden):
+        route = self._cpu_route(hidden)
+        if self.act_int8 and route != "gemv":
             hidden = quantize_activations(hidden).to(hidden.dtype)
-        if (hidden.device.type == "cpu" and self.backend == "cpu" and hidden.dim() == 2
-                and hidden.dtype in (torch.float32, torch.bfloat16)):
-            if hidden.shape[0] <= CPU_MAX_ROWS:
-                return cpu_quant_linear(hidden, self.weight_format(), self.bias,
-                                        out_float32=True, act_int8=self.act_int8)
-            # many rows (perplexity windows): the float matrix once, then the BLAS GEMM
+        if route == "gemv":
+            return cpu_quant_linear(hidden, self.weight_format(), self.bias,
+                                    out_float32=True, act_int8=self.act_int8)
+        if route == "gemm":  # many rows (perplexity windows): the float matrix, then BLAS
             return gemm(hidden, cpu_dequantize(self.weight_format(), hidden.dtype), self.bias,
                         out_float32=True)
         return self.reference(hidden).float()
 
-    def _cpu_gemv(self, x: torch.Tensor) -> bool:
-        """Whether x goes to the C++ GEMV (which rounds int8 activations itself)."""
-        return (x.device.type == "cpu" and self.backend == "cpu" and x.dim() == 2
-                and x.dtype in (torch.float32, torch.bfloat16) and x.shape[0] <= CPU_MAX_ROWS)
+    def _cpu_route(self, x: torch.Tensor) -> str | None:
+        """"gemv" (up to CPU_MAX_ROWS rows) or "gemm" on the `cpu` backend's C++ kernels, None
+        for every other case (the Triton kernels on CUDA, the torch reference)."""
+        if not (x.device.type == "cpu" and self.backend == "cpu" and x.dim() == 2
+                and x.dtype in (torch.float32, torch.bfloat16)):
+            return None
+        return "gemv" if x.shape[0] <= CPU_MAX_ROWS else "gemm"
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:
         """Dequantize, then F.linear in x's dtype (the torch backend; prefill on `cpu`)."""
