@@ -1,4 +1,5 @@
-"""Calibrated profiles: matmul efficiency by token count and fixed step cost."""
+"""Calibrated profiles: matmul efficiency by token count, decode attention, fixed step cost,
+and the operator overlap they default to."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import pytest
 
 from infbench.core.config import ModelConfig
 from infbench.core.hardware import HARDWARE, HardwareSpec
-from infbench.roofline.analysis import predict
+from infbench.roofline.analysis import default_overlap, predict, step_rates
+from infbench.roofline.costs import SeqWork, group_costs
 
 
 def _profile(**extra) -> HardwareSpec:
@@ -46,3 +48,53 @@ def test_small_batch_gemm_efficiency_slows_compute_bound_decode():
                    gen_len=4, dtype="float32")
     assert real.time_per_token_s > fast.time_per_token_s
     assert real.decode.bound == "compute"
+
+
+def test_decode_attention_reads_kv_at_the_measured_rate():
+    """Softmax attention's two passes read KV at the profile's decode-attention rate and
+    compute at the dtype's peak; the matmuls keep the bandwidth and the curve."""
+    cfg = ModelConfig.from_name("smollm2-135m")
+    curve = {"float32": [[1, 10e9], [64, 50e9]]}
+    hw = _profile(matmul_flops_by_tokens=curve, decode_attention_bytes_per_s=5e9)
+    batch, context = 8, 200
+    ops = {op.name: op for op in group_costs(cfg, [(SeqWork(1, context), batch)], "float32",
+                                             None, stage="decode")}
+    rates = step_rates(cfg, hw, "float32", batch, "decode")
+    score, value, mlp = ops["attn_score"], ops["attn_value"], ops["mlp"]
+    assert rates.op_times(score) == (score.bytes / 5e9, score.flops / 100e9)
+    assert rates.op_times(value) == (value.bytes / 5e9, value.flops / 100e9)
+    peak8 = hw.peak_at("float32", 8)
+    assert rates.op_times(mlp) == (mlp.bytes / 20e9, mlp.flops / peak8)
+    # the decode step is the mean over contexts prompt + 1 .. prompt + gen; overlap none
+    p = predict(cfg, hw, batch=batch, prompt_len=context - 1, gen_len=2, dtype="float32")
+    assert p.overlap == "none"
+    steps = [sum(max(rates.op_times(op)) for op in group_costs(
+        cfg, [(SeqWork(1, c), batch)], "float32", None, stage="decode")) for c in (200, 201)]
+    assert p.decode.time_s == pytest.approx(sum(steps) / 2, rel=1e-12)
+    attn = {op.cost.name: op for op in p.decode.ops}["attn_score"]
+    assert attn.time_s == pytest.approx(attn.cost.bytes / 5e9) and attn.bound == "memory"
+    # prefill runs the prefill kernel: no measured rate, attention at bandwidth and curve
+    pre = step_rates(cfg, hw, "float32", batch * 128, "prefill")
+    assert pre.attn_bandwidth is None and pre.of(score) == (20e9, hw.peak_at("float32", 1024))
+
+
+def test_attention_rate_applies_to_softmax_attention_only():
+    hw = _profile(decode_attention_bytes_per_s=5e9)
+    mla = ModelConfig.from_name("deepseek-v2-lite")
+    assert step_rates(mla, hw, "float32", 4, "decode").attn_bandwidth is None
+    gqa = ModelConfig.from_name("llama-small")
+    assert step_rates(gqa, hw, "float32", 4, "decode").attn_bandwidth == 5e9
+    assert step_rates(gqa, hw, "float32", 4, "verify").attn_bandwidth == 5e9
+    assert step_rates(gqa, _profile(), "float32", 4, "decode").attn_bandwidth is None
+
+
+def test_overlap_auto_is_none_on_an_engine_profile_and_full_on_a_datasheet():
+    cfg = ModelConfig.from_name("llama-small")
+    engine = _profile(matmul_flops_by_tokens={"float32": [[1, 10e9], [64, 50e9]]})
+    assert default_overlap(engine) == "none" and default_overlap(HARDWARE["h100-sxm"]) == "full"
+    assert default_overlap(_profile()) == "full"  # hand-written profile: no engine terms
+    for hw in (engine, HARDWARE["h100-sxm"]):
+        auto = predict(cfg, hw, batch=16, prompt_len=128, gen_len=8, dtype="float32")
+        explicit = predict(cfg, hw, batch=16, prompt_len=128, gen_len=8, dtype="float32",
+                           overlap=default_overlap(hw))
+        assert auto == explicit and auto.overlap == default_overlap(hw)

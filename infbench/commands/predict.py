@@ -57,9 +57,10 @@ def check_positive(flag: str, value: int | None) -> None:
 
 
 COMMAND_LINE = "command line"  # the source named in errors about flags and --set
-OVERLAP_MODES = ("full", "none")  # as infbench.roofline.analysis.OVERLAP_MODES
+OVERLAP_MODES = ("auto", "full", "none")  # as infbench.roofline.analysis.OVERLAP_CHOICES
 OVERLAP_HELP = ("How a step's operators share the roofline: full (one roofline over the "
-                "step, the default) | none (the sum of each operator's own roofline).")
+                "step) | none (the sum of each operator's own roofline) | auto (the default: "
+                "none on a profile from `infbench calibrate`, full on datasheet hardware).")
 MEM_UTIL_HELP = ("Fraction of the device's reported memory the model may use, as vLLM's "
                  "gpu_memory_utilization (default: 0.95).")
 WORKSPACE_HELP = ("Tokens whose activations are held back as workspace (default: 2048; "
@@ -313,7 +314,7 @@ def _spec_from_scenario(spec: Any) -> Any:
     return SpecConfig(int(tokens), float(acceptance), float(field("draft_cost_ratio") or 0.0))
 
 
-def point_predictions(points: list[Any], speculative: Any = None, overlap: str = "full",
+def point_predictions(points: list[Any], speculative: Any = None, overlap: str = "auto",
                       reserve: Any = None, kv_bits: int | None = None) -> list[Any]:
     """One prediction per scenario point (a file's, or the document built from the flags)."""
     from infbench.core.hardware import MemoryReserve, get_hardware
@@ -553,7 +554,7 @@ def predict_command(
     from infbench.roofline.analysis import check_context, predict
 
     reserve = memory_reserve(mem_util, workspace_tokens)
-    overlap = overlap or "full"
+    overlap = overlap or "auto"
 
     model_flags = dict(kv_heads=kv_heads, window=window, global_every=global_every,
                        cla_group=cla_group, kv_lora_rank=kv_lora_rank, q_lora_rank=q_lora_rank,

@@ -171,7 +171,7 @@ def roofline_command(
     pp: int | None = typer.Option(None, callback=opt.positive_int, help="Pipeline stages."),
     ep: int | None = typer.Option(None, callback=opt.positive_int,
                                   help="Expert parallel degree within tp."),
-    overlap: str = typer.Option("full", callback=opt.one_of(OVERLAP_MODES), help=OVERLAP_HELP),
+    overlap: str = typer.Option("auto", callback=opt.one_of(OVERLAP_MODES), help=OVERLAP_HELP),
     set_: list[str] | None = typer.Option(None, "--set", help=SET_HELP),
     out: Path = typer.Option(Path("roofline.png"), callback=opt.output_file,
                              help="Figure to write (.png, .svg or .pdf)."),

@@ -15,6 +15,10 @@ calmest round is kept, and when even that one is above the limit the figure is f
 
 - the GEMV bandwidths against the streaming read: a GEMV streams the same kind of bytes,
   so one below `GEMV_MIN_FRACTION` of the read is not credible and the profile is refused;
+- the engine's decode attention against the streaming read: below
+  `ATTENTION_MIN_FRACTION` of it the profile is refused (a paged kernel reads scattered
+  rows slower than a stream, measured at 40-50% of it, but not ten times slower), above
+  `ATTENTION_MAX_FRACTION` it is flagged (the KV sat in a cache);
 - the matmul throughput against size (the engine's curve by rows, the square GEMM
   ladder): a point more than `DIP_FLAG` below the best smaller size is flagged, more
   than `DIP_REFUSE` below it refused;
@@ -34,6 +38,8 @@ from typing import Any
 SPREAD_LIMIT = 0.20  # relative spread above which a round is measured again
 MAX_ROUNDS = 3  # the first round and at most two re-measurements
 GEMV_MIN_FRACTION = 0.25
+ATTENTION_MIN_FRACTION = 0.10
+ATTENTION_MAX_FRACTION = 2.0
 DIP_FLAG = 0.15
 DIP_REFUSE = 0.50
 FIT_TOLERANCE = 0.05  # of the step time the fit is taken from
@@ -132,6 +138,20 @@ def _check_gemv(extra: dict[str, Any], out: ProfileCheck) -> None:
                 "busy")
 
 
+def _check_attention(extra: dict[str, Any], out: ProfileCheck) -> None:
+    read, attention = extra.get("read_bytes_per_s"), extra.get("decode_attention_bytes_per_s")
+    if not read or attention is None:
+        return
+    line = (f"attention: the engine's decode attention read {_gb(attention)}, "
+            f"{attention / read:.0%} of the streaming read {_gb(read)}")
+    if attention < ATTENTION_MIN_FRACTION * read:
+        out.errors.append(f"{line} (below {ATTENTION_MIN_FRACTION:.0%}): not credible, the "
+                          "machine was busy")
+    elif attention > ATTENTION_MAX_FRACTION * read:
+        out.flags.append(f"{line} (above {ATTENTION_MAX_FRACTION:.0%}): the KV cache was "
+                         "served from a cache, attention will be priced too fast")
+
+
 def _check_monotonic(name: str, points: list[tuple[float, float]], out: ProfileCheck) -> None:
     best_size, best = 0.0, 0.0
     for size, rate in sorted(points):
@@ -182,6 +202,7 @@ def check_profile(extra: dict[str, Any]) -> ProfileCheck:
                 f"round{'s' if fig['rounds'] != 1 else ''} (limit "
                 f"{extra.get('spread_limit', SPREAD_LIMIT):.0%}), the machine was busy")
     _check_gemv(extra, out)
+    _check_attention(extra, out)
     for dtype, curve in (extra.get("matmul_flops_by_tokens") or {}).items():
         _check_monotonic(f"{dtype} engine matmul by rows",
                          [(float(m), float(f)) for m, f in curve], out)

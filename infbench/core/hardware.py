@@ -45,6 +45,7 @@ HARDWARE_KINDS = ("gpu", "cpu")
 # `extra` keys the analysis reads (the rest of `extra` is calibration detail).
 _OVERHEAD_KEYS = ("step_overhead_s", "layer_overhead_s", "seq_layer_overhead_s")
 CURVE_KEY = "matmul_flops_by_tokens"
+ATTENTION_KEY = "decode_attention_bytes_per_s"  # the engine's decode attention kernel
 
 
 def _finite(value: object, allow_zero: bool = False) -> bool:
@@ -110,6 +111,10 @@ class HardwareSpec:
             if key in self.extra and not _finite(self.extra[key], allow_zero=True):
                 raise bad(f"extra.{key}", f"must be a finite number >= 0 (seconds), "
                           f"got {self.extra[key]!r}")
+        attention = self.extra.get(ATTENTION_KEY)
+        if attention is not None and not _finite(attention):
+            raise bad(f"extra.{ATTENTION_KEY}", f"must be a finite number > 0 (bytes/s), "
+                      f"got {attention!r}")
         curves = self.extra.get(CURVE_KEY)
         if curves is not None:
             if not isinstance(curves, dict):
@@ -152,6 +157,14 @@ class HardwareSpec:
                 w = (math.log(n) - math.log(m0)) / (math.log(m1) - math.log(m0))
                 return min(f0 + w * (f1 - f0), peak)
         return min(pts[-1][1], peak)
+
+    @property
+    def attention_bandwidth(self) -> float | None:
+        """Bytes/s at which the engine's decode attention kernel reads the paged KV cache, when
+        `infbench calibrate` measured it (`extra.decode_attention_bytes_per_s`); None for
+        datasheet entries, whose attention reads KV at `bandwidth`."""
+        value = self.extra.get(ATTENTION_KEY)
+        return None if value is None else float(value)
 
     def step_overhead_s(self, num_layers: int, num_seqs: int = 1) -> float:
         """Fixed cost of one engine step (dispatch, Python), when the profile measured it."""
@@ -524,6 +537,11 @@ def profile_schema() -> tuple[type[BaseModel], type[BaseModel]]:
         copy_bytes_per_s: positive | None = None  # type: ignore[valid-type]
         gemv_bytes_per_s: positive | None = None  # type: ignore[valid-type]
         engine_gemv_bytes_per_s: positive | None = None  # type: ignore[valid-type]
+        decode_attention_bytes_per_s: positive | None = None  # type: ignore[valid-type]
+        engine_backend: Literal["cpu", "torch", "triton"] | None = None
+        matmul_stack_bytes: count | None = None  # type: ignore[valid-type]
+        attention_stack_bytes: count | None = None  # type: ignore[valid-type]
+        last_level_cache_bytes: count | None = None  # type: ignore[valid-type]
         gemv_shape: tuple[count, count] | None = None  # type: ignore[valid-type]
         gemv_dtype: dtype | None = None  # type: ignore[valid-type]
         gemm_flops_per_s: dict[dtype, dict[str, positive]] | None = None  # type: ignore[valid-type]

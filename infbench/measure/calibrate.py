@@ -197,9 +197,10 @@ def calibrate(device: str = "cpu", quick: bool = False,
         engine, engine_figures = engine_extra(device, dtypes, quick)
         extra.update(engine)
         figures.update(engine_figures)
-        # The engine's own batch-1 GEMV over 128 MB of weights streams them faster than
-        # x.sum() does on some CPUs (two threads each reading half the rows): the roofline
-        # ceiling is the best streaming rate measured, so take the higher of the two.
+        # The engine's own batch-1 GEMV over a weight stack four times the last-level cache
+        # streams them faster than x.sum() does on some CPUs (each thread prefetching its
+        # own slice of rows): the roofline ceiling is the best streaming rate measured, so
+        # take the higher of the two.
         curve = extra["matmul_flops_by_tokens"].get("float32")
         if curve and not quick:  # quick mode's 16 MB of weights sit in cache
             gemv = curve[0][1] / 2.0 * 4.0  # fp32: 2 FLOPs per 4-byte weight at M = 1

@@ -1,12 +1,16 @@
 """Roofline predictions: stage times, TTFT, time per token, throughput, memory, max batch.
 
 A step's time is max(bytes / bandwidth, FLOPs / peak(dtype)) over the whole step
-(`overlap="full"`, the default and the lecture's model: one roofline per step, every
-operator's memory traffic hidden under the others' compute), or the sum of each
-operator's own roofline (`overlap="none"`: operators run one after another, a
-memory-bound one cannot hide under a compute-bound one).  Each operator also gets its
-own roofline time for the per-op table and plot.  Parallel predictions (`ParallelConfig`,
-`roofline.parallel`) price one device's share and add the collectives.
+(`overlap="full"`, the lecture's model: one roofline per step, every operator's memory
+traffic hidden under the others' compute), or the sum of each operator's own roofline
+(`overlap="none"`: operators run one after another, a memory-bound one cannot hide under a
+compute-bound one).  `overlap="auto"` (the default) is none on a profile calibrated through
+the engine and full on datasheet entries (`default_overlap`).  On such a profile the
+matmuls run at the measured rate for the step's rows (`HardwareSpec.peak_at`) and softmax
+attention reads KV at the measured rate of the engine's decode kernel (`Rates`).  Each
+operator also gets its own roofline time for the per-op table and plot.  Parallel
+predictions (`ParallelConfig`, `roofline.parallel`) price one device's share and add the
+collectives.
 
 - Prefill: all `batch` prompts in one step.  TTFT is that step's time: the first
   output token is sampled from the prefill logits.
@@ -44,7 +48,7 @@ from infbench.core.config import (
     check_real,
 )
 from infbench.core.errors import ConfigError
-from infbench.core.hardware import HardwareSpec, MemoryReserve
+from infbench.core.hardware import ATTENTION_KEY, CURVE_KEY, HardwareSpec, MemoryReserve
 from infbench.core.parallel import SINGLE, ParallelConfig
 from infbench.roofline.costs import (
     OpCost,
@@ -72,6 +76,7 @@ from infbench.roofline.parallel import (
 from infbench.roofline.shapes import dtype_bytes
 
 OVERLAP_MODES = ("full", "none")  # how a step's operators share the roofline (see module doc)
+OVERLAP_CHOICES = ("auto", *OVERLAP_MODES)  # auto: `default_overlap(hw)`
 DEFAULT_RESERVE = MemoryReserve()
 
 MAX_SPEC_TOKENS = 1024  # draft tokens per verification step (the step is priced per offset)
@@ -97,6 +102,62 @@ class SpecConfig:
         """Expected tokens emitted per verification step (accepted drafts + one target token)."""
         g, a = self.num_tokens, self.acceptance
         return float(g + 1) if a >= 1.0 else (1.0 - a ** (g + 1)) / (1.0 - a)
+
+
+ATTENTION_OPS = ("attn_score", "attn_value")  # softmax attention's passes over the KV cache
+
+
+@dataclass(frozen=True)
+class Rates:
+    """The rates a step's operators run at: bytes/s and FLOP/s for the matmuls and the rest,
+    and, on a profile that measured the engine's decode attention kernel
+    (`HardwareSpec.attention_bandwidth`), the rate softmax attention reads KV at, its FLOPs
+    at the dtype's peak (attention is not a weight GEMM of the step's rows)."""
+
+    bandwidth: float
+    peak: float
+    attn_bandwidth: float | None = None  # None: attention priced like every other operator
+    attn_peak: float = 0.0
+
+    def of(self, op: OpCost) -> tuple[float, float]:
+        """(bytes/s, FLOP/s) of one operator."""
+        if self.attn_bandwidth is not None and op.name in ATTENTION_OPS:
+            return self.attn_bandwidth, self.attn_peak
+        return self.bandwidth, self.peak
+
+    def op_times(self, op: OpCost) -> tuple[float, float]:
+        """(memory, compute) seconds of one operator."""
+        bw, peak = self.of(op)
+        return op.bytes / bw, op.flops / peak
+
+    def times(self, ops: Sequence[OpCost]) -> tuple[float, float]:
+        """(memory, compute) seconds of the operators together (each at its own rates)."""
+        if self.attn_bandwidth is None:
+            step = total(ops)
+            return step.bytes / self.bandwidth, step.flops / self.peak
+        attn = total(op for op in ops if op.name in ATTENTION_OPS)
+        rest = total(op for op in ops if op.name not in ATTENTION_OPS)
+        return (rest.bytes / self.bandwidth + attn.bytes / self.attn_bandwidth,
+                rest.flops / self.peak + attn.flops / self.attn_peak)
+
+    def bound(self, ops: Sequence[OpCost]) -> str:
+        memory, compute = self.times(ops)
+        return "compute" if compute > memory else "memory"
+
+
+def step_rates(cfg: ModelConfig, hw: HardwareSpec, dtype: str, num_tokens: int | None,
+               stage: str = "decode") -> Rates:
+    """The rates of a step of `num_tokens` rows.  The measured attention rate applies to the
+    decode kernel (decode and verify steps) of softmax attention; prefill attention and MLA
+    run other kernels and keep the bandwidth and the matmul rate."""
+    rates = Rates(hw.bandwidth, hw.peak_at(dtype, num_tokens))
+    attn_bw = hw.attention_bandwidth
+    if attn_bw is None or stage == "prefill":
+        return rates
+    mixers = {spec.mixer for spec in cfg.layers()}
+    if "attention" not in mixers or "mla" in mixers:
+        return rates
+    return replace(rates, attn_bandwidth=attn_bw, attn_peak=hw.peak(dtype))
 
 
 def roofline_time(flops: float, nbytes: float, hw: HardwareSpec, dtype: str,
@@ -309,40 +370,47 @@ def check_workload(batch: int, prompt_len: int, gen_len: int) -> None:
                           f"sanity limit for one context; got {prompt_len + gen_len}")
 
 
-def _op_times(ops: Sequence[OpCost], hw: HardwareSpec, dtype: str) -> tuple[OpTime, ...]:
-    return tuple(
-        OpTime(op, roofline_time(op.flops, op.bytes, hw, dtype),
-               bound_of(op.flops, op.bytes, hw, dtype))
-        for op in ops
-    )
+def _op_times(ops: Sequence[OpCost], rates: Rates) -> tuple[OpTime, ...]:
+    out = []
+    for op in ops:
+        memory, compute = rates.op_times(op)
+        out.append(OpTime(op, max(memory, compute), "compute" if compute > memory else "memory"))
+    return tuple(out)
 
 
 def check_overlap(overlap: str) -> None:
-    if overlap not in OVERLAP_MODES:
+    if overlap not in OVERLAP_CHOICES:
         raise ConfigError(f"overlap: unknown value {overlap!r}; allowed: "
-                          f"{', '.join(OVERLAP_MODES)}")
+                          f"{', '.join(OVERLAP_CHOICES)}")
 
 
-def ops_time(ops: Sequence[OpCost], hw: HardwareSpec, dtype: str, num_tokens: int | None,
-             overlap: str = "full") -> float:
+def default_overlap(hw: HardwareSpec) -> str:
+    """What `overlap: auto` means on `hw`: `none` on a profile `infbench calibrate` measured
+    through the engine (its kernels run one after another, and on the calibrated CPU the sum
+    of per-operator times came within 4% of measured decode steps at batch 1-32 where one
+    roofline over the step was up to 22% fast: docs/roofline.md#operator-overlap); `full`,
+    the lecture's model, on datasheet entries, where nothing here was measured."""
+    engine_terms = CURVE_KEY in hw.extra or ATTENTION_KEY in hw.extra
+    return "none" if engine_terms else "full"
+
+
+def ops_time(ops: Sequence[OpCost], rates: Rates, overlap: str = "full") -> float:
     """Roofline time of a step's operators: one roofline over their sum (full overlap) or
     the sum of each operator's own roofline (none)."""
     if overlap == "none":
-        return sum(roofline_time(op.flops, op.bytes, hw, dtype, num_tokens) for op in ops)
-    step = total(ops)
-    return roofline_time(step.flops, step.bytes, hw, dtype, num_tokens)
+        return sum(max(rates.op_times(op)) for op in ops)
+    return max(rates.times(ops))
 
 
-def _stage(stage: str, ops: Sequence[OpCost], hw: HardwareSpec, dtype: str,
-           num_tokens: int | None = None, overhead_s: float = 0.0,
+def _stage(stage: str, ops: Sequence[OpCost], rates: Rates, overhead_s: float = 0.0,
            overlap: str = "full", extra_s: float = 0.0) -> StagePrediction:
     step = total(ops, stage, stage)
     return StagePrediction(
         stage,
         step,
-        ops_time(ops, hw, dtype, num_tokens, overlap) + overhead_s + extra_s,
-        bound_of(step.flops, step.bytes, hw, dtype, num_tokens),
-        _op_times(ops, hw, dtype),
+        ops_time(ops, rates, overlap) + overhead_s + extra_s,
+        rates.bound(ops),
+        _op_times(ops, rates),
     )
 
 
@@ -419,7 +487,7 @@ def mean_stage(cfg: ModelConfig, hw: HardwareSpec, dtype: str, quant: QuantConfi
     op_time_sums: dict[str, float] = {}
     time_sum = 0.0
     num_tokens = sum(sw.query_len * n for sw, n in groups_at(lo))
-    bw, peak = hw.bandwidth, hw.peak_at(dtype, num_tokens)
+    rates = step_rates(cfg, hw, dtype, num_tokens, stage)
     pending = _segments(cfg, query_len, lo, hi)
     while pending:
         s, e = pending.pop(0)
@@ -436,22 +504,22 @@ def mean_stage(cfg: ModelConfig, hw: HardwareSpec, dtype: str, quant: QuantConfi
             row = sums.setdefault(a.name, [a.kind] + [0.0] * len(FIELDS))
             for i, name in enumerate(FIELDS, start=1):
                 row[i] += _affine_sum(s, e, getattr(a, name), getattr(b, name))
+            (ma, ca), (mb, cb) = rates.op_times(a), rates.op_times(b)
             op_time_sums[a.name] = op_time_sums.get(a.name, 0.0) + _sum_max(
-                s, e, a.bytes / bw, b.bytes / bw, a.flops / peak, b.flops / peak)
-        ta, tb = total(ops_s), total(ops_e)
-        time_sum += _sum_max(s, e, ta.bytes / bw, tb.bytes / bw, ta.flops / peak, tb.flops / peak)
+                s, e, ma, mb, ca, cb)
+        (ma, ca), (mb, cb) = rates.times(ops_s), rates.times(ops_e)
+        time_sum += _sum_max(s, e, ma, mb, ca, cb)
     count = hi - lo + 1
     ops = [OpCost(name, row[0], stage=stage,
                   **{f: v / count for f, v in zip(FIELDS, row[1:], strict=True)})
            for name, row in sums.items()]
     step = total(ops, stage, stage)
-    op_times = tuple(OpTime(op, op_time_sums[op.name] / count,
-                            bound_of(op.flops, op.bytes, hw, dtype)) for op in ops)
+    op_times = tuple(OpTime(op, op_time_sums[op.name] / count, _op_times([op], rates)[0].bound)
+                     for op in ops)
     overhead = hw.step_overhead_s(cfg.num_layers, sum(n for _, n in groups_at(lo)))
     if overlap == "none":
         time_sum = sum(op_time_sums.values())
-    return StagePrediction(stage, step, time_sum / count + overhead,
-                           bound_of(step.flops, step.bytes, hw, dtype, num_tokens), op_times)
+    return StagePrediction(stage, step, time_sum / count + overhead, rates.bound(ops), op_times)
 
 
 def _speculative(cfg: ModelConfig, hw: HardwareSpec, dtype: str, quant: QuantConfig,
@@ -472,14 +540,16 @@ def _speculative(cfg: ModelConfig, hw: HardwareSpec, dtype: str, quant: QuantCon
 
 def _pipeline(cfg: ModelConfig, hw: HardwareSpec, dtype: str, quant: QuantConfig,
               par: ParallelConfig, groups: Groups, stage: str, overlap: str
-              ) -> tuple[list[float], list[OpCost], CommTime, float]:
+              ) -> tuple[list[float], list[OpCost], CommTime, float, Rates]:
     """One micro-batch's pass through the pipeline: each stage's time on one of its devices
     (compute + its tensor-parallel collectives), the replica's per-device operators summed
-    over stages, the communication of one pass and the time of one stage-to-stage hop."""
+    over stages, the communication of one pass, the time of one stage-to-stage hop and the
+    rates the operators were priced at."""
     specs = cfg.layers()
     stages = par.stage_layers(cfg.num_layers)
     num_tokens = sum(sw.query_len * n for sw, n in groups)
     num_logits = sum(sw.num_logits * n for sw, n in groups)
+    rates = step_rates(cfg, hw, dtype, num_tokens, stage)
     by_layer = group_costs(cfg, groups, dtype, quant, by_layer=True, stage=stage)
     layer_stage = {j: i for i, layers in enumerate(stages) for j in layers}
     last = len(stages) - 1
@@ -497,16 +567,16 @@ def _pipeline(cfg: ModelConfig, hw: HardwareSpec, dtype: str, quant: QuantConfig
         comm = comm.plus(c)
         dev_ops = shard_ops(cfg, ops, par.tp)
         overhead = hw.step_overhead_s(len(mine), sum(n for _, n in groups))
-        times.append(ops_time(dev_ops, hw, dtype, num_tokens, overlap) + overhead + c.total_s)
+        times.append(ops_time(dev_ops, rates, overlap) + overhead + c.total_s)
     hop = hop_s(num_tokens * cfg.hidden_size * dtype_bytes(dtype), 2 * par.tp, hw) \
         if par.pp > 1 else 0.0
     merged = shard_ops(cfg, group_costs(cfg, groups, dtype, quant, stage=stage), par.tp)
-    return times, merged, comm, hop
+    return times, merged, comm, hop, rates
 
 
 def _pipelined_stage(stage: str, times: list[float], merged: list[OpCost], hop: float,
-                     microbatches: int, hw: HardwareSpec, dtype: str, num_tokens: int,
-                     decode: bool) -> tuple[StagePrediction, float]:
+                     microbatches: int, rates: Rates, decode: bool
+                     ) -> tuple[StagePrediction, float]:
     """A stage (prefill or one decode round) of `microbatches` micro-batches through the
     pipeline, and the fraction of it a device idles (the bubble).
 
@@ -523,9 +593,8 @@ def _pipelined_stage(stage: str, times: list[float], merged: list[OpCost], hop: 
         time = sum(times) + (pp - 1) * hop + (m - 1) * slowest
     bubble = 1.0 - m * sum(times) / pp / time
     step = total(merged, stage, stage)
-    return StagePrediction(stage, step, time, bound_of(step.flops, step.bytes, hw, dtype,
-                                                       num_tokens),
-                           _op_times(merged, hw, dtype)), max(bubble, 0.0)
+    return StagePrediction(stage, step, time, rates.bound(merged),
+                           _op_times(merged, rates)), max(bubble, 0.0)
 
 
 def predict(
@@ -539,13 +608,15 @@ def predict(
     quant: QuantConfig | None = None,
     speculative: SpecConfig | None = None,
     parallel: ParallelConfig = SINGLE,
-    overlap: str = "full",
+    overlap: str = "auto",
     reserve: MemoryReserve = DEFAULT_RESERVE,
 ) -> Prediction:
     """Predict prefill, decode, memory and throughput for `batch` identical requests per
     replica, on one device or `parallel.devices` of them."""
     check_workload(batch, prompt_len, gen_len)
     check_overlap(overlap)
+    if overlap == "auto":
+        overlap = default_overlap(hw)
     parallel.check_model(cfg)
     if parallel.devices_per_replica > 1 and hw.interconnect is None:
         raise ConfigError(f"hardware {hw.name!r} has no interconnect figures (a calibrated "
@@ -561,7 +632,8 @@ def predict(
             par.tp)
         prefill_comm = stage_comm(cfg, par, hw, dtype, cfg.layers(), batch * prompt_len, batch,
                                   True, True)
-        prefill = _stage("prefill", prefill_ops, hw, dtype, batch * prompt_len,
+        prefill = _stage("prefill", prefill_ops,
+                         step_rates(cfg, hw, dtype, batch * prompt_len, "prefill"),
                          hw.step_overhead_s(cfg.num_layers, batch), overlap,
                          prefill_comm.total_s)
         decode = mean_stage(cfg, hw, dtype, quant, lambda x: [(SeqWork(1, x), batch)], 1, lo, hi,
@@ -575,16 +647,14 @@ def predict(
                               "(pp > 1); drop the speculative settings or use pp 1")
         m = par.num_microbatches(batch)
         micro = math.ceil(batch / m)  # the largest micro-batch sets the stage time
-        times, merged, prefill_comm, hop = _pipeline(
+        times, merged, prefill_comm, hop, rates = _pipeline(
             cfg, hw, dtype, quant, par, [(SeqWork(prompt_len, prompt_len), micro)], "prefill",
             overlap)
-        prefill, _ = _pipelined_stage("prefill", times, merged, hop, m, hw, dtype,
-                                      micro * prompt_len, decode=False)
+        prefill, _ = _pipelined_stage("prefill", times, merged, hop, m, rates, decode=False)
         mid = (lo + hi) // 2  # pp > 1: the decode step is priced at the middle context
-        times, merged, decode_comm, hop = _pipeline(
+        times, merged, decode_comm, hop, rates = _pipeline(
             cfg, hw, dtype, quant, par, [(SeqWork(1, mid), micro)], "decode", overlap)
-        decode, bubble = _pipelined_stage("decode", times, merged, hop, m, hw, dtype, micro,
-                                          decode=True)
+        decode, bubble = _pipelined_stage("decode", times, merged, hop, m, rates, decode=True)
         decode_comm = CommTime(decode_comm.all_reduce_s * m, decode_comm.all_gather_s * m,
                                decode_comm.all_to_all_s * m, par.pp * hop * m)
     spec = None

@@ -155,7 +155,7 @@ def test_predict_scenario_file(tmp_path, monkeypatch, capsys) -> None:
         (["predict", "--kv-bits", "0"], "--kv-bits: must be >= 1 (got 0)"),
         (["predict", "--kv-bits", "33"], "quant.kv_bits must be <= 32"),
         (["predict", "--mem-util", "1.5"], "--mem-util: must be in (0, 1]"),
-        (["predict", "--overlap", "some"], "unknown value 'some'; allowed: full, none"),
+        (["predict", "--overlap", "some"], "unknown value 'some'; allowed: auto, full, none"),
         (["predict", "--hardware", "nope9", "--tp", "2"], "unknown hardware 'nope9'"),
         (["kv", "--tp", "3"], "parallel.tp=3 must divide the 40 attention heads"),
         (["kv", "--context", "131072"], "exceeds the 4096-token context of llama2-13b"),

@@ -94,6 +94,34 @@ def test_engine_terms_quick_are_figures(monkeypatch):
                for f in steps)
     for key in ("step_overhead_s", "layer_overhead_s", "seq_layer_overhead_s"):
         assert terms[key] >= 0
+    attention = figures["decode_attention_bytes_per_s"]
+    assert terms["decode_attention_bytes_per_s"] == attention.value > 0
+    assert attention.choice == "best" and len(attention.repeats) == 3
+    assert terms["engine_backend"] in ("cpu", "torch")
+    assert terms["matmul_stack_bytes"] == terms["attention_stack_bytes"] == 16 << 20
+
+
+def test_stacks_are_four_times_the_last_level_cache(tmp_path, monkeypatch):
+    from infbench.measure import calibrate_engine as ce
+
+    for name, level, size in (("index0", 1, "48K"), ("index2", 2, "2048K"),
+                              ("index3", 3, "266240K")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "level").write_text(f"{level}\n")
+        (tmp_path / name / "size").write_text(f"{size}\n")
+    assert ce.last_level_cache_bytes(str(tmp_path)) == 266240 << 10
+    assert ce.last_level_cache_bytes(str(tmp_path / "missing")) is None
+    monkeypatch.setattr(ce, "last_level_cache_bytes", lambda: 266240 << 10)
+    assert ce.stack_bytes("cpu", quick=False) == 4 * (266240 << 10)
+    monkeypatch.setattr(ce, "last_level_cache_bytes", lambda: 32 << 20)
+    assert ce.stack_bytes("cpu", quick=False) == 512 << 20  # at least 512 MiB
+    monkeypatch.setattr(ce, "last_level_cache_bytes", lambda: 1 << 30)
+    assert ce.stack_bytes("cpu", quick=False) == 2 << 30  # at most 2 GiB
+    assert ce.stack_bytes("cpu", quick=True) == 16 << 20
+    stack = ce.weight_stack("cpu", torch.float32, 200 << 20)  # whole rounds of ~50 MB
+    assert sorted({w.shape[1] for w in stack}) == list(ce.MATMUL_KS)
+    assert len(stack) == 4 * len(ce.MATMUL_KS)
+    assert abs(sum(w.numel() * 4 for w in stack) - (200 << 20)) < 26 << 20
 
 
 def test_save_profile_then_get_hardware(tmp_path, monkeypatch):

@@ -53,8 +53,10 @@ class FakeTimer:
         for key, factor in self.slow.items():
             if isinstance(key, str) and key in names:
                 return factor
-            if isinstance(key, int) and "linear" in names and fn.__defaults__[0].shape[0] == key:
-                return factor
+            if isinstance(key, int) and "linear" in names:
+                xs = fn.__defaults__[0]  # the activations by K of one matmul point
+                if next(iter(xs.values())).shape[0] == key:
+                    return factor
         return 1.0
 
     def __call__(self, fn: Any, device: str, repeats: int, warmup: int,
@@ -231,7 +233,10 @@ def test_an_old_profile_loads_unflagged_with_its_spread_unknown(tmp_path):
      "fixed cost: step_overhead_s is 0 s; an engine step and layer always cost some"),
     ({"layer_overhead_s": 2e-2}, "fixed cost: layer_overhead_s 20.000 ms is above the "
                                  "plausible 5 ms"),
-], ids=["curve-dip", "gemm-dip", "zero-step-cost", "huge-layer-cost"])
+    ({"decode_attention_bytes_per_s": 7e10},
+     "attention: the engine's decode attention read 70.0 GB/s, 219% of the streaming read "
+     "32.0 GB/s (above 200%): the KV cache was served from a cache"),
+], ids=["curve-dip", "gemm-dip", "zero-step-cost", "huge-layer-cost", "cached-attention"])
 def test_doubtful_figures_load_flagged(tmp_path, extra, flag):
     hw = load_profile(_profile(tmp_path, **extra))
     assert len(hw.profile_flags) == 1 and hw.profile_flags[0].startswith(flag)
@@ -249,7 +254,12 @@ def test_doubtful_figures_load_flagged(tmp_path, extra, flag):
      "refused hardware profile: fixed cost: the per-sequence-per-layer fit is negative"),
     ({"step_overhead_s": -1e-3}, "invalid hardware profile: extra.step_overhead_s: must be a "
                                  "finite number >= 0"),
-], ids=["gemv", "curve", "negative-fit", "negative-cost"])
+    ({"decode_attention_bytes_per_s": 2e9}, "refused hardware profile: attention: the "
+     "engine's decode attention read 2.0 GB/s, 6% of the streaming read 32.0 GB/s (below 10%)"),
+    ({"decode_attention_bytes_per_s": -1.0}, "invalid hardware profile: "
+     "extra.decode_attention_bytes_per_s: "),
+], ids=["gemv", "curve", "negative-fit", "negative-cost", "slow-attention",
+        "negative-attention"])
 def test_contradicting_profiles_are_refused_on_load(tmp_path, extra, message):
     path = _profile(tmp_path, **extra)
     with pytest.raises(UserError) as exc:

@@ -205,7 +205,7 @@ def test_overlap_none_sums_the_operator_rooflines() -> None:
     assert full.time_per_token_s == pytest.approx(50.87e-3, rel=1e-3)  # issue 16's 50.9 ms
     assert none.time_per_token_s == pytest.approx(59.64e-3, rel=1e-3)  # and 59.6 ms
     assert none.time_per_token_s == pytest.approx(sum(op.time_s for op in none.decode.ops))
-    with pytest.raises(ConfigError, match="allowed: full, none"):
+    with pytest.raises(ConfigError, match="allowed: auto, full, none"):
         predict(cfg, H100, batch=1, prompt_len=8, gen_len=8, overlap="some")
 
 
