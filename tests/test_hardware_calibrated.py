@@ -73,19 +73,19 @@ def test_decode_attention_reads_kv_at_the_measured_rate():
     assert p.decode.time_s == pytest.approx(sum(steps) / 2, rel=1e-12)
     attn = {op.cost.name: op for op in p.decode.ops}["attn_score"]
     assert attn.time_s == pytest.approx(attn.cost.bytes / 5e9) and attn.bound == "memory"
-    # prefill runs the prefill kernel: no measured rate, attention at bandwidth and curve
+    # prefill runs the prefill kernel: not measured here, attention at bandwidth and curve
     pre = step_rates(cfg, hw, "float32", batch * 128, "prefill")
-    assert pre.attn_bandwidth is None and pre.of(score) == (20e9, hw.peak_at("float32", 1024))
+    assert pre.attention is None and pre.of(score) == (20e9, hw.peak_at("float32", 1024))
 
 
 def test_attention_rate_applies_to_softmax_attention_only():
     hw = _profile(decode_attention_bytes_per_s=5e9)
     mla = ModelConfig.from_name("deepseek-v2-lite")
-    assert step_rates(mla, hw, "float32", 4, "decode").attn_bandwidth is None
+    assert step_rates(mla, hw, "float32", 4, "decode").attention is None
     gqa = ModelConfig.from_name("llama-small")
-    assert step_rates(gqa, hw, "float32", 4, "decode").attn_bandwidth == 5e9
-    assert step_rates(gqa, hw, "float32", 4, "verify").attn_bandwidth == 5e9
-    assert step_rates(gqa, _profile(), "float32", 4, "decode").attn_bandwidth is None
+    assert step_rates(gqa, hw, "float32", 4, "decode").attention == (5e9, 100e9)
+    assert step_rates(gqa, hw, "float32", 4, "verify").attention == (5e9, 100e9)
+    assert step_rates(gqa, _profile(), "float32", 4, "decode").attention is None
 
 
 def test_overlap_auto_is_none_on_an_engine_profile_and_full_on_a_datasheet():
@@ -98,3 +98,20 @@ def test_overlap_auto_is_none_on_an_engine_profile_and_full_on_a_datasheet():
         explicit = predict(cfg, hw, batch=16, prompt_len=128, gen_len=8, dtype="float32",
                            overlap=default_overlap(hw))
         assert auto == explicit and auto.overlap == default_overlap(hw)
+
+
+def test_prefill_attention_computes_at_the_measured_rate():
+    cfg = ModelConfig.from_name("llama-small")
+    hw = _profile(prefill_attention_flops_per_s=25e9, matmul_flops_by_tokens={
+        "float32": [[1, 10e9], [64, 50e9], [2048, 90e9]]})
+    rates = step_rates(cfg, hw, "float32", 4 * 512, "prefill")
+    assert rates.attention == (20e9, 25e9)  # KV at the bandwidth, FLOPs at the kernel's rate
+    assert step_rates(cfg, hw, "float32", 4, "decode").attention is None  # decode not measured
+    plain = predict(cfg, _profile(matmul_flops_by_tokens=hw.extra["matmul_flops_by_tokens"]),
+                    batch=4, prompt_len=512, gen_len=2, dtype="float32")
+    slow = predict(cfg, hw, batch=4, prompt_len=512, gen_len=2, dtype="float32")
+    attn = sum(op.cost.flops for op in slow.prefill.ops if op.cost.name in ("attn_score",
+                                                                               "attn_value"))
+    peak = hw.peak_at("float32", 4 * 512)
+    assert slow.ttft_s - plain.ttft_s == pytest.approx(attn / 25e9 - attn / peak, rel=1e-9)
+    assert slow.time_per_token_s == plain.time_per_token_s

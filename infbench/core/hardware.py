@@ -46,6 +46,7 @@ HARDWARE_KINDS = ("gpu", "cpu")
 _OVERHEAD_KEYS = ("step_overhead_s", "layer_overhead_s", "seq_layer_overhead_s")
 CURVE_KEY = "matmul_flops_by_tokens"
 ATTENTION_KEY = "decode_attention_bytes_per_s"  # the engine's decode attention kernel
+PREFILL_ATTENTION_KEY = "prefill_attention_flops_per_s"  # and its prefill attention kernel
 
 
 def _finite(value: object, allow_zero: bool = False) -> bool:
@@ -111,10 +112,11 @@ class HardwareSpec:
             if key in self.extra and not _finite(self.extra[key], allow_zero=True):
                 raise bad(f"extra.{key}", f"must be a finite number >= 0 (seconds), "
                           f"got {self.extra[key]!r}")
-        attention = self.extra.get(ATTENTION_KEY)
-        if attention is not None and not _finite(attention):
-            raise bad(f"extra.{ATTENTION_KEY}", f"must be a finite number > 0 (bytes/s), "
-                      f"got {attention!r}")
+        for key, unit in ((ATTENTION_KEY, "bytes/s"), (PREFILL_ATTENTION_KEY, "FLOP/s")):
+            value = self.extra.get(key)
+            if value is not None and not _finite(value):
+                raise bad(f"extra.{key}", f"must be a finite number > 0 ({unit}), "
+                          f"got {value!r}")
         curves = self.extra.get(CURVE_KEY)
         if curves is not None:
             if not isinstance(curves, dict):
@@ -164,6 +166,13 @@ class HardwareSpec:
         `infbench calibrate` measured it (`extra.decode_attention_bytes_per_s`); None for
         datasheet entries, whose attention reads KV at `bandwidth`."""
         value = self.extra.get(ATTENTION_KEY)
+        return None if value is None else float(value)
+
+    @property
+    def prefill_attention_flops(self) -> float | None:
+        """FLOP/s of the engine's causal prefill attention kernel, when `infbench calibrate`
+        measured it (`extra.prefill_attention_flops_per_s`); None for datasheet entries."""
+        value = self.extra.get(PREFILL_ATTENTION_KEY)
         return None if value is None else float(value)
 
     def step_overhead_s(self, num_layers: int, num_seqs: int = 1) -> float:
@@ -538,6 +547,7 @@ def profile_schema() -> tuple[type[BaseModel], type[BaseModel]]:
         gemv_bytes_per_s: positive | None = None  # type: ignore[valid-type]
         engine_gemv_bytes_per_s: positive | None = None  # type: ignore[valid-type]
         decode_attention_bytes_per_s: positive | None = None  # type: ignore[valid-type]
+        prefill_attention_flops_per_s: positive | None = None  # type: ignore[valid-type]
         engine_backend: Literal["cpu", "torch", "triton"] | None = None
         matmul_stack_bytes: count | None = None  # type: ignore[valid-type]
         attention_stack_bytes: count | None = None  # type: ignore[valid-type]

@@ -10,7 +10,7 @@ recorded as `engine_backend`) and stores them in the profile's `extra`:
 
 - `matmul_flops_by_tokens[dtype]`: [[M, FLOP/s], ...] of the engine's linear layer (on a
   CPU the C++ GEMV / skinny GEMM up to 32 rows and the BLAS above, `kernel_linear`; with the
-  torch backend `split_linear`; F.linear on a GPU) for M = 1 .. 2048 rows, over a stack of
+  torch backend `split_linear`; F.linear on a GPU) for M = 1 .. 8192 rows, over a stack of
   weight matrices whose inner dimensions K span 576 .. 4096 (the hidden and MLP widths of
   the models infbench runs: the skinny kernels' rate moves about 10% with K) and whose
   size is at least four times the last-level cache (`matmul_stack_bytes`): at few rows
@@ -20,6 +20,9 @@ recorded as `engine_backend`) and stores them in the profile's `extra`:
   attention kernel (`Ops.decode_attention`) over 16 sequences of 512 tokens in caches of
   two GQA shapes (head_dim 64 and 128), their blocks in random order as a long-running
   engine leaves them, again over four times the last-level cache (`attention_stack_bytes`).
+- `prefill_attention_flops_per_s`: FLOP/s of the engine's causal prefill attention kernel
+  (`Ops.prefill_attention`) over 4 prompts of 512 tokens in the same two shapes: it is
+  compute-bound, and on a CPU runs at a third of the GEMM peak or less.
 - `step_overhead_s`, `layer_overhead_s` and `seq_layer_overhead_s`: fitted to the
   decode step time of tiny-width models (2 and 8 layers at batch 1, 8 layers at batch
   16) whose weights and KV are negligible, so the step time is the engine's fixed
@@ -44,7 +47,7 @@ import torch
 from infbench.core.calibration_checks import STEP_FIGURES, Figure, fit_fixed_costs, measure_figure
 from infbench.measure.timing import time_op
 
-TOKEN_COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 2048)
+TOKEN_COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 2048, 8192)
 STREAMED_ROWS = 64  # up to this many rows the stack must stream from DRAM
 MATMUL_KS = (576, 1024, 1536, 2048, 2816, 4096)  # inner dimensions of the weight stack
 MATRIX_ELEMENTS = 1 << 21  # each matrix of the stack: about 2M weights, N = that / K
@@ -120,7 +123,7 @@ def matmul_curve(device: str, dtype: torch.dtype, quick: bool = False,
     big = weight_stack(device, dtype, stack_bytes(device, quick))
     small = big if quick else weight_stack(device, dtype, SMALL_STACK)
     curve: dict[int, Figure] = {}
-    for m in TOKEN_COUNTS[:-2] if quick else TOKEN_COUNTS:
+    for m in TOKEN_COUNTS[:-3] if quick else TOKEN_COUNTS:
         weights = big if m <= STREAMED_ROWS else small
         xs = {k: torch.randn(m, k, dtype=dtype, device=device) for k in MATMUL_KS}
 
@@ -216,25 +219,66 @@ def step_overhead(device: str, quick: bool = False) -> tuple[float, float, float
     return max(0.0, step), max(0.0, layer), max(0.0, seq)
 
 
+def prefill_attention_flops(device: str, quick: bool = False,
+                            backend: str | None = None) -> Figure:
+    """FLOP/s of the engine's causal prefill attention (`Ops.prefill_attention`), as a
+    figure: 4 prompts of 512 tokens per layer, layers of the ATTENTION_SHAPES in turn, FLOPs
+    counted as the cost model counts them (4 x causal pairs x query heads x head_dim)."""
+    from infbench.engine.backend import get_ops
+    from infbench.model.dtypes import TORCH_DTYPES
+
+    ops = get_ops(backend or engine_backend(device), torch.device(device))
+    dtype = TORCH_DTYPES["float32" if device == "cpu" else "bfloat16"]
+    seqs, prompt, block = (2, 128, ATTENTION_BLOCK) if quick else (4, 512, ATTENTION_BLOCK)
+    blocks_per_seq = prompt // block
+    gen = torch.Generator().manual_seed(0)
+    tables = torch.arange(seqs * blocks_per_seq, dtype=torch.int32, device=device)
+    tables = tables.view(seqs, blocks_per_seq)
+    lens = torch.full((seqs,), prompt, dtype=torch.int32, device=device)
+    cu = torch.arange(0, (seqs + 1) * prompt, prompt, dtype=torch.int32, device=device)
+    layers = []
+    flops = 0.0
+    for hq, hkv, d in ATTENTION_SHAPES:
+        shape = (seqs * blocks_per_seq, block, hkv, d)
+        k = torch.randn(shape, generator=gen).to(device=device, dtype=dtype)
+        v = torch.randn(shape, generator=gen).to(device=device, dtype=dtype)
+        q = torch.randn(seqs * prompt, hq, d, generator=gen).to(device=device, dtype=dtype)
+        layers.append((q, k, v, d ** -0.5))
+        flops += 4.0 * seqs * prompt * (prompt + 1) / 2 * hq * d
+
+    def run() -> None:
+        for q, k, v, scale in layers:
+            ops.prefill_attention(q, k, v, cu, lens, tables, scale)
+
+    def one_round() -> list[float]:
+        return [flops / t for t in time_op(run, device, 3 if quick else 5, warmup=1)]
+
+    return measure_figure(one_round)
+
+
 def engine_extra(device: str, dtypes: tuple[str, ...], quick: bool
                  ) -> tuple[dict[str, Any], dict[str, Figure]]:
     """The profile's engine terms, and their figures (`matmul.<dtype>.<M>`,
-    `decode_attention_bytes_per_s`, `decode_step_s.<layers>x<batch>`)."""
+    `decode_attention_bytes_per_s`, `prefill_attention_flops_per_s`,
+    `decode_step_s.<layers>x<batch>`)."""
     from infbench.model.dtypes import TORCH_DTYPES
 
     backend = engine_backend(device)
     curves = {d: matmul_curve(device, TORCH_DTYPES[d], quick, backend) for d in dtypes
               if not (device == "cpu" and d != "float32")}  # CPU runs the engine in fp32
     attention = decode_attention_bandwidth(device, quick, backend)
+    prefill = prefill_attention_flops(device, quick, backend)
     times = step_time_figures(device, quick)
     per_step, per_layer, per_seq = fit_fixed_costs(*(times[k].value for k in STEP_FIGURES))
     figures = {f"matmul.{d}.{m}": fig for d, curve in curves.items() for m, fig in curve.items()}
     figures["decode_attention_bytes_per_s"] = attention
+    figures["prefill_attention_flops_per_s"] = prefill
     figures.update({name: times[k] for k, name in STEP_FIGURES.items()})
     llc = last_level_cache_bytes() if device == "cpu" else None
     extra = {"matmul_flops_by_tokens": {d: [[float(m), fig.value] for m, fig in curve.items()]
                                         for d, curve in curves.items()},
              "decode_attention_bytes_per_s": attention.value,
+             "prefill_attention_flops_per_s": prefill.value,
              "engine_backend": backend,
              "matmul_stack_bytes": stack_bytes(device, quick),
              "attention_stack_bytes": stack_bytes(device, quick),

@@ -51,6 +51,7 @@ def predict_point(point: Any, cfg: ModelConfig, hw: HardwareSpec) -> dict[str, A
         "output_tokens_per_s": n * w.gen_len / wall,
         "total_tokens_per_s": n * (w.prompt_len + w.gen_len) / wall,
         "waves": waves,
+        "overlap": p.overlap,
     })
     if hw.extra:  # a calibrated profile (datasheet entries have no calibration details)
         d["profile_flags"] = hw.profile_flags

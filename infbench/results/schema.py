@@ -23,8 +23,9 @@ Versions:
   `accuracy`, and `metrics.goodput_requests_per_s`, `slo_attainment`, `num_slo_met` of a
   point run with `measure.slo`, and `prediction.profile_flags`, the flags of the calibrated
   profile the point was priced on, and `metrics.diffusion`, `prediction.diffusion` and
-  `diffusion` of a `decoding.kind: diffusion` point), so a version 2 file written before
-  them loads unchanged, with those fields None.
+  `diffusion` of a `decoding.kind: diffusion` point, and `prediction.overlap`, the operator
+  overlap the prediction used), so a version 2 file written before them loads unchanged,
+  with those fields None.
 """
 
 from __future__ import annotations
@@ -316,6 +317,9 @@ class Prediction(_Closed):
     # the flags of the calibrated profile it was priced on ([] none; None: a datasheet entry
     # or a result written before profiles had flags)
     profile_flags: list[str] | None = None
+    # how the step's operators shared the roofline: full | none (None: written before the
+    # choice was recorded, when it was always full)
+    overlap: Literal["full", "none"] | None = None
 
 
 class Step(_Closed):

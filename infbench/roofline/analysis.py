@@ -7,7 +7,7 @@ traffic hidden under the others' compute), or the sum of each operator's own roo
 compute-bound one).  `overlap="auto"` (the default) is none on a profile calibrated through
 the engine and full on datasheet entries (`default_overlap`).  On such a profile the
 matmuls run at the measured rate for the step's rows (`HardwareSpec.peak_at`) and softmax
-attention reads KV at the measured rate of the engine's decode kernel (`Rates`).  Each
+attention at the measured rates of the engine's decode and prefill kernels (`Rates`).  Each
 operator also gets its own roofline time for the per-op table and plot.  Parallel
 predictions (`ParallelConfig`, `roofline.parallel`) price one device's share and add the
 collectives.
@@ -48,7 +48,13 @@ from infbench.core.config import (
     check_real,
 )
 from infbench.core.errors import ConfigError
-from infbench.core.hardware import ATTENTION_KEY, CURVE_KEY, HardwareSpec, MemoryReserve
+from infbench.core.hardware import (
+    ATTENTION_KEY,
+    CURVE_KEY,
+    PREFILL_ATTENTION_KEY,
+    HardwareSpec,
+    MemoryReserve,
+)
 from infbench.core.parallel import SINGLE, ParallelConfig
 from infbench.roofline.costs import (
     OpCost,
@@ -109,20 +115,20 @@ ATTENTION_OPS = ("attn_score", "attn_value")  # softmax attention's passes over 
 
 @dataclass(frozen=True)
 class Rates:
-    """The rates a step's operators run at: bytes/s and FLOP/s for the matmuls and the rest,
-    and, on a profile that measured the engine's decode attention kernel
-    (`HardwareSpec.attention_bandwidth`), the rate softmax attention reads KV at, its FLOPs
-    at the dtype's peak (attention is not a weight GEMM of the step's rows)."""
+    """The rates a step's operators run at: bytes/s and FLOP/s for the matmuls and the rest
+    (the bandwidth and the matmul rate at the step's rows), and, on a profile that measured
+    the engine's attention kernels, softmax attention's own (bytes/s, FLOP/s): decode reads
+    KV at the measured rate of the paged decode kernel and computes at the dtype's peak,
+    prefill reads at the bandwidth and computes at the prefill kernel's measured FLOP/s."""
 
     bandwidth: float
     peak: float
-    attn_bandwidth: float | None = None  # None: attention priced like every other operator
-    attn_peak: float = 0.0
+    attention: tuple[float, float] | None = None  # None: attention priced like the rest
 
     def of(self, op: OpCost) -> tuple[float, float]:
         """(bytes/s, FLOP/s) of one operator."""
-        if self.attn_bandwidth is not None and op.name in ATTENTION_OPS:
-            return self.attn_bandwidth, self.attn_peak
+        if self.attention is not None and op.name in ATTENTION_OPS:
+            return self.attention
         return self.bandwidth, self.peak
 
     def op_times(self, op: OpCost) -> tuple[float, float]:
@@ -132,13 +138,14 @@ class Rates:
 
     def times(self, ops: Sequence[OpCost]) -> tuple[float, float]:
         """(memory, compute) seconds of the operators together (each at its own rates)."""
-        if self.attn_bandwidth is None:
+        if self.attention is None:
             step = total(ops)
             return step.bytes / self.bandwidth, step.flops / self.peak
         attn = total(op for op in ops if op.name in ATTENTION_OPS)
         rest = total(op for op in ops if op.name not in ATTENTION_OPS)
-        return (rest.bytes / self.bandwidth + attn.bytes / self.attn_bandwidth,
-                rest.flops / self.peak + attn.flops / self.attn_peak)
+        attn_bw, attn_peak = self.attention
+        return (rest.bytes / self.bandwidth + attn.bytes / attn_bw,
+                rest.flops / self.peak + attn.flops / attn_peak)
 
     def bound(self, ops: Sequence[OpCost]) -> str:
         memory, compute = self.times(ops)
@@ -147,17 +154,23 @@ class Rates:
 
 def step_rates(cfg: ModelConfig, hw: HardwareSpec, dtype: str, num_tokens: int | None,
                stage: str = "decode") -> Rates:
-    """The rates of a step of `num_tokens` rows.  The measured attention rate applies to the
-    decode kernel (decode and verify steps) of softmax attention; prefill attention and MLA
-    run other kernels and keep the bandwidth and the matmul rate."""
+    """The rates of a step of `num_tokens` rows.  The measured attention rates apply to
+    softmax attention (the engine's paged kernels): the decode kernel's KV read rate to
+    decode and verify steps, the prefill kernel's FLOP/s to prefill; MLA runs other
+    kernels and keeps the bandwidth and the matmul rate."""
     rates = Rates(hw.bandwidth, hw.peak_at(dtype, num_tokens))
-    attn_bw = hw.attention_bandwidth
-    if attn_bw is None or stage == "prefill":
+    if stage == "prefill":
+        measured = hw.prefill_attention_flops
+        attention = None if measured is None else (hw.bandwidth, measured)
+    else:
+        measured = hw.attention_bandwidth
+        attention = None if measured is None else (measured, hw.peak(dtype))
+    if attention is None:
         return rates
     mixers = {spec.mixer for spec in cfg.layers()}
     if "attention" not in mixers or "mla" in mixers:
         return rates
-    return replace(rates, attn_bandwidth=attn_bw, attn_peak=hw.peak(dtype))
+    return replace(rates, attention=attention)
 
 
 def roofline_time(flops: float, nbytes: float, hw: HardwareSpec, dtype: str,
@@ -390,7 +403,8 @@ def default_overlap(hw: HardwareSpec) -> str:
     of per-operator times came within 4% of measured decode steps at batch 1-32 where one
     roofline over the step was up to 22% fast: docs/roofline.md#operator-overlap); `full`,
     the lecture's model, on datasheet entries, where nothing here was measured."""
-    engine_terms = CURVE_KEY in hw.extra or ATTENTION_KEY in hw.extra
+    engine_terms = any(key in hw.extra for key in (CURVE_KEY, ATTENTION_KEY,
+                                                   PREFILL_ATTENTION_KEY))
     return "none" if engine_terms else "full"
 
 

@@ -97,6 +97,8 @@ def test_engine_terms_quick_are_figures(monkeypatch):
     attention = figures["decode_attention_bytes_per_s"]
     assert terms["decode_attention_bytes_per_s"] == attention.value > 0
     assert attention.choice == "best" and len(attention.repeats) == 3
+    prefill = figures["prefill_attention_flops_per_s"]
+    assert terms["prefill_attention_flops_per_s"] == prefill.value > 0
     assert terms["engine_backend"] in ("cpu", "torch")
     assert terms["matmul_stack_bytes"] == terms["attention_stack_bytes"] == 16 << 20
 

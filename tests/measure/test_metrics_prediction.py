@@ -34,6 +34,7 @@ def test_prediction_names_and_definitions_on_a_known_case(tmp_path: Path) -> Non
     d = predict_point(point, cfg, HW)
     p = predict(cfg, HW, batch=2, prompt_len=32, gen_len=9, dtype="float32")
     assert d["waves"] == 3 and d["batch"] == 2
+    assert d["overlap"] == p.overlap == "full"  # a datasheet entry: the lecture's model
     assert d["ttft_s"] == p.ttft_s and d["e2e_s"] == p.e2e_s
     # TPOT = (E2E - TTFT) / (output tokens - 1), as measured per request
     assert d["tpot_s"] == (d["e2e_s"] - d["ttft_s"]) / 8
