@@ -61,8 +61,13 @@ def calibrate(
             "flops_per_s": spec.peak_flops,
             "memory_bytes": spec.memory_bytes,
             "torch_threads": extra["torch_threads"],
+            "engine_backend": extra.get("engine_backend"),
+            "decode_attention_bytes_per_s": extra.get("decode_attention_bytes_per_s"),
+            "prefill_attention_flops_per_s": extra.get("prefill_attention_flops_per_s"),
             "spread": {k: f["spread"] for k, f in extra["figures"].items()
-                       if k in ("read_bytes_per_s", "copy_bytes_per_s", "gemv_bytes_per_s")},
+                       if k in ("read_bytes_per_s", "copy_bytes_per_s", "gemv_bytes_per_s",
+                                "decode_attention_bytes_per_s",
+                                "prefill_attention_flops_per_s")},
             "flags": spec.profile_flags,
             "profile_path": str(path),
         }, indent=2))
@@ -80,8 +85,12 @@ def calibrate(
         fig = figures.get(key)
         return "" if fig is None else f"{fig['spread']:.0%}" + (" !" if fig["flagged"] else "")
 
-    table.add_row("read bandwidth (profile bandwidth)", f"{spec.bandwidth / 1e9:.1f} GB/s",
+    table.add_row("read bandwidth", f"{extra['read_bytes_per_s'] / 1e9:.1f} GB/s",
                   spread("read_bytes_per_s"))
+    if "engine_gemv_bytes_per_s" in extra:
+        table.add_row("engine GEMV, batch 1", f"{extra['engine_gemv_bytes_per_s'] / 1e9:.1f} GB/s",
+                      spread("matmul.float32.1"))
+    table.add_row("profile bandwidth (the higher of the two)", f"{spec.bandwidth / 1e9:.1f} GB/s")
     table.add_row("copy bandwidth (read + write)", f"{extra['copy_bytes_per_s'] / 1e9:.1f} GB/s",
                   spread("copy_bytes_per_s"))
     rows, cols = extra["gemv_shape"]
@@ -92,6 +101,25 @@ def calibrate(
         best = max(by_size, key=by_size.__getitem__)
         table.add_row(f"GEMM {dtype} (best size)", f"{flops / 1e9:,.1f} GFLOP/s",
                       spread(f"gemm.{dtype}.{best}"))
+    for dtype, curve in (extra.get("matmul_flops_by_tokens") or {}).items():
+        for rows, flops in curve:
+            if rows in (1, 32, 2048):
+                table.add_row(f"engine matmul {dtype}, {rows:g} row{'s' * (rows != 1)}",
+                              f"{flops / 1e9:,.1f} "
+                              "GFLOP/s", spread(f"matmul.{dtype}.{rows:g}"))
+    if "decode_attention_bytes_per_s" in extra:
+        table.add_row(f"decode attention KV read ({extra.get('engine_backend')} backend)",
+                      f"{extra['decode_attention_bytes_per_s'] / 1e9:.1f} GB/s",
+                      spread("decode_attention_bytes_per_s"))
+    if "prefill_attention_flops_per_s" in extra:
+        table.add_row("prefill attention",
+                      f"{extra['prefill_attention_flops_per_s'] / 1e9:,.1f} GFLOP/s",
+                      spread("prefill_attention_flops_per_s"))
+    if "layer_overhead_s" in extra:
+        table.add_row("decode fixed cost: step / layer / sequence-layer",
+                      f"{extra['step_overhead_s'] * 1e6:.0f} / "
+                      f"{extra['layer_overhead_s'] * 1e6:.1f} / "
+                      f"{extra['seq_layer_overhead_s'] * 1e6:.2f} us")
     for dtype in spec.peak_flops:
         table.add_row(f"ridge point {dtype}", f"{spec.ridge_point(dtype):.1f} FLOP/byte")
     table.add_row("memory", f"{spec.memory_bytes / 1e9:.1f} GB")
