@@ -83,6 +83,24 @@ def test_decode_long_context_runs_on_all_threads_and_matches():
     torch.testing.assert_close(out, ref, **tolerances(torch.float32))
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("heads", list(GQA.values()), ids=list(GQA))
+@pytest.mark.parametrize("num_q,window", [(None, None), (2, None), (None, 7), (3, 20)],
+                         ids=["q1", "q2", "w7", "q3w20"])
+def test_decode_whole_sequence_items_match(num_q, window, heads, threads):
+    """With at least two sequences per thread an item is a whole sequence (all its KV
+    heads); with fewer, one KV head of one: both give the reference's values."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for lens in ([40, 3, 77, 18, 1], [29]):  # whole-sequence items, then one-head items
+            _, _, out, ref = _decode(lens, heads, 64, torch.float32, num_q=num_q,
+                                     window=window, v_dim=32, strided=True)
+            torch.testing.assert_close(out, ref, **tolerances(torch.float32))
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_decode_never_reads_blocks_before_the_window():
     lens, window = [70], 10
     q, kv, _, ref = _decode(lens, GQA["gqa4"], 64, torch.float32, window=window)
