@@ -28,7 +28,7 @@ recorded as `engine_backend`) and stores them in the profile's `extra`:
   16) whose weights and KV are negligible, so the step time is the engine's fixed
   cost: per step, per layer, and per sequence per layer.
 
-Each matmul point, the attention rate and each of the three step times is a calibrated
+Each matmul point, the two attention rates and each of the three step times is a calibrated
 figure (`core.calibration_checks.Figure`): a round of repeats, re-measured when it spreads
 too far; a rate is the best repeat, a step time the shortest (the least disturbed).
 

@@ -24,7 +24,7 @@ import math
 from typing import Any
 
 from infbench.core.config import ModelConfig
-from infbench.core.hardware import HardwareSpec
+from infbench.core.hardware import CURVE_KEY, HardwareSpec
 from infbench.roofline.analysis import predict, prediction_dict
 
 
@@ -55,8 +55,16 @@ def predict_point(point: Any, cfg: ModelConfig, hw: HardwareSpec) -> dict[str, A
     })
     if hw.extra:  # a calibrated profile (datasheet entries have no calibration details)
         d["profile_flags"] = hw.profile_flags
-    if point.quant_config().method == "llm_int8":  # its outlier count is known after loading
-        d["note"] = ("llm_int8 priced as int8: the outlier columns it keeps in the model dtype "
+    notes = []
+    quant = point.quant_config()
+    if quant.method == "llm_int8":  # its outlier count is known after loading
+        notes.append("llm_int8 priced as int8: the outlier columns it keeps in the model dtype "
                      "(chosen on calibration text) are not in the predicted weight bytes; the "
                      "measured weight_bytes count them")
+    if quant.weights != "none" and CURVE_KEY in hw.extra:
+        notes.append(f"quantized projections priced at the {point.dtype} matmul curve of "
+                     f"profile {hw.name!r}: calibrate measures the float kernels only, so the "
+                     "smaller weight reads of int8 / int4 decode are not credited")
+    if notes:
+        d["note"] = "; ".join(notes)
     return d

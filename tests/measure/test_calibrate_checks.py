@@ -19,7 +19,7 @@ import pytest
 from cli_helpers import run_cli, tiny_scenario
 
 from infbench.core import calibration_checks as checks
-from infbench.core.config import ModelConfig
+from infbench.core.config import ModelConfig, QuantConfig
 from infbench.core.errors import UserError
 from infbench.core.hardware import HARDWARE, get_hardware, load_profile, profile_path
 from infbench.measure import calibrate as cal
@@ -279,7 +279,7 @@ def _point(hardware: str = "cpu") -> Any:
                                batch_size=2, max_concurrency=None, prompt_len=32, gen_len=8)
     return SimpleNamespace(workload=workload, engine=SimpleNamespace(max_num_seqs=8),
                            dtype="float32", hardware=hardware,
-                           quant_config=lambda: SimpleNamespace(method="none"))
+                           quant_config=lambda: QuantConfig())
 
 
 def test_a_prediction_carries_the_profile_flags(tmp_path, monkeypatch):
@@ -293,6 +293,18 @@ def test_a_prediction_carries_the_profile_flags(tmp_path, monkeypatch):
     old = load_profile(_profile(tmp_path, name="old"))
     assert predict_point(_point(), cfg, old)["profile_flags"] == []
     assert "profile_flags" not in predict_point(_point(), cfg, HARDWARE["cpu"])
+
+
+def test_quantized_weights_on_a_calibrated_curve_are_noted(tmp_path):
+    cfg = ModelConfig.from_name("tiny")
+    point = _point()
+    point.quant_config = lambda: QuantConfig(weights="int8")
+    curved = load_profile(_profile(tmp_path, matmul_flops_by_tokens={"float32": CURVE}))
+    note = predict_point(point, cfg, curved)["note"]
+    assert note.startswith("quantized projections priced at the float32 matmul curve of "
+                           "profile 'box'")
+    assert "note" not in predict_point(_point(), cfg, curved)  # float weights: no note
+    assert "note" not in predict_point(point, cfg, HARDWARE["cpu"])  # a datasheet: no curve
 
 
 def test_report_flags_predictions_from_a_flagged_profile(monkeypatch, capsys, result_file,
