@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from infbench.core.config import ModelConfig
+from infbench.core.config import ModelConfig, QuantConfig
+from infbench.core.errors import ConfigError
 from infbench.core.hardware import HARDWARE, HardwareSpec
-from infbench.roofline.analysis import default_overlap, predict, step_rates
+from infbench.roofline.analysis import default_overlap, predict, quantized_rates, step_rates
 from infbench.roofline.costs import SeqWork, group_costs
 
 
@@ -115,3 +116,43 @@ def test_prefill_attention_computes_at_the_measured_rate():
     peak = hw.peak_at("float32", 4 * 512)
     assert slow.ttft_s - plain.ttft_s == pytest.approx(attn / 25e9 - attn / peak, rel=1e-9)
     assert slow.time_per_token_s == plain.time_per_token_s
+
+
+QUANT = {"int8": [[1, 40e9], [4, 80e9], [32, 170e9]], "int4": [[1, 50e9], [32, 160e9]]}
+
+
+def test_quant_rate_interpolates_within_the_curve_only():
+    hw = _profile(quant_matmul_flops_by_tokens=QUANT)
+    assert hw.quant_rate("int8", 1) == 40e9 and hw.quant_rate("int8", 2) == pytest.approx(60e9)
+    assert hw.quant_rate("int8", 33) is None  # past 32 rows the engine runs the float GEMM
+    assert _profile().quant_rate("int8", 1) is None
+    with pytest.raises(ConfigError, match="quant_matmul_flops_by_tokens.int3 unknown format"):
+        _profile(quant_matmul_flops_by_tokens={"int3": [[1, 1e9]]})
+
+
+def test_quantized_projections_run_at_their_curve_in_decode():
+    cfg = ModelConfig.from_name("smollm2-135m")
+    curve = {"float32": [[1, 10e9], [64, 50e9]]}
+    hw = _profile(matmul_flops_by_tokens=curve, quant_matmul_flops_by_tokens=QUANT)
+    int8 = QuantConfig(weights="int8")
+    assert quantized_rates(cfg, hw, int8, 4) == {"qkv_proj": 80e9, "o_proj": 80e9,
+                                                 "mlp": 80e9}
+    head = QuantConfig(weights="int4", group_size=64, head="int8")
+    assert quantized_rates(cfg, hw, head, 1) == {"qkv_proj": 50e9, "o_proj": 50e9,
+                                                 "mlp": 50e9, "lm_head": 40e9}
+    # other kernels keep the float curve: int8 activations, LLM.int8(), past 32 rows
+    assert quantized_rates(cfg, hw, QuantConfig(weights="int8", activations="int8"), 1) == {}
+    assert quantized_rates(cfg, hw, QuantConfig(weights="int8", method="llm_int8"), 1) == {}
+    assert quantized_rates(cfg, hw, int8, 64) == {}
+    assert quantized_rates(ModelConfig.from_name("tiny-moe"), hw, int8, 1) == {}
+    decode = step_rates(cfg, hw, "float32", 4, "decode", int8)
+    assert decode.of(next(op for op in _ops(cfg, 4) if op.name == "mlp")) == (20e9, 80e9)
+    assert step_rates(cfg, hw, "float32", 4, "prefill", int8).quantized == {}
+    fast = predict(cfg, hw, batch=1, prompt_len=64, gen_len=8, dtype="float32", quant=int8)
+    slow = predict(cfg, _profile(matmul_flops_by_tokens=curve), batch=1, prompt_len=64,
+                   gen_len=8, dtype="float32", quant=int8)
+    assert fast.time_per_token_s < slow.time_per_token_s and fast.ttft_s == slow.ttft_s
+
+
+def _ops(cfg, batch):
+    return group_costs(cfg, [(SeqWork(1, 100), batch)], "float32", None, stage="decode")

@@ -107,6 +107,12 @@ def calibrate(
                 table.add_row(f"engine matmul {dtype}, {rows:g} row{'s' * (rows != 1)}",
                               f"{flops / 1e9:,.1f} "
                               "GFLOP/s", spread(f"matmul.{dtype}.{rows:g}"))
+    for fmt, curve in (extra.get("quant_matmul_flops_by_tokens") or {}).items():
+        for rows, flops in curve:
+            if rows in (1, 32):
+                table.add_row(f"engine {fmt} matmul, {rows:g} row{'s' * (rows != 1)}",
+                              f"{flops / 1e9:,.1f} GFLOP/s",
+                              spread(f"quant_matmul.{fmt}.{rows:g}"))
     if "decode_attention_bytes_per_s" in extra:
         table.add_row(f"decode attention KV read ({extra.get('engine_backend')} backend)",
                       f"{extra['decode_attention_bytes_per_s'] / 1e9:.1f} GB/s",

@@ -47,6 +47,8 @@ _OVERHEAD_KEYS = ("step_overhead_s", "layer_overhead_s", "seq_layer_overhead_s")
 CURVE_KEY = "matmul_flops_by_tokens"
 ATTENTION_KEY = "decode_attention_bytes_per_s"  # the engine's decode attention kernel
 PREFILL_ATTENTION_KEY = "prefill_attention_flops_per_s"  # and its prefill attention kernel
+QUANT_CURVE_KEY = "quant_matmul_flops_by_tokens"  # its int8 / int4 decode projections
+QUANT_FORMATS = ("int8", "int4")
 
 
 def _finite(value: object, allow_zero: bool = False) -> bool:
@@ -54,6 +56,20 @@ def _finite(value: object, allow_zero: bool = False) -> bool:
         return False
     x = float(value)
     return math.isfinite(x) and (x >= 0 if allow_zero else x > 0)
+
+
+def _interpolate(curve: list[Any], num_tokens: int) -> float:
+    """A [[rows, FLOP/s], ...] curve at `num_tokens` rows, linear in log(rows), flat past
+    its ends."""
+    pts = sorted((float(m), float(f)) for m, f in curve)
+    n = float(max(num_tokens, 1))
+    if n <= pts[0][0]:
+        return pts[0][1]
+    for (m0, f0), (m1, f1) in zip(pts, pts[1:], strict=False):
+        if n <= m1:
+            w = (math.log(n) - math.log(m0)) / (math.log(m1) - math.log(m0))
+            return f0 + w * (f1 - f0)
+    return pts[-1][1]
 
 
 def check_curve(dtype: object, curve: object) -> str | None:
@@ -117,6 +133,16 @@ class HardwareSpec:
             if value is not None and not _finite(value):
                 raise bad(f"extra.{key}", f"must be a finite number > 0 ({unit}), "
                           f"got {value!r}")
+        quant_curves = self.extra.get(QUANT_CURVE_KEY)
+        if quant_curves is not None:
+            if not isinstance(quant_curves, dict):
+                raise bad(f"extra.{QUANT_CURVE_KEY}",
+                          "must be a mapping int8|int4 -> [[rows, FLOP/s], ...]")
+            for fmt, curve in quant_curves.items():
+                problem = (f"unknown format {fmt!r}; allowed: {', '.join(QUANT_FORMATS)}"
+                           if fmt not in QUANT_FORMATS else check_curve("float32", curve))
+                if problem:
+                    raise bad(f"extra.{QUANT_CURVE_KEY}.{fmt}", problem)
         curves = self.extra.get(CURVE_KEY)
         if curves is not None:
             if not isinstance(curves, dict):
@@ -150,15 +176,17 @@ class HardwareSpec:
         curve = (self.extra.get("matmul_flops_by_tokens") or {}).get(dtype)
         if not curve or num_tokens is None:
             return peak
-        pts = sorted((float(m), float(f)) for m, f in curve)
-        n = float(max(num_tokens, 1))
-        if n <= pts[0][0]:
-            return min(pts[0][1], peak)
-        for (m0, f0), (m1, f1) in zip(pts, pts[1:], strict=False):
-            if n <= m1:
-                w = (math.log(n) - math.log(m0)) / (math.log(m1) - math.log(m0))
-                return min(f0 + w * (f1 - f0), peak)
-        return min(pts[-1][1], peak)
+        return min(_interpolate(curve, num_tokens), peak)
+
+    def quant_rate(self, fmt: str, num_tokens: int) -> float | None:
+        """FLOP/s of the engine's `fmt` (int8 | int4) decode projections at `num_tokens` rows,
+        from the profile's `extra.quant_matmul_flops_by_tokens`; None when the profile has
+        no such curve or the rows are past its last point (there the engine dequantizes and
+        runs the float GEMM, which `peak_at` prices)."""
+        curve = (self.extra.get(QUANT_CURVE_KEY) or {}).get(fmt)
+        if not curve or num_tokens > max(float(m) for m, _ in curve):
+            return None
+        return _interpolate(curve, num_tokens)
 
     @property
     def attention_bandwidth(self) -> float | None:
@@ -548,6 +576,8 @@ def profile_schema() -> tuple[type[BaseModel], type[BaseModel]]:
         engine_gemv_bytes_per_s: positive | None = None  # type: ignore[valid-type]
         decode_attention_bytes_per_s: positive | None = None  # type: ignore[valid-type]
         prefill_attention_flops_per_s: positive | None = None  # type: ignore[valid-type]
+        quant_matmul_flops_by_tokens: dict[  # type: ignore[valid-type]
+            Literal["int8", "int4"], curve] | None = None
         engine_backend: Literal["cpu", "torch", "triton"] | None = None
         matmul_stack_bytes: count | None = None  # type: ignore[valid-type]
         attention_stack_bytes: count | None = None  # type: ignore[valid-type]

@@ -16,6 +16,11 @@ recorded as `engine_backend`) and stores them in the profile's `extra`:
   size is at least four times the last-level cache (`matmul_stack_bytes`): at few rows
   the weights must come from DRAM, as a model's do.  Above 64 rows the step is
   compute-bound and a 64 MiB stack keeps the time short.
+- `quant_matmul_flops_by_tokens[int8|int4]`: the same for the `cpu` backend's quantized
+  projections (dequantize-in-GEMV with float activations, `kernels.cpu_quant_linear`) at
+  1 .. 32 rows, int8 with a scale per row and int4 in groups of 64, over stored weights four
+  times the last-level cache.  Above 32 rows the engine dequantizes and runs the float GEMM,
+  which the float curve prices.
 - `decode_attention_bytes_per_s`: KV bytes per second of the engine's paged decode
   attention kernel (`Ops.decode_attention`) over 16 sequences of 512 tokens in caches of
   two GQA shapes (head_dim 64 and 128), their blocks in random order as a long-running
@@ -39,6 +44,7 @@ entries).
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from typing import Any
 
@@ -138,6 +144,56 @@ def matmul_curve(device: str, dtype: torch.dtype, quick: bool = False,
 
         curve[m] = measure_figure(one_round)
         del xs
+    return curve
+
+
+QUANT_FORMATS = ("int8", "int4")  # int8: one fp16 scale per row; int4: groups of QUANT_GROUP
+QUANT_GROUP = 64
+QUANT_ROWS = (1, 2, 4, 8, 16, 32)  # the C++ dequantize-in-GEMV range (cpu_linear.MAX_ROWS)
+
+
+def quant_stack(fmt: str, nbytes: int) -> list[Any]:
+    """Int8Weight / Int4Weight matrices of every K of MATMUL_KS in turn, about `nbytes` of
+    stored weights and scales: one round quantized, the rest copies of it (distinct memory,
+    so nothing is served from a cache)."""
+    from kernels.quant_format import quantize_int4, quantize_int8
+
+    gen = torch.Generator().manual_seed(0)
+    first = []
+    for k in MATMUL_KS:
+        w = torch.randn(max(16, MATRIX_ELEMENTS // k // 16 * 16), k, generator=gen) * 0.02
+        first.append(quantize_int8(w) if fmt == "int8" else quantize_int4(w, QUANT_GROUP))
+    rounds = max(1, round(nbytes / sum(w.nbytes for w in first)))
+    stack = list(first)
+    for _ in range(rounds - 1):
+        stack += [dataclasses.replace(w, **{f.name: getattr(w, f.name).clone()
+                                     for f in dataclasses.fields(w)
+                                     if isinstance(getattr(w, f.name), torch.Tensor)})
+                  for w in first]
+    return stack
+
+
+def quant_matmul_curve(fmt: str, quick: bool = False) -> dict[int, Figure]:
+    """M -> FLOP/s of the `cpu` backend's dequantize-in-GEMV (`kernels.cpu_quant_linear`, float
+    activations) on `fmt` weights at M = 1 .. 32 rows, over stored weights four times the
+    last-level cache, as a figure per M."""
+    from kernels.cpu_quant_linear import cpu_quant_linear
+
+    stack = quant_stack(fmt, stack_bytes("cpu", quick))
+    curve: dict[int, Figure] = {}
+    for m in QUANT_ROWS[:4] if quick else QUANT_ROWS:
+        xs = {k: torch.randn(m, k) for k in MATMUL_KS}
+
+        def run(x: dict[int, torch.Tensor] = xs, stack: list[Any] = stack) -> None:
+            for w in stack:
+                cpu_quant_linear(x[w.shape[1]], w)
+
+        flops = 2.0 * m * sum(w.shape[0] * w.shape[1] for w in stack)
+
+        def one_round(run: Any = run, flops: float = flops) -> list[float]:
+            return [flops / t for t in time_op(run, "cpu", 3 if quick else 5, warmup=1)]
+
+        curve[m] = measure_figure(one_round)
     return curve
 
 
@@ -266,11 +322,15 @@ def engine_extra(device: str, dtypes: tuple[str, ...], quick: bool
     backend = engine_backend(device)
     curves = {d: matmul_curve(device, TORCH_DTYPES[d], quick, backend) for d in dtypes
               if not (device == "cpu" and d != "float32")}  # CPU runs the engine in fp32
+    # the quantized kernels' curves where the engine runs them (the C++ backend's GEMV)
+    quant = {f: quant_matmul_curve(f, quick) for f in QUANT_FORMATS} if backend == "cpu" else {}
     attention = decode_attention_bandwidth(device, quick, backend)
     prefill = prefill_attention_flops(device, quick, backend)
     times = step_time_figures(device, quick)
     per_step, per_layer, per_seq = fit_fixed_costs(*(times[k].value for k in STEP_FIGURES))
     figures = {f"matmul.{d}.{m}": fig for d, curve in curves.items() for m, fig in curve.items()}
+    figures.update({f"quant_matmul.{f}.{m}": fig for f, curve in quant.items()
+                    for m, fig in curve.items()})
     figures["decode_attention_bytes_per_s"] = attention
     figures["prefill_attention_flops_per_s"] = prefill
     figures.update({name: times[k] for k, name in STEP_FIGURES.items()})
@@ -285,6 +345,9 @@ def engine_extra(device: str, dtypes: tuple[str, ...], quick: bool
              # stored clamped at zero; check_profile refuses a fit negative beyond noise
              "step_overhead_s": max(0.0, per_step), "layer_overhead_s": max(0.0, per_layer),
              "seq_layer_overhead_s": max(0.0, per_seq)}
+    if quant:
+        extra["quant_matmul_flops_by_tokens"] = {
+            f: [[float(m), fig.value] for m, fig in curve.items()] for f, curve in quant.items()}
     if llc is not None:
         extra["last_level_cache_bytes"] = llc
     return extra, figures

@@ -25,7 +25,7 @@ from typing import Any
 
 from infbench.core.config import ModelConfig
 from infbench.core.hardware import CURVE_KEY, HardwareSpec
-from infbench.roofline.analysis import predict, prediction_dict
+from infbench.roofline.analysis import predict, prediction_dict, quantized_rates
 
 
 def predict_point(point: Any, cfg: ModelConfig, hw: HardwareSpec) -> dict[str, Any]:
@@ -61,10 +61,12 @@ def predict_point(point: Any, cfg: ModelConfig, hw: HardwareSpec) -> dict[str, A
         notes.append("llm_int8 priced as int8: the outlier columns it keeps in the model dtype "
                      "(chosen on calibration text) are not in the predicted weight bytes; the "
                      "measured weight_bytes count them")
-    if quant.weights != "none" and CURVE_KEY in hw.extra:
+    if (quant.weights != "none" and CURVE_KEY in hw.extra
+            and not quantized_rates(cfg, hw, quant, batch)):
         notes.append(f"quantized projections priced at the {point.dtype} matmul curve of "
-                     f"profile {hw.name!r}: calibrate measures the float kernels only, so the "
-                     "smaller weight reads of int8 / int4 decode are not credited")
+                     f"profile {hw.name!r}: it has no curve of the kernels these weights run "
+                     "(calibrate measures int8 and int4 with float activations on the C++ "
+                     "backend), so their smaller weight reads are not credited")
     if notes:
         d["note"] = "; ".join(notes)
     return d

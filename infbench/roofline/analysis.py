@@ -79,7 +79,7 @@ from infbench.roofline.parallel import (
     stage_weight_bytes,
     workspace_bytes,
 )
-from infbench.roofline.shapes import dtype_bytes
+from infbench.roofline.shapes import dtype_bytes, layer_weights
 
 OVERLAP_MODES = ("full", "none")  # how a step's operators share the roofline (see module doc)
 OVERLAP_CHOICES = ("auto", *OVERLAP_MODES)  # auto: `default_overlap(hw)`
@@ -124,11 +124,15 @@ class Rates:
     bandwidth: float
     peak: float
     attention: tuple[float, float] | None = None  # None: attention priced like the rest
+    # operator name -> FLOP/s of the engine's quantized projections at the step's rows
+    quantized: dict[str, float] = field(default_factory=dict)
 
     def of(self, op: OpCost) -> tuple[float, float]:
         """(bytes/s, FLOP/s) of one operator."""
         if self.attention is not None and op.name in ATTENTION_OPS:
             return self.attention
+        if op.name in self.quantized:
+            return self.bandwidth, self.quantized[op.name]
         return self.bandwidth, self.peak
 
     def op_times(self, op: OpCost) -> tuple[float, float]:
@@ -138,27 +142,54 @@ class Rates:
 
     def times(self, ops: Sequence[OpCost]) -> tuple[float, float]:
         """(memory, compute) seconds of the operators together (each at its own rates)."""
-        if self.attention is None:
+        if self.attention is None and not self.quantized:  # one rate: the plain sums
             step = total(ops)
             return step.bytes / self.bandwidth, step.flops / self.peak
-        attn = total(op for op in ops if op.name in ATTENTION_OPS)
-        rest = total(op for op in ops if op.name not in ATTENTION_OPS)
-        attn_bw, attn_peak = self.attention
-        return (rest.bytes / self.bandwidth + attn.bytes / attn_bw,
-                rest.flops / self.peak + attn.flops / attn_peak)
+        memory = compute = 0.0
+        for op in ops:
+            op_memory, op_compute = self.op_times(op)
+            memory += op_memory
+            compute += op_compute
+        return memory, compute
 
     def bound(self, ops: Sequence[OpCost]) -> str:
         memory, compute = self.times(ops)
         return "compute" if compute > memory else "memory"
 
 
+def quantized_rates(cfg: ModelConfig, hw: HardwareSpec, quant: QuantConfig | None,
+                    num_tokens: int | None) -> dict[str, float]:
+    """Operator -> FLOP/s for the projections a profile's quantized-kernel curve prices
+    (`HardwareSpec.quant_rate`): int8 / int4 weights with float activations (the C++
+    dequantize-in-GEMV), in a dense model, at rows within the curve.  Native GGUF formats,
+    int8 activations (VNNI kernels), LLM.int8() and MoE experts run other kernels and keep
+    the float curve."""
+    if (quant is None or num_tokens is None or cfg.moe is not None
+            or quant.activations != "float" or quant.method == "llm_int8"):
+        return {}
+    out: dict[str, float] = {}
+    if quant.weights in ("int8", "int4"):
+        rate = hw.quant_rate(quant.weights, num_tokens)
+        if rate is not None:
+            out = {w.op: rate for spec in cfg.layers() for w in layer_weights(cfg, spec)
+                   if w.quantized}
+    if quant.head == "int8":
+        rate = hw.quant_rate("int8", num_tokens)
+        if rate is not None:
+            out["lm_head"] = rate
+    return out
+
+
 def step_rates(cfg: ModelConfig, hw: HardwareSpec, dtype: str, num_tokens: int | None,
-               stage: str = "decode") -> Rates:
+               stage: str = "decode", quant: QuantConfig | None = None) -> Rates:
     """The rates of a step of `num_tokens` rows.  The measured attention rates apply to
     softmax attention (the engine's paged kernels): the decode kernel's KV read rate to
     decode and verify steps, the prefill kernel's FLOP/s to prefill; MLA runs other
-    kernels and keeps the bandwidth and the matmul rate."""
+    kernels and keeps the bandwidth and the matmul rate.  Quantized projections of decode
+    and verify steps run at the profile's quantized-kernel curve (`quantized_rates`)."""
     rates = Rates(hw.bandwidth, hw.peak_at(dtype, num_tokens))
+    if stage != "prefill":
+        rates = replace(rates, quantized=quantized_rates(cfg, hw, quant, num_tokens))
     if stage == "prefill":
         measured = hw.prefill_attention_flops
         attention = None if measured is None else (hw.bandwidth, measured)
@@ -501,7 +532,7 @@ def mean_stage(cfg: ModelConfig, hw: HardwareSpec, dtype: str, quant: QuantConfi
     op_time_sums: dict[str, float] = {}
     time_sum = 0.0
     num_tokens = sum(sw.query_len * n for sw, n in groups_at(lo))
-    rates = step_rates(cfg, hw, dtype, num_tokens, stage)
+    rates = step_rates(cfg, hw, dtype, num_tokens, stage, quant)
     pending = _segments(cfg, query_len, lo, hi)
     while pending:
         s, e = pending.pop(0)
@@ -563,7 +594,7 @@ def _pipeline(cfg: ModelConfig, hw: HardwareSpec, dtype: str, quant: QuantConfig
     stages = par.stage_layers(cfg.num_layers)
     num_tokens = sum(sw.query_len * n for sw, n in groups)
     num_logits = sum(sw.num_logits * n for sw, n in groups)
-    rates = step_rates(cfg, hw, dtype, num_tokens, stage)
+    rates = step_rates(cfg, hw, dtype, num_tokens, stage, quant)
     by_layer = group_costs(cfg, groups, dtype, quant, by_layer=True, stage=stage)
     layer_stage = {j: i for i, layers in enumerate(stages) for j in layers}
     last = len(stages) - 1

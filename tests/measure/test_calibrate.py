@@ -100,7 +100,26 @@ def test_engine_terms_quick_are_figures(monkeypatch):
     prefill = figures["prefill_attention_flops_per_s"]
     assert terms["prefill_attention_flops_per_s"] == prefill.value > 0
     assert terms["engine_backend"] in ("cpu", "torch")
+    if terms["engine_backend"] == "cpu":  # the C++ quantized GEMV, 1-8 rows in quick mode
+        for fmt in ("int8", "int4"):
+            qcurve = terms["quant_matmul_flops_by_tokens"][fmt]
+            assert [m for m, _ in qcurve] == [1, 2, 4, 8]
+            assert [f for _, f in qcurve] == [figures[f"quant_matmul.{fmt}.{int(m)}"].value
+                                              for m, _ in qcurve]
     assert terms["matmul_stack_bytes"] == terms["attention_stack_bytes"] == 16 << 20
+
+
+def test_quant_stack_copies_one_quantized_round_into_distinct_memory():
+    from infbench.measure import calibrate_engine as ce
+
+    stack = ce.quant_stack("int4", 20 << 20)  # about 6.6 MB a round: 3 rounds
+    n = len(ce.MATMUL_KS)
+    assert len(stack) == 3 * n and sorted({w.shape[1] for w in stack}) == list(ce.MATMUL_KS)
+    first, copy = stack[0], stack[n]
+    assert first.group_size == copy.group_size == ce.QUANT_GROUP
+    assert torch.equal(first.packed, copy.packed)
+    assert first.packed.data_ptr() != copy.packed.data_ptr()
+    assert first.scales.data_ptr() != copy.scales.data_ptr()
 
 
 def test_stacks_are_four_times_the_last_level_cache(tmp_path, monkeypatch):
