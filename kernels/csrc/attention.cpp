@@ -15,8 +15,8 @@
 // a head's rows lie one slot apart inside blocks that lie anywhere, which the hardware
 // prefetchers follow poorly.  Each tile therefore asks for its value rows before computing
 // its scores, and for the next tile's key rows (software prefetch).  On the 2-core
-// Emerald Rapids dev machine, 32 sequences x 512 tokens over 1 GiB of fp32 KV: 12-13 ->
-// 16-19 GB/s (SmolLM2's 3 KV heads of 64; 8 of 128); at batch 1 unchanged.
+// Emerald Rapids dev machine `infbench calibrate`'s decode attention figure (16 sequences
+// x 512 tokens of fp32 KV in two GQA shapes, 1 GiB in all) went from 11.4 to 17-18 GB/s.
 #include "cpu_kernels.h"
 #include "cpu_common.h"
 
@@ -224,8 +224,8 @@ void paged_decode_attention(const PagedAttention& a, const void* q, int64_t q_st
   work *= num_q * a.num_q_heads * (a.head_dim + a.v_head_dim);
   // With sequences enough to keep every thread busy, an item is a whole sequence: one
   // prefetch covers all its heads of a slot, side by side in memory (5-15% over one head
-  // per item at 4-8 KV heads on the dev machine).  With fewer, an item is one KV head of
-  // one sequence, so the heads spread over the threads.
+  // per item at 4-8 KV heads, timed on the dev machine).  With fewer, an item is one KV
+  // head of one sequence, so the heads spread over the threads.
   const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
   const int64_t heads_per_item = batch >= 2 * threads ? Hkv : 1;
   const int64_t items_per_seq = Hkv / heads_per_item;
