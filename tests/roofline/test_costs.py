@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from infbench.core.config import ModelConfig, QuantConfig
@@ -281,10 +281,18 @@ _MODELS = [
 @settings(max_examples=60, deadline=None)
 @given(model=st.sampled_from(_MODELS), query=st.integers(1, 64), context=st.integers(0, 400),
        extra=st.integers(1, 200), batch=st.integers(1, 8))
+@example(model=_MODELS[1], query=22, context=22, extra=4, batch=1)  # MLA switches form
 def test_bytes_and_flops_never_decrease_with_context(model: ModelConfig, query: int,
                                                      context: int, extra: int,
                                                      batch: int) -> None:
-    shorter = total(step_costs(model, [SeqWork(query, query + context)] * batch, BF16))
-    longer = total(step_costs(model, [SeqWork(query, query + context + extra)] * batch, BF16))
-    assert longer.bytes >= shorter.bytes
+    short_seq, long_seq = SeqWork(query, query + context), SeqWork(query, query + context + extra)
+    shorter = total(step_costs(model, [short_seq] * batch, BF16))
+    longer = total(step_costs(model, [long_seq] * batch, BF16))
     assert longer.flops >= shorter.flops
+    # MLA prices the form with fewer FLOPs (absorbed or expanded); where a longer context
+    # switches the form, the bytes may drop (the expanded form's decompressed K/V go), so
+    # bytes are monotonic within one form (found by hypothesis: query 22, context 44 -> 48)
+    if not any(spec.mixer == "mla" for spec in model.layers()) or (
+            mla_absorbed_is_cheaper(model, short_seq, None)
+            == mla_absorbed_is_cheaper(model, long_seq, None)):
+        assert longer.bytes >= shorter.bytes
