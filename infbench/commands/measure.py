@@ -101,18 +101,15 @@ def calibrate(
         best = max(by_size, key=by_size.__getitem__)
         table.add_row(f"GEMM {dtype} (best size)", f"{flops / 1e9:,.1f} GFLOP/s",
                       spread(f"gemm.{dtype}.{best}"))
-    for dtype, curve in (extra.get("matmul_flops_by_tokens") or {}).items():
+    curves = [(f"matmul {d}", f"matmul.{d}", c) for d, c in
+              (extra.get("matmul_flops_by_tokens") or {}).items()]
+    curves += [(f"{f} matmul", f"quant_matmul.{f}", c) for f, c in
+               (extra.get("quant_matmul_flops_by_tokens") or {}).items()]
+    for label, figure, curve in curves:
         for rows, flops in curve:
             if rows in (1, 32, 2048):
-                table.add_row(f"engine matmul {dtype}, {rows:g} row{'s' * (rows != 1)}",
-                              f"{flops / 1e9:,.1f} "
-                              "GFLOP/s", spread(f"matmul.{dtype}.{rows:g}"))
-    for fmt, curve in (extra.get("quant_matmul_flops_by_tokens") or {}).items():
-        for rows, flops in curve:
-            if rows in (1, 32):
-                table.add_row(f"engine {fmt} matmul, {rows:g} row{'s' * (rows != 1)}",
-                              f"{flops / 1e9:,.1f} GFLOP/s",
-                              spread(f"quant_matmul.{fmt}.{rows:g}"))
+                table.add_row(f"engine {label}, {rows:g} row{'s' * (rows != 1)}",
+                              f"{flops / 1e9:,.1f} GFLOP/s", spread(f"{figure}.{rows:g}"))
     if "decode_attention_bytes_per_s" in extra:
         table.add_row(f"decode attention KV read ({extra.get('engine_backend')} backend)",
                       f"{extra['decode_attention_bytes_per_s'] / 1e9:.1f} GB/s",

@@ -72,10 +72,12 @@ def _interpolate(curve: list[Any], num_tokens: int) -> float:
     return pts[-1][1]
 
 
-def check_curve(dtype: object, curve: object) -> str | None:
-    """Why a matmul curve [[rows, FLOP/s], ...] is malformed, or None when it is fine."""
-    if dtype not in PEAK_DTYPES:
-        return f"unknown dtype {dtype!r}; allowed: {', '.join(PEAK_DTYPES)}"
+def check_curve(dtype: object, curve: object, allowed: tuple[str, ...] = PEAK_DTYPES,
+                what: str = "dtype") -> str | None:
+    """Why a matmul curve [[rows, FLOP/s], ...] of `dtype` (one of `allowed`, a `what`) is
+    malformed, or None when it is fine."""
+    if dtype not in allowed:
+        return f"unknown {what} {dtype!r}; allowed: {', '.join(allowed)}"
     if not isinstance(curve, (list, tuple)) or not curve:
         return "must be a non-empty list of [rows, FLOP/s] pairs"
     last = 0.0
@@ -139,8 +141,7 @@ class HardwareSpec:
                 raise bad(f"extra.{QUANT_CURVE_KEY}",
                           "must be a mapping int8|int4 -> [[rows, FLOP/s], ...]")
             for fmt, curve in quant_curves.items():
-                problem = (f"unknown format {fmt!r}; allowed: {', '.join(QUANT_FORMATS)}"
-                           if fmt not in QUANT_FORMATS else check_curve("float32", curve))
+                problem = check_curve(fmt, curve, QUANT_FORMATS, "format")
                 if problem:
                     raise bad(f"extra.{QUANT_CURVE_KEY}.{fmt}", problem)
         curves = self.extra.get(CURVE_KEY)

@@ -44,13 +44,14 @@ entries).
 
 from __future__ import annotations
 
-import dataclasses
+import copy
 import statistics
 from typing import Any
 
 import torch
 
 from infbench.core.calibration_checks import STEP_FIGURES, Figure, fit_fixed_costs, measure_figure
+from infbench.core.hardware import QUANT_FORMATS
 from infbench.measure.timing import time_op
 
 TOKEN_COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 2048, 8192)
@@ -122,33 +123,36 @@ def weight_stack(device: str, dtype: torch.dtype, nbytes: int) -> list[torch.Ten
             for _ in range(rounds) for n, k in shapes]
 
 
+def _rows_figure(linear: Any, m: int, stack: list[Any], device: str, dtype: torch.dtype,
+                 quick: bool) -> Figure:
+    """FLOP/s of `linear(x, w)` over every matrix w of `stack` with M = `m` activation rows,
+    as a figure (the stack's matrices, float or Int8Weight / Int4Weight, have `.shape`)."""
+    xs = {k: torch.randn(m, k, dtype=dtype, device=device) for k in MATMUL_KS}
+
+    def run(x: dict[int, torch.Tensor] = xs, weights: list[Any] = stack) -> None:
+        for w in weights:
+            linear(x[w.shape[1]], w)
+
+    flops = 2.0 * m * sum(w.shape[0] * w.shape[1] for w in stack)
+
+    def one_round() -> list[float]:
+        return [flops / t for t in time_op(run, device, 3 if quick else 5, warmup=1)]
+
+    return measure_figure(one_round)
+
+
 def matmul_curve(device: str, dtype: torch.dtype, quick: bool = False,
                  backend: str | None = None) -> dict[int, Figure]:
     """M -> the achieved FLOP/s of the engine's linear path at M rows, as a figure."""
     linear = backend_linear(backend or engine_backend(device))
     big = weight_stack(device, dtype, stack_bytes(device, quick))
     small = big if quick else weight_stack(device, dtype, SMALL_STACK)
-    curve: dict[int, Figure] = {}
-    for m in TOKEN_COUNTS[:-3] if quick else TOKEN_COUNTS:
-        weights = big if m <= STREAMED_ROWS else small
-        xs = {k: torch.randn(m, k, dtype=dtype, device=device) for k in MATMUL_KS}
-
-        def run(x: dict[int, torch.Tensor] = xs, weights: list[torch.Tensor] = weights) -> None:
-            for w in weights:
-                linear(x[w.shape[1]], w)
-
-        flops = 2.0 * m * sum(w.numel() for w in weights)
-
-        def one_round(run: Any = run, flops: float = flops) -> list[float]:
-            return [flops / t for t in time_op(run, device, 3 if quick else 5, warmup=1)]
-
-        curve[m] = measure_figure(one_round)
-        del xs
-    return curve
+    return {m: _rows_figure(linear, m, big if m <= STREAMED_ROWS else small, device, dtype,
+                            quick)
+            for m in (TOKEN_COUNTS[:-3] if quick else TOKEN_COUNTS)}
 
 
-QUANT_FORMATS = ("int8", "int4")  # int8: one fp16 scale per row; int4: groups of QUANT_GROUP
-QUANT_GROUP = 64
+QUANT_GROUP = 64  # int4's group size in the quantized curve; int8 has one scale per row
 QUANT_ROWS = (1, 2, 4, 8, 16, 32)  # the C++ dequantize-in-GEMV range (cpu_linear.MAX_ROWS)
 
 
@@ -164,13 +168,7 @@ def quant_stack(fmt: str, nbytes: int) -> list[Any]:
         w = torch.randn(max(16, MATRIX_ELEMENTS // k // 16 * 16), k, generator=gen) * 0.02
         first.append(quantize_int8(w) if fmt == "int8" else quantize_int4(w, QUANT_GROUP))
     rounds = max(1, round(nbytes / sum(w.nbytes for w in first)))
-    stack = list(first)
-    for _ in range(rounds - 1):
-        stack += [dataclasses.replace(w, **{f.name: getattr(w, f.name).clone()
-                                     for f in dataclasses.fields(w)
-                                     if isinstance(getattr(w, f.name), torch.Tensor)})
-                  for w in first]
-    return stack
+    return first + [copy.deepcopy(w) for _ in range(rounds - 1) for w in first]
 
 
 def quant_matmul_curve(fmt: str, quick: bool = False) -> dict[int, Figure]:
@@ -180,21 +178,8 @@ def quant_matmul_curve(fmt: str, quick: bool = False) -> dict[int, Figure]:
     from kernels.cpu_quant_linear import cpu_quant_linear
 
     stack = quant_stack(fmt, stack_bytes("cpu", quick))
-    curve: dict[int, Figure] = {}
-    for m in QUANT_ROWS[:4] if quick else QUANT_ROWS:
-        xs = {k: torch.randn(m, k) for k in MATMUL_KS}
-
-        def run(x: dict[int, torch.Tensor] = xs, stack: list[Any] = stack) -> None:
-            for w in stack:
-                cpu_quant_linear(x[w.shape[1]], w)
-
-        flops = 2.0 * m * sum(w.shape[0] * w.shape[1] for w in stack)
-
-        def one_round(run: Any = run, flops: float = flops) -> list[float]:
-            return [flops / t for t in time_op(run, "cpu", 3 if quick else 5, warmup=1)]
-
-        curve[m] = measure_figure(one_round)
-    return curve
+    return {m: _rows_figure(cpu_quant_linear, m, stack, "cpu", torch.float32, quick)
+            for m in (QUANT_ROWS[:4] if quick else QUANT_ROWS)}
 
 
 def decode_attention_bandwidth(device: str, quick: bool = False,

@@ -187,13 +187,13 @@ def step_rates(cfg: ModelConfig, hw: HardwareSpec, dtype: str, num_tokens: int |
     decode and verify steps, the prefill kernel's FLOP/s to prefill; MLA runs other
     kernels and keeps the bandwidth and the matmul rate.  Quantized projections of decode
     and verify steps run at the profile's quantized-kernel curve (`quantized_rates`)."""
-    rates = Rates(hw.bandwidth, hw.peak_at(dtype, num_tokens))
-    if stage != "prefill":
-        rates = replace(rates, quantized=quantized_rates(cfg, hw, quant, num_tokens))
-    if stage == "prefill":
+    if stage == "prefill":  # the engine dequantizes and runs the float GEMM there
+        rates = Rates(hw.bandwidth, hw.peak_at(dtype, num_tokens))
         measured = hw.prefill_attention_flops
         attention = None if measured is None else (hw.bandwidth, measured)
     else:
+        rates = Rates(hw.bandwidth, hw.peak_at(dtype, num_tokens),
+                      quantized=quantized_rates(cfg, hw, quant, num_tokens))
         measured = hw.attention_bandwidth
         attention = None if measured is None else (measured, hw.peak(dtype))
     if attention is None:

@@ -126,6 +126,11 @@ void attend(const PagedAttention& a, const Item<T>& it) {
   const T* k_rows[KEY_TILE];  // this tile's keys and values of the item's first KV head
   const T* v_rows[KEY_TILE];
   const T* head_rows[KEY_TILE];
+  // Bytes of one slot's rows of all the item's KV heads (side by side in memory).
+  const int64_t k_bytes = ((it.num_kv_heads - 1) * a.k_stride_head + D) *
+                          static_cast<int64_t>(sizeof(T));
+  const int64_t v_bytes = ((it.num_kv_heads - 1) * a.v_stride_head + Dv) *
+                          static_cast<int64_t>(sizeof(T));
   for (int64_t p0 = lo; p0 < hi; p0 += KEY_TILE) {
     const int64_t n = std::min(KEY_TILE, hi - p0);
     for (int64_t j = 0; j < n; ++j) {  // where each key of the tile lies: no copy
@@ -134,24 +139,17 @@ void attend(const PagedAttention& a, const Item<T>& it) {
       k_rows[j] = k_base + block * a.k_stride_block + slot * a.k_stride_slot;
       v_rows[j] = v_base + block * a.v_stride_block + slot * a.v_stride_slot;
     }
-    // Values are used after the scores: ask for this tile's now (all the item's heads of a
-    // slot lie side by side), and for the next tile's keys.
-    {
-      const int64_t v_bytes = ((it.num_kv_heads - 1) * a.v_stride_head + Dv) *
-                              static_cast<int64_t>(sizeof(T));
-      for (int64_t j = 0; j < n; ++j) {
-        const char* vp = reinterpret_cast<const char*>(v_rows[j]);
-        for (int64_t off = 0; off < v_bytes; off += 64) __builtin_prefetch(vp + off, 0, 3);
-      }
-      const int64_t k_bytes = ((it.num_kv_heads - 1) * a.k_stride_head + D) *
-                              static_cast<int64_t>(sizeof(T));
-      const int64_t next_end = std::min(p0 + 2 * KEY_TILE, hi);
-      for (int64_t pos = p0 + KEY_TILE; pos < next_end; ++pos) {
-        const int64_t block = it.table[pos / a.block_size], slot = pos % a.block_size;
-        const char* kp = reinterpret_cast<const char*>(k_base + block * a.k_stride_block +
-                                                       slot * a.k_stride_slot);
-        for (int64_t off = 0; off < k_bytes; off += 64) __builtin_prefetch(kp + off, 0, 3);
-      }
+    // Values are used after the scores: ask for this tile's now, and for the next tile's
+    // keys.
+    for (int64_t j = 0; j < n; ++j) {
+      const char* vp = reinterpret_cast<const char*>(v_rows[j]);
+      for (int64_t off = 0; off < v_bytes; off += 64) __builtin_prefetch(vp + off, 0, 3);
+    }
+    for (int64_t pos = p0 + KEY_TILE; pos < std::min(p0 + 2 * KEY_TILE, hi); ++pos) {
+      const int64_t block = it.table[pos / a.block_size], slot = pos % a.block_size;
+      const char* kp = reinterpret_cast<const char*>(k_base + block * a.k_stride_block +
+                                                     slot * a.k_stride_slot);
+      for (int64_t off = 0; off < k_bytes; off += 64) __builtin_prefetch(kp + off, 0, 3);
     }
     for (int64_t h = 0; h < it.num_kv_heads; ++h) {
       const int64_t k_head = h * a.k_stride_head;
