@@ -641,7 +641,8 @@ def _schema_message(err: Any) -> str:
     kind, got, ctx = err["type"], err.get("input"), err.get("ctx") or {}
     in_curve = CURVE_KEY in key
     if err["loc"] and err["loc"][-1] == "[key]":
-        return f"{key}: unknown dtype {got!r}; allowed: {_allowed(ctx)}"
+        what = "format" if QUANT_CURVE_KEY in key else "dtype"
+        return f"{key}: unknown {what} {got!r}; allowed: {_allowed(ctx)}"
     if kind == "extra_forbidden":
         top, extra = profile_schema()
         model = {"": top, "extra": extra}.get(".".join(parts[:-1]))
