@@ -19,12 +19,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from infbench.core.checkpoint_config import SMOLLM2_FILE, config_from_gguf
+from infbench.checkpoint.metadata import SMOLLM2_FILE, config_from_gguf
 from infbench.core.errors import UserError
-from infbench.core.scenario import load_scenario
 from infbench.model.loader import load_model
 from infbench.model.tokenizer import Tokenizer
 from infbench.results.store import load_result
+from infbench.scenario.schema import load_scenario
 
 
 def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -352,7 +352,7 @@ def test_non_utf8_scenario_through_run(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------ result JSON
 def _result(tmp: Path) -> dict[str, object]:
-    from infbench.core.hardware import get_hardware
+    from infbench.hardware.spec import get_hardware
     from infbench.results.store import build_result
 
     point = {"name": "r", "label": "default", "index": 0, "dtype": "float32",

@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from infbench.core.errors import UserError
-from infbench.core.scenario import (
+from infbench.scenario.schema import (
     EngineSection,
     GateSection,
     MeasureSection,
@@ -124,7 +124,7 @@ def _dump(doc: dict[str, Any]) -> str:
 
 def _load_and_expand(path: Path) -> int:
     """Everything `infbench run` / `predict` do with a scenario before any tensor exists."""
-    from infbench.core.hardware import get_hardware
+    from infbench.hardware.spec import get_hardware
     from infbench.measure.prediction import predict_point
     from infbench.results.store import to_jsonable
 

@@ -7,7 +7,7 @@ import pytest
 
 from infbench.core.config import ModelConfig, QuantConfig
 from infbench.core.errors import ConfigError
-from infbench.core.hardware import HARDWARE, HardwareSpec
+from infbench.hardware.spec import HARDWARE, HardwareSpec
 from infbench.roofline.analysis import default_overlap, predict, quantized_rates, step_rates
 from infbench.roofline.costs import SeqWork, group_costs
 

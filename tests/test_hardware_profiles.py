@@ -17,7 +17,7 @@ import pytest
 from cli_helpers import run_cli
 
 from infbench.core.errors import ConfigError, UserError
-from infbench.core.hardware import HARDWARE, HardwareSpec, get_hardware, load_profile
+from infbench.hardware.spec import HARDWARE, HardwareSpec, get_hardware, load_profile
 
 GOOD: dict[str, Any] = {
     "name": "box", "description": "a test box", "kind": "cpu", "source": "hand-written",

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from infbench.core.errors import UserError
-from infbench.core.scenario import load_scenario
+from infbench.scenario.schema import load_scenario
 
 _BASE = {
     "name": "downgrade", "device": "cpu", "dtype": "float32", "hardware": "cpu",
@@ -35,7 +35,7 @@ def _points(tmp: Path, **changes: object) -> list[object]:
 
 def test_run_refuses_speculation_it_cannot_roll_back_but_predict_prices_it(
         tmp_path: Path) -> None:
-    from infbench.core.hardware import get_hardware
+    from infbench.hardware.spec import get_hardware
     from infbench.measure.bench import run_point
     from infbench.measure.prediction import predict_point
 

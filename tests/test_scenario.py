@@ -11,13 +11,8 @@ import pytest
 
 from infbench.core.config import EngineConfig, ModelConfig
 from infbench.core.errors import UserError
-from infbench.core.scenario import (
-    Scenario,
-    ScenarioPoint,
-    WorkloadPoint,
-    load_scenario,
-    scenario_json_schema,
-)
+from infbench.scenario.point import ScenarioPoint, WorkloadPoint
+from infbench.scenario.schema import Scenario, load_scenario, scenario_json_schema
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = sorted((REPO / "scenarios").glob("*.yaml"))
@@ -64,7 +59,7 @@ def test_hardware_and_dtype_defaults_follow_the_device(tmp_path: Path, monkeypat
         assert point.dtype_reason.startswith(f"dtype auto -> {dtype} (CPU has ")
         assert ("native bf16" in point.dtype_reason) == (dtype == "bfloat16")
     # CUDA with no hardware: the entry of the GPU NVML names, never a silent H100
-    from infbench.core import hardware
+    from infbench.hardware import spec as hardware
 
     monkeypatch.setattr(hardware, "nvml_device_name", lambda index=0: "NVIDIA H200")
     gpu = load_scenario(write(tmp_path, "name: x\ndevice: cuda\nmodel: {preset: tiny}\n"))
@@ -328,7 +323,7 @@ def test_json_schema() -> None:
 
 
 def test_modules_do_not_import_torch() -> None:
-    code = ("import sys, infbench.core.scenario, infbench.measure.workload, "
+    code = ("import sys, infbench.scenario.schema, infbench.measure.workload, "
             "infbench.measure.metrics, infbench.results.store; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=REPO, check=True)
@@ -337,7 +332,7 @@ def test_modules_do_not_import_torch() -> None:
 
 # ------------------------------------------------------------------ one --set parser, model.weights
 def test_apply_sets_is_the_parser_of_every_command(tmp_path: Path) -> None:
-    from infbench.core.scenario import apply_sets, scenario_from_document
+    from infbench.scenario.schema import apply_sets, scenario_from_document
 
     doc: dict = {"name": "flags", "model": {"preset": "tiny"}}
     apply_sets(doc, ["model.overrides.num_layers=3", "model.attention.kind=mqa",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from infbench.core.errors import UserError
-from infbench.core.scenario import load_scenario
+from infbench.scenario.schema import load_scenario
 
 BASE = """
 name: v

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from infbench.core.errors import ConfigError, UserError
-from infbench.core.scenario import WorkloadPoint
 from infbench.measure.workload import draw_lengths, generate_requests, prose
+from infbench.scenario.point import WorkloadPoint
 
 
 class WordTokenizer:

@@ -34,8 +34,8 @@ import urllib.request
 from typing import Any
 
 from infbench.client.openai_target import ClientPlan, TargetRun, open_session, run_requests
-from infbench.core.target import TargetSection
 from infbench.engine.request import Request, SamplingParams
+from infbench.scenario.target import TargetSection
 
 TARGET_TOKENS_PER_CORE_S = 2000.0
 TARGET_ERROR_S = 1e-3

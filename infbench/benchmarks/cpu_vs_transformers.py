@@ -508,7 +508,7 @@ def _load_transformers(path: Path) -> Any:
 
 def run(opts: Options, log: Callable[[str], None]) -> dict[str, Any]:
     """Measure everything `opts` asks for; the result document (not yet written)."""
-    from infbench.core.checkpoint_config import resolve_gguf
+    from infbench.checkpoint.metadata import resolve_gguf
     from infbench.core.config import EngineConfig
     from infbench.core.device import auto_dtype, perf_flags
     from infbench.engine.engine import Engine, KVSizing

@@ -19,7 +19,7 @@ from typing import Any
 def _hardware_for(name: str) -> str:
     """The table entry of the GPU torch names (never a silent H100: no entry is an error)."""
     from infbench.core.errors import UserError
-    from infbench.core.hardware import entry_for_device_name
+    from infbench.hardware.spec import entry_for_device_name
 
     entry = entry_for_device_name(name)
     if entry is None:
@@ -44,9 +44,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from infbench.core.config import EngineConfig, QuantConfig
     from infbench.core.errors import UserError
-    from infbench.core.hardware import get_hardware
     from infbench.engine.engine import Engine, KVSizing
     from infbench.engine.request import Request, SamplingParams
+    from infbench.hardware.spec import get_hardware
     from infbench.model.loader import load_model
     from infbench.results.store import env_info, write_json_atomic
     from infbench.roofline.costs import SeqWork, step_costs, total

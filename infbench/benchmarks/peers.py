@@ -170,7 +170,7 @@ def evaluate_target(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 def run(opts: Options, log: Callable[[str], None],
         engines: Sequence[tuple[str, str, Runner]] | None = None) -> dict[str, Any]:
     """Measure every engine; the result document (not yet written)."""
-    from infbench.core.checkpoint_config import config_from_gguf, resolve_gguf
+    from infbench.checkpoint.metadata import config_from_gguf, resolve_gguf
     from infbench.core.device import perf_flags
     from infbench.results.store import device_name, env_info
 

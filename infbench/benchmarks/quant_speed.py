@@ -167,7 +167,7 @@ def run(opts: Options, log: Callable[[str], None],
         variants: Sequence[tuple[str, dict[str, Any]]] | None = None,
         runner: Runner = engine_runner) -> dict[str, Any]:
     """Measure every variant; the result document (not yet written)."""
-    from infbench.core.checkpoint_config import config_from_gguf, resolve_gguf
+    from infbench.checkpoint.metadata import config_from_gguf, resolve_gguf
     from infbench.core.device import perf_flags
     from infbench.results.store import device_name, env_info
 

@@ -181,7 +181,7 @@ def client_run(base_url: str, model: str, requests: list[Request],
                concurrency: int) -> tuple[list[RequestRecord], float, int]:
     """Stream `requests` through the target: (records, wall seconds, failures)."""
     from infbench.client.openai_target import ClientPlan, open_session, run_requests
-    from infbench.core.target import TargetSection
+    from infbench.scenario.target import TargetSection
 
     target = TargetSection(kind="openai", base_url=base_url, model=model)
     plan = ClientPlan(target, None, concurrency)
@@ -196,7 +196,7 @@ def client_run(base_url: str, model: str, requests: list[Request],
 
 # ------------------------------------------------------------------------- part 1
 def overhead(opts: Options, log: Any) -> dict[str, Any]:
-    from infbench.core.checkpoint_config import model_source
+    from infbench.checkpoint.metadata import model_source
     from infbench.core.config import EngineConfig
     from infbench.engine.engine import Engine, KVSizing
     from infbench.engine.llm import CPU_KV_CACHE_BYTES

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import typer
 
-from infbench.core.checkpoint_config import model_source  # noqa: F401  (opt.model_source)
+from infbench.checkpoint.metadata import model_source  # noqa: F401  (opt.model_source)
 from infbench.core.config import (
     ATTENTION_KINDS,
     BACKENDS,
@@ -37,7 +37,7 @@ def _int_at_least(minimum: int) -> Callable[[int | None], int | None]:
     return check
 
 
-# The largest seed torch's generators take; infbench.core.scenario.MAX_SEED is the same bound
+# The largest seed torch's generators take; infbench.scenario.schema.MAX_SEED is the same bound
 # (not imported: that module pulls in pydantic, and the CLI imports this one on startup).
 MAX_SEED = 2**63 - 1
 

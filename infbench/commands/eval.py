@@ -13,8 +13,8 @@ from typing import Any
 
 import typer
 
+from infbench.checkpoint.metadata import model_source
 from infbench.commands import _options as opt
-from infbench.core.checkpoint_config import model_source
 from infbench.core.config import ACTIVATION_QUANT, HEAD_QUANT, QUANT_METHODS
 
 

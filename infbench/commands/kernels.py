@@ -46,7 +46,7 @@ def bench(
     """
     from rich.console import Console
 
-    from infbench.core.hardware import default_hardware, get_hardware
+    from infbench.hardware.spec import default_hardware, get_hardware
     from infbench.measure import kernel_bench
 
     if out is not None and out.suffix != ".json":

@@ -149,9 +149,11 @@ def report(
     --json / --markdown / --csv rows), MoE points a table of routing statistics beside the
     roofline's expert bytes (docs/moe.md; moe_* columns in those rows), and points run with
     measure.slo a goodput table and, over a rate sweep, the highest rate meeting the SLOs
-    (slo_max_rate in --json rows)."""
+    (slo_max_rate in --json rows); client runs with failed requests get a line each on
+    stderr counting them by reason (docs/client.md)."""
     from rich.console import Console
 
+    from infbench.client.failures import failure_notes
     from infbench.results.gate import load_results
     from infbench.results.goodput import (
         goodput_rows,
@@ -180,6 +182,8 @@ def report(
     goodput = goodput_rows(loaded)
     max_rates = max_rate_summaries(loaded)
     for note in profile_flag_notes(loaded):  # predictions on a doubtful profile
+        print(note, file=sys.stderr)
+    for note in failure_notes(loaded):  # client runs: failed requests by reason
         print(note, file=sys.stderr)
     if as_json:
         rows = report_rows(loaded)

@@ -105,7 +105,7 @@ def parallel_flags(tp: int | None, pp: int | None, ep: int | None, replicas: int
 
 
 def memory_reserve(mem_util: float | None, workspace_tokens: int | None) -> Any:
-    from infbench.core.hardware import MemoryReserve
+    from infbench.hardware.spec import MemoryReserve
 
     default = MemoryReserve()
     return MemoryReserve(default.utilization if mem_util is None else mem_util,
@@ -131,7 +131,7 @@ def model_document(command: str, model: str, sets: list[str] | None, *,
     `--set` items are applied by the scenario's own parser, so `--set model.overrides.x=1`
     means the same in `predict`, `roofline` and `run`.
     """
-    from infbench.core.scenario import apply_sets
+    from infbench.scenario.schema import apply_sets
 
     doc: dict[str, Any] = {
         "name": command,
@@ -151,7 +151,7 @@ def model_document(command: str, model: str, sets: list[str] | None, *,
 
 def points_of(doc: dict[str, Any]) -> list[Any]:
     """The validated points of a document, each with its ModelConfig read once per source."""
-    from infbench.core.scenario import scenario_from_document
+    from infbench.scenario.schema import scenario_from_document
 
     return scenario_from_document(doc, COMMAND_LINE).points()
 
@@ -225,7 +225,7 @@ _BASE_CONFIGS: dict[str, Any] = {}
 
 def base_config(source: dict[str, str]) -> Any:
     """The ModelConfig of a preset, an HF directory or a GGUF file, before any override."""
-    from infbench.core import checkpoint_config as configs
+    from infbench.checkpoint import metadata as configs
     from infbench.core.config import ModelConfig
 
     kind, value = next(iter(source.items()))
@@ -264,7 +264,7 @@ def model_configs(points: list[Any]) -> list[Any]:
 def build_quant(quant: str | None, group_size: int | None, kv_dtype: str | None,
                 source: dict[str, str] | None = None, kv_bits: int | None = None) -> Any:
     """The QuantConfig of the flags; `--quant native` reads the model's GGUF tensor types."""
-    from infbench.core.checkpoint_config import native_quant
+    from infbench.checkpoint.metadata import native_quant
     from infbench.core.config import make_quant
 
     check_positive("--group-size", group_size)
@@ -317,7 +317,7 @@ def _spec_from_scenario(spec: Any) -> Any:
 def point_predictions(points: list[Any], speculative: Any = None, overlap: str = "auto",
                       reserve: Any = None, kv_bits: int | None = None) -> list[Any]:
     """One prediction per scenario point (a file's, or the document built from the flags)."""
-    from infbench.core.hardware import MemoryReserve, get_hardware
+    from infbench.hardware.spec import MemoryReserve, get_hardware
     from infbench.roofline.analysis import check_context, predict
 
     predictions = []
@@ -550,7 +550,7 @@ def predict_command(
         return
     if block_length is not None or prefix_cache:
         raise UserError("--block-length and --prefix-cache need --diffusion-steps")
-    from infbench.core.hardware import get_hardware
+    from infbench.hardware.spec import get_hardware
     from infbench.roofline.analysis import check_context, predict
 
     reserve = memory_reserve(mem_util, workspace_tokens)
@@ -569,7 +569,7 @@ def predict_command(
         used = [k.replace("_", "-") for k, v in flags.items() if v not in (None, [], ())]
         if used:
             raise UserError(f"{scenario}: the scenario defines the points; drop --{used[0]}")
-        from infbench.core.scenario import load_scenario
+        from infbench.scenario.schema import load_scenario
 
         points = load_scenario(scenario).points()
         if any(getattr(p, "decoding", None) for p in points):

@@ -3,7 +3,7 @@
 One row per (batch, S): the step shapes, their arithmetic intensity and bound, the decode
 time and tokens/s, beside the same model decoding the L tokens autoregressively
 (`roofline/diffusion.py` has the rules).  No torch: a LLaDA directory is read by
-`core/llada_config.py`.
+`checkpoint/llada.py`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 def diffusion_config(source: dict[str, str], base_config: Callable[[dict[str, str]], Any]) -> Any:
     """The ModelConfig of a LLaDA directory, else `base_config`'s (preset, HF dir, GGUF)."""
-    from infbench.core.llada_config import is_llada_dir, read_llada_config
+    from infbench.checkpoint.llada import is_llada_dir, read_llada_config
 
     if "path" in source and is_llada_dir(source["path"]):
         return read_llada_config(source["path"])[0]
@@ -28,7 +28,7 @@ def run_predict_diffusion(source: dict[str, str], base_config: Callable[[dict[st
                           prompt_len: int, gen_len: int, steps: list[int],
                           block_length: int | None, prefix_cache: bool, dtype: str,
                           as_json: bool) -> None:
-    from infbench.core.hardware import get_hardware
+    from infbench.hardware.spec import get_hardware
     from infbench.roofline.diffusion import diffusion_dict, predict_diffusion
 
     cfg = diffusion_config(source, base_config)

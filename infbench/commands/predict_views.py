@@ -80,7 +80,7 @@ def kv_command(
                                 "KV next to the predicted."),
 ) -> None:
     """KV cache per token and in total, against MHA of the same shape, and the max batch."""
-    from infbench.core.hardware import get_hardware
+    from infbench.hardware.spec import get_hardware
     from infbench.roofline.tables import kv_rows
 
     check_size(size)
@@ -180,7 +180,7 @@ def roofline_command(
     as_json: bool = typer.Option(False, "--json", help="Print JSON on stdout."),
 ) -> None:
     """Plot prefill, decode and every operator on the hardware's roofline."""
-    from infbench.core.hardware import get_hardware
+    from infbench.hardware.spec import get_hardware
     from infbench.plots.analytic import check_figure_path, roofline_figure
     from infbench.roofline.analysis import check_context, predict
     from infbench.roofline.tables import roofline_points
@@ -315,7 +315,7 @@ def measured_roofline(paths: list[Path], hardware: str | None, steps: bool, out:
     """`infbench roofline RESULTS...`: measured points and their predicted twins."""
     from rich.table import Table
 
-    from infbench.core.hardware import get_hardware
+    from infbench.hardware.spec import get_hardware
     from infbench.plots.measured import measured_roofline_figure
     from infbench.results.gate import load_results
 

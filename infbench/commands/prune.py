@@ -61,8 +61,8 @@ def prune(
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
 ) -> None:
     """Prune layers and/or MLP width, optionally distill, report perplexity, save the model."""
+    from infbench.checkpoint.metadata import model_source
     from infbench.commands.predict import base_config
-    from infbench.core.checkpoint_config import model_source
     from infbench.core.config import PruneConfig
     from infbench.model.hf_writer import check_target, check_writable
 
@@ -96,8 +96,8 @@ def run_prune(source: dict[str, str], model: str, config: Any, distill_steps: in
 
     import torch
 
-    from infbench.core.eval_text import eval_text, text_id
     from infbench.model.distill import distill
+    from infbench.model.eval_text import eval_text, text_id
     from infbench.model.evaluate import perplexity, token_ids
     from infbench.model.hf_writer import save_checkpoint
     from infbench.model.loader import load_model

@@ -12,9 +12,10 @@ from typing import Any
 
 import typer
 
+from infbench.checkpoint.metadata import model_source
 from infbench.commands import _options as opt
-from infbench.core.checkpoint_config import model_source
 from infbench.core.errors import UserError
+from infbench.core.speculative import SPECULATIVE_METHODS
 
 
 def register(app: typer.Typer) -> None:
@@ -44,13 +45,13 @@ def run(
     from rich.console import Console
 
     from infbench.core.device import resolve_device
-    from infbench.core.scenario import load_scenario
     from infbench.measure.bench import ModelCache, run_point
     from infbench.measure.preflight import preflight
     from infbench.results import store as results_mod
     from infbench.results.goodput import json_rate, max_rate_line, max_rate_summaries
     from infbench.results.report import accuracy_table, run_summary, run_table
     from infbench.results.rundir import RunDir, default_out_dir
+    from infbench.scenario.schema import load_scenario
 
     if resume and overwrite:
         raise UserError("--resume and --overwrite are mutually exclusive; give one")
@@ -253,7 +254,7 @@ def _exit_on_sigterm() -> Any:
 
 
 def _spec_method(value: str) -> str:
-    allowed = ("none", "ngram", "draft", "medusa", "eagle")
+    allowed = SPECULATIVE_METHODS
     if value not in allowed:
         raise typer.BadParameter(f"{value!r}; allowed: {', '.join(allowed)}")
     return value
@@ -389,7 +390,8 @@ def _spec_config(method: str, k: int, draft_model: str | None, draft_layers: int
     """The generate flags as a scenario's speculative section (its checks, its errors)."""
     from pydantic import ValidationError
 
-    from infbench.core.scenario import SpeculativeConfig, SpeculativeSection
+    from infbench.core.speculative import SpeculativeConfig
+    from infbench.scenario.schema import SpeculativeSection
 
     if method == "none":
         given = [flag for flag, v in (("--draft-model", draft_model),
@@ -423,7 +425,7 @@ def schema(
 
         doc = json_schema()
     else:
-        from infbench.core.scenario import scenario_json_schema
+        from infbench.scenario.schema import scenario_json_schema
 
         doc = scenario_json_schema()
     text = json.dumps(doc, indent=2)

@@ -140,7 +140,7 @@ def serve(
 def _from_flags(model: str, *, dtype: str, device: str, seed: int, random_weights: bool,
                 quant: str, kv_quant: str, engine_flags: dict[str, Any],
                 num_kv_blocks: int | None, max_model_len: int | None) -> tuple[Any, Any, str]:
-    from infbench.core.checkpoint_config import model_source
+    from infbench.checkpoint.metadata import model_source
     from infbench.core.config import EngineConfig, make_quant
     from infbench.core.device import auto_dtype, resolve_device
     from infbench.model.loader import load_model
@@ -167,9 +167,9 @@ def _from_flags(model: str, *, dtype: str, device: str, seed: int, random_weight
 def _from_scenario(path: Path, device: str, num_kv_blocks: int | None,
                    max_model_len: int | None) -> tuple[Any, Any, str]:
     from infbench.core.device import resolve_device
-    from infbench.core.scenario import load_scenario
     from infbench.measure.bench import model_overrides
     from infbench.model.loader import load_model
+    from infbench.scenario.schema import load_scenario
 
     points = load_scenario(path).points()
     keys = {repr((p.model, p.engine, p.dtype, p.device, p.speculative)) for p in points}

@@ -64,7 +64,7 @@ def train_draft(
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
 ) -> None:
     """Train Medusa or EAGLE draft heads on the model's own greedy text; save them."""
-    from infbench.core.checkpoint_config import model_source
+    from infbench.checkpoint.metadata import model_source
 
     if num_heads is not None and method != "medusa":
         raise UserError(f"--num-heads: only --method medusa has several heads (got --method "
@@ -91,9 +91,9 @@ def run_train_draft(source: dict[str, str], model: str, method: str, steps: int,
     """Load, train, save; returns the report (what `--json` prints)."""
     import torch
 
-    from infbench.core.eval_text import text_id
     from infbench.model import loader
     from infbench.model.draft_train import DraftTrainConfig, save_draft_heads, train_draft_heads
+    from infbench.model.eval_text import text_id
 
     config = DraftTrainConfig(method=method, steps=steps, num_heads=num_heads, lr=lr, seed=seed,
                               num_sequences=sequences, heldout_sequences=HELDOUT)

@@ -22,7 +22,7 @@ from typing import Any, Literal, get_args
 from infbench.core.errors import ConfigError
 from infbench.core.gguf_types import TOP_LEVEL, format_bits
 
-# Allowed values, defined once: each Literal types the scenario schema (core/scenario.py), and
+# Allowed values, defined once: each Literal types the scenario schema (scenario/schema.py), and
 # its tuple feeds the dataclass checks, the CLI validators (commands/_options.py) and help texts.
 Dtype = Literal["float32", "float16", "bfloat16"]
 AttentionKind = Literal["mha", "gqa", "mqa", "mla", "cla", "sliding", "linear", "ssm"]

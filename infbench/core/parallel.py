@@ -1,7 +1,7 @@
 """How one model is spread over devices: tensor, pipeline and expert parallel, replicas.
 
 No torch and no pydantic here (the analytic commands import it on their start-up path);
-the scenario file's `parallel:` section is validated by `core/parallel_schema.py` and
+the scenario file's `parallel:` section is validated by `scenario/parallel.py` and
 becomes this dataclass.
 
 - tp: tensor parallel degree.  Attention heads, the MLP's intermediate width and the

@@ -19,7 +19,7 @@ import torch
 
 from infbench.core.config import EngineConfig, ModelConfig
 from infbench.core.errors import ConfigError, DoesNotFitError, UserError
-from infbench.core.scenario import SpeculativeConfig
+from infbench.core.speculative import SpeculativeConfig
 from infbench.engine.backend import get_ops
 from infbench.engine.block_manager import BlockManager, StateSlots
 from infbench.engine.cuda_graphs import DecodeGraphs

@@ -18,11 +18,11 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from infbench.core.checkpoint_config import model_source
+from infbench.checkpoint.metadata import model_source
 from infbench.core.config import DTYPES, KV_QUANT, EngineConfig, ModelConfig
 from infbench.core.device import auto_dtype, available_memory_bytes, resolve_device
 from infbench.core.errors import UserError
-from infbench.core.scenario import SpeculativeConfig
+from infbench.core.speculative import SpeculativeConfig
 from infbench.engine.engine import Engine, KVSizing
 from infbench.engine.records import RequestRecord, StepRecord
 from infbench.engine.request import Request, SamplingParams

@@ -1,7 +1,7 @@
 """Accuracy of a (quantized, pruned) model against its unquantized self of the same dtype.
 
 `infbench eval` and every quantized point of `infbench run` call this: the candidate's
-perplexity on the held-out test split of the evaluation text (`core/eval_text.py`) and
+perplexity on the held-out test split of the evaluation text (`model/eval_text.py`) and
 its free-running greedy continuations of fixed prompts, beside the reference model's
 (the same source and dtype without `model.quant` / `model.prune`).  The measures
 themselves are in `model/evaluate.py`.
@@ -17,9 +17,9 @@ from typing import Any
 
 from infbench.core.config import make_prune
 from infbench.core.errors import UserError
-from infbench.core.eval_text import text_id
 from infbench.engine.backend import get_ops
 from infbench.engine.kv_cache import kv_quant_refusal
+from infbench.model.eval_text import text_id
 from infbench.model.evaluate import (
     AGREEMENT_POSITIONS,
     NUM_PROMPTS,

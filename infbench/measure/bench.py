@@ -147,9 +147,9 @@ def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None
                                    on_phase=on_phase)
     import torch
 
-    from infbench.core.hardware import get_hardware
     from infbench.engine.engine import Engine, KVSizing
     from infbench.engine.kv_cache import kv_quant_refusal
+    from infbench.hardware.spec import get_hardware
     from infbench.measure import accuracy as accuracy_mod
     from infbench.measure import metrics as metrics_mod
     from infbench.measure import speculative as spec_mod

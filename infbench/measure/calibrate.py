@@ -5,7 +5,7 @@ say `hardware: local`.  Every figure is a round of timed repeats after warm-up (
 timed with CUDA events, on CPU with `time.perf_counter`) and its value is the best repeat,
 the least disturbed on a shared machine; a round whose repeats spread too far is measured
 again, and the profile is checked for figures that contradict each other before it is
-saved (`core.calibration_checks`: refused, or saved with its flags).
+saved (`hardware.checks`: refused, or saved with its flags).
 
 - read bandwidth: `x.sum()` over a buffer far larger than the last-level cache.
   This is the profile's `bandwidth`, because decode is a read-dominated stream of
@@ -31,16 +31,16 @@ from typing import Any
 
 import torch
 
-from infbench.core.calibration_checks import (
+from infbench.core.errors import UserError
+from infbench.core.io import write_json_atomic
+from infbench.hardware.checks import (
     MAX_ROUNDS,
     SPREAD_LIMIT,
     Figure,
     check_profile,
     measure_figure,
 )
-from infbench.core.errors import UserError
-from infbench.core.hardware import HardwareSpec, profile_path
-from infbench.core.io import write_json_atomic
+from infbench.hardware.spec import HardwareSpec, profile_path
 from infbench.measure.timing import time_op
 from infbench.model.dtypes import TORCH_DTYPES
 

@@ -34,7 +34,7 @@ recorded as `engine_backend`) and stores them in the profile's `extra`:
   cost: per step, per layer, and per sequence per layer.
 
 Each matmul point, the two attention rates and each of the three step times is a calibrated
-figure (`core.calibration_checks.Figure`): a round of repeats, re-measured when it spreads
+figure (`hardware.checks.Figure`): a round of repeats, re-measured when it spreads
 too far; a rate is the best repeat, a step time the shortest (the least disturbed).
 
 `HardwareSpec.peak_at`, `HardwareSpec.attention_bandwidth` and `HardwareSpec.step_overhead_s`
@@ -50,8 +50,8 @@ from typing import Any
 
 import torch
 
-from infbench.core.calibration_checks import STEP_FIGURES, Figure, fit_fixed_costs, measure_figure
-from infbench.core.hardware import QUANT_FORMATS
+from infbench.hardware.checks import STEP_FIGURES, Figure, fit_fixed_costs, measure_figure
+from infbench.hardware.spec import QUANT_FORMATS
 from infbench.measure.timing import time_op
 
 TOKEN_COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 2048, 8192)

@@ -22,7 +22,7 @@ from infbench.core.errors import UserError
 
 def _load(point: Any, dev: str, cache: Any) -> tuple[Any, str, str, int]:
     """(DiffusionLM, source label, weights label, weight bytes) of the point's model."""
-    from infbench.core.llada_config import is_llada_dir
+    from infbench.checkpoint.llada import is_llada_dir
     from infbench.model.diffusion import DiffusionLM, load_llada
     from infbench.model.loader import load_model
     from infbench.model.quant import stored_weight_bytes
@@ -142,8 +142,8 @@ def run_diffusion_point(point: Any, *, cache: Any, device: str | None = None,
     """Measure one diffusion point and return its result dict (`bench.run_point`'s shape)."""
     import torch
 
-    from infbench.core.hardware import get_hardware
     from infbench.engine.diffusion import DiffusionPlan, diffusion_generate
+    from infbench.hardware.spec import get_hardware
     from infbench.measure import metrics as metrics_mod
     from infbench.results import store as results_mod
 

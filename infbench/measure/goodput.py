@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from infbench.core.scenario import SloConfig
+from infbench.scenario.point import SloConfig
 
 
 def request_latencies_ms(row: Mapping[str, Any]) -> dict[str, float] | None:

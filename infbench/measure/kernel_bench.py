@@ -29,7 +29,7 @@ from typing import Any
 
 from infbench.core.config import DTYPES as MODEL_DTYPES
 from infbench.core.errors import UserError
-from infbench.core.hardware import HardwareSpec
+from infbench.hardware.spec import HardwareSpec
 from infbench.measure.timing import calls_per_sample, time_op
 
 SCHEMA_VERSION = 1

@@ -20,9 +20,9 @@ def main(argv: list[str]) -> int:
     import torch
 
     from infbench.core.config import EngineConfig, QuantConfig
-    from infbench.core.hardware import get_hardware
     from infbench.engine.engine import Engine, KVSizing
     from infbench.engine.request import Request, SamplingParams
+    from infbench.hardware.spec import get_hardware
     from infbench.measure.bench import model_overrides
     from infbench.measure.traffic import annotate_steps
     from infbench.model.loader import load_model

@@ -24,7 +24,7 @@ import math
 from typing import Any
 
 from infbench.core.config import ModelConfig
-from infbench.core.hardware import CURVE_KEY, HardwareSpec
+from infbench.hardware.spec import CURVE_KEY, HardwareSpec
 from infbench.roofline.analysis import predict, prediction_dict, quantized_rates
 
 

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from infbench.core.config import ModelConfig, QuantConfig
-from infbench.core.hardware import HardwareSpec
 from infbench.engine.records import StepRecord
+from infbench.hardware.spec import HardwareSpec
 from infbench.roofline.costs import SeqWork, step_costs, total
 
 

@@ -1,7 +1,7 @@
 """Calibration passes for activation-aware quantization (AWQ, LLM.int8()).
 
 `calibration_ids` picks the tokens: the first `quant.calibration_tokens` tokens of the
-calibration split of the offline evaluation text (`core/eval_text.py`, disjoint from the
+calibration split of the offline evaluation text (`model/eval_text.py`, disjoint from the
 test split that perplexity scores), or, for a model without a tokenizer (a preset with
 random weights, whose accuracy means nothing), seeded uniform random token ids.
 

@@ -10,7 +10,7 @@ K/V for block-wise caching (Fast-dLLM's prefix cache).
 `load_llada(dir)` reads a LLaDA-format Hugging Face directory: config.json with
 model_type "llada" (OLMo-style keys) and safetensors with LLaDA's weight names, mapped
 onto the Llama names the shared loader already fuses (`LLADA_NAMES`); the config keys are
-read by `core/llada_config.py` (no torch, so `predict` can price a LLaDA directory).
+read by `checkpoint/llada.py` (no torch, so `predict` can price a LLaDA directory).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from infbench.checkpoint.llada import read_llada_config
 from infbench.core.config import LayerSpec, ModelConfig
 from infbench.core.errors import UserError
-from infbench.core.llada_config import read_llada_config
 from infbench.model.context import LayerState
 from infbench.model.dtypes import torch_dtype
 from infbench.model.loader import _safetensors_tensors, _WeightSink

@@ -4,7 +4,7 @@ The data is text the target writes itself, so the heads learn the target's own
 continuations (what verification accepts), not the corpus':
 
 1. Prompts: `num_sequences` windows of `prompt_tokens` tokens, evenly spaced over the
-   calibration split of the offline evaluation text (`core/eval_text.py`; the test split
+   calibration split of the offline evaluation text (`model/eval_text.py`; the test split
    stays unseen).
 2. Continuations: `new_tokens` greedy tokens per prompt, EOS ignored, batched with a KV
    cache (`evaluate.greedy_continuations`).
@@ -42,16 +42,17 @@ import torch
 import torch.nn.functional as F
 
 from infbench.core.errors import DamagedFileError, UserError
-from infbench.core.eval_text import eval_text
 from infbench.core.io import write_bytes_atomic
+from infbench.core.speculative import HEAD_METHODS
 from infbench.core.version import __version__
 from infbench.model.context import DenseContext
 from infbench.model.draft_heads import EagleHead, MedusaHeads
+from infbench.model.eval_text import eval_text
 from infbench.model.evaluate import greedy_continuations
 from infbench.model.tokenizer import Tokenizer
 from infbench.model.transformer import Transformer
 
-METHODS = ("medusa", "eagle")
+METHODS = HEAD_METHODS
 DEFAULT_LR = {"medusa": 1e-3, "eagle": 1e-3}
 EAGLE_CE_WEIGHT = 0.1  # the EAGLE paper's weight of the token loss next to the feature loss
 FORMAT = "infbench-draft-heads"

@@ -32,8 +32,8 @@ import torch.nn.functional as F
 
 from infbench.core.config import LayerSpec
 from infbench.core.errors import UserError
-from infbench.core.eval_text import eval_text
 from infbench.model.context import AttentionContext, DenseContext, LanguageModel, LayerState
+from infbench.model.eval_text import eval_text
 from infbench.model.tokenizer import Tokenizer
 from kernels.kv_quant import KV_QUANT_DTYPES, dequantize_kv_ref, quantize_kv_ref
 

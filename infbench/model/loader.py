@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from infbench.core.checkpoint_config import (
+from infbench.checkpoint.metadata import (
     check_gguf_tensor_types,
     config_from_gguf,
     config_from_hf_dir,
@@ -585,7 +585,7 @@ def _load_gguf(model: Transformer, reader: Any, file: Path,
     formats = formats or {}
     for tensor in reader.tensors:
         if tensor.name == "rope_freqs.weight":
-            continue  # read into the config's rope scaling (core/gguf_rope.py)
+            continue  # read into the config's rope scaling (checkpoint/gguf_rope.py)
         hf_name = _gguf_to_hf(tensor.name, str(file))
         if formats.get(tensor.name, FLOAT) != FLOAT:  # stored as it is: no float copy
             native = native_weight(tensor.data, tensor.tensor_type.name)

@@ -71,7 +71,7 @@ class Tokenizer:
         tok_file = root / "tokenizer.json"
         if not tok_file.is_file():
             raise UserError(f"{root}: no tokenizer.json (only fast tokenizers are supported)")
-        from infbench.core.checkpoint_config import reading
+        from infbench.checkpoint.metadata import reading
 
         with reading(tok_file, "tokenizer.json of the `tokenizers` library"):
             backend = _Backend.from_file(str(tok_file))
@@ -103,7 +103,7 @@ class Tokenizer:
 
     @classmethod
     def from_gguf(cls, reader_or_path: GGUFReader | str | Path) -> Tokenizer:
-        from infbench.core.checkpoint_config import open_gguf, reading
+        from infbench.checkpoint.metadata import open_gguf, reading
 
         if isinstance(reader_or_path, str | Path):
             reader = open_gguf(reader_or_path)
@@ -117,7 +117,7 @@ class Tokenizer:
 
     @classmethod
     def _from_gguf_reader(cls, reader: GGUFReader, name: str) -> Tokenizer:
-        from infbench.core.checkpoint_config import gguf_value
+        from infbench.checkpoint.metadata import gguf_value
 
         model = gguf_value(reader, "tokenizer.ggml.model")
         if model == "llama":
@@ -186,7 +186,7 @@ class Tokenizer:
     def _from_gguf_spm(cls, reader: GGUFReader, name: str) -> Tokenizer:
         """A SentencePiece (llama-type) vocabulary: `model.gguf_tokenizer` builds the backend;
         BOS is added unless the file says otherwise (llama.cpp's and transformers' default)."""
-        from infbench.core.checkpoint_config import gguf_value
+        from infbench.checkpoint.metadata import gguf_value
         from infbench.model.gguf_tokenizer import spm_backend
 
         tokens: list[str] = gguf_value(reader, "tokenizer.ggml.tokens")

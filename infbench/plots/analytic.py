@@ -25,7 +25,7 @@ from infbench.core.errors import UserError
 from infbench.roofline.tables import RooflinePoint
 
 if TYPE_CHECKING:
-    from infbench.core.hardware import HardwareSpec
+    from infbench.hardware.spec import HardwareSpec
     from infbench.roofline.tables import KVRow
 
 FIGURE_FORMATS = ("png", "svg", "pdf")  # what --out may end with

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from infbench.core.errors import ResultSchemaError, UserError
-from infbench.core.hardware import HardwareSpec
+from infbench.hardware.spec import HardwareSpec
 from infbench.results.accessor import metric as result_metric
 from infbench.results.accessor import scenario_number, value_at
 from infbench.results.report import short_label
@@ -76,7 +76,7 @@ def _steps(result: dict[str, Any]) -> list[dict[str, Any]]:
 def _result_hardware(result: dict[str, Any]) -> HardwareSpec:
     """The hardware a result was analysed against: its `hardware` field, else its scenario's
     hardware name from the table (older or hand-edited files), else a one-line error."""
-    from infbench.core.hardware import get_hardware
+    from infbench.hardware.spec import get_hardware
 
     data = _section(result, "hardware")
     if not data:

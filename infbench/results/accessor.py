@@ -163,5 +163,5 @@ def section_metric(tree: Any, name: str, section: str = "metrics") -> float | No
 
 def scenario_number(result: Mapping[str, Any], path: str) -> float | None:
     """A number in the result's scenario echo (`workload.batch_size`); the echo is open (it
-    is validated by core.scenario when the run starts), so the path is not checked."""
+    is validated by scenario.schema when the run starts), so the path is not checked."""
     return value_at(result.get("scenario"), path.split("."))

@@ -33,9 +33,11 @@ from pathlib import Path
 from typing import Any
 
 from infbench.core.errors import ResultSchemaError, UserError
-from infbench.core.scenario import NORMALIZE_MODES, SpeculativeConfig, parse_fraction
+from infbench.core.speculative import SpeculativeConfig
 from infbench.results.accessor import section_metric, split_name, with_default_statistic
 from infbench.results.schema import upgrade
+from infbench.scenario.point import NORMALIZE_MODES
+from infbench.scenario.schema import parse_fraction
 
 # Scenario keys that may differ between runs of the same benchmark.
 VOLATILE_SCENARIO_KEYS = frozenset({"gate", "measure", "source", "out", "out_dir"})

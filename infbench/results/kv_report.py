@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from infbench.core.config import ModelConfig, QuantConfig
-from infbench.core.hardware import HardwareSpec
+from infbench.hardware.spec import HardwareSpec
 from infbench.results.accessor import metric, scenario_number
 from infbench.roofline.analysis import max_batch
 from infbench.roofline.shapes import kv_bytes_per_token, kv_cache_bytes, state_bytes_per_seq

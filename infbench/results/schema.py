@@ -375,7 +375,7 @@ class RequestRow(_Closed):
 
 
 class Hardware(_Closed):
-    """The roofline hardware the point was priced on (core.hardware.HardwareSpec.to_dict)."""
+    """The roofline hardware the point was priced on (hardware.spec.HardwareSpec.to_dict)."""
 
     name: str
     description: str | None = None
@@ -422,7 +422,7 @@ class RunResult(_Closed):
     name: str | None
     label: str
     point_index: int
-    # open: the resolved scenario point as core.scenario wrote it (validated there)
+    # open: the resolved scenario point as scenario.schema wrote it (validated there)
     scenario: dict[str, Any]
     env: Env
     seed: int

@@ -48,14 +48,14 @@ from infbench.core.config import (
     check_real,
 )
 from infbench.core.errors import ConfigError
-from infbench.core.hardware import (
+from infbench.core.parallel import SINGLE, ParallelConfig
+from infbench.hardware.spec import (
     ATTENTION_KEY,
     CURVE_KEY,
     PREFILL_ATTENTION_KEY,
     HardwareSpec,
     MemoryReserve,
 )
-from infbench.core.parallel import SINGLE, ParallelConfig
 from infbench.roofline.costs import (
     OpCost,
     ParamCount,

@@ -24,7 +24,7 @@ from typing import Any
 
 from infbench.core.config import ModelConfig, QuantConfig
 from infbench.core.decoding import check_diffusion_plan
-from infbench.core.hardware import HardwareSpec
+from infbench.hardware.spec import HardwareSpec
 from infbench.roofline.analysis import bound_of, check_context, predict, roofline_time
 from infbench.roofline.costs import group_costs
 from infbench.roofline.layer_costs import attended_pairs

@@ -30,8 +30,8 @@ from dataclasses import dataclass, replace
 
 from infbench.core.config import LayerSpec, ModelConfig, QuantConfig
 from infbench.core.errors import ConfigError
-from infbench.core.hardware import HardwareSpec, MemoryReserve
 from infbench.core.parallel import ParallelConfig
+from infbench.hardware.spec import HardwareSpec, MemoryReserve
 from infbench.roofline.costs import group_costs
 from infbench.roofline.ops import OpCost, SeqWork
 from infbench.roofline.shapes import (

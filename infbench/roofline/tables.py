@@ -19,8 +19,8 @@ from infbench.core.config import (
     QuantConfig,
     check_count,
 )
-from infbench.core.hardware import HARDWARE, HardwareSpec, MemoryReserve
 from infbench.core.parallel import SINGLE, ParallelConfig
+from infbench.hardware.spec import HARDWARE, HardwareSpec, MemoryReserve
 from infbench.roofline.analysis import Prediction, check_context, max_batch
 from infbench.roofline.costs import (
     kv_bytes_per_token,

@@ -2,7 +2,7 @@
 
 `--model` takes a preset, a Hugging Face directory or a GGUF file in every command and says
 which it used; `--set` takes dotted scenario keys with YAML values in `predict`, `roofline`
-and `run` alike; each allowed-value list is defined once (core/config.py, core/scenario.py)
+and `run` alike; each allowed-value list is defined once (core/config.py, scenario/schema.py)
 and the CLI validators refuse what the scenario schema refuses; predict's table and JSON
 say which tokens/s is decode-only and which is end to end.
 """
@@ -19,10 +19,11 @@ from typing import Any
 import pytest
 from cli_helpers import run_args as run
 
+from infbench.checkpoint.metadata import resolve_gguf
 from infbench.commands import _options as opt
-from infbench.core import config, scenario
-from infbench.core.checkpoint_config import resolve_gguf
+from infbench.core import config
 from infbench.core.errors import UserError
+from infbench.scenario import schema as scenario
 
 REPO = Path(__file__).resolve().parents[2]
 HF_CONFIG = {
@@ -182,8 +183,8 @@ def test_loader_picks_real_weights_for_a_released_preset() -> None:
 def test_scenario_points_and_v1_results_say_which_weights_run(tmp_path: Path) -> None:
     """The scenario echo records real | random (never this machine's file path), resolved as
     the loader will, so a baseline and a new run compare on another checkout too."""
-    from infbench.core.scenario import load_scenario
     from infbench.results.schema import upgrade
+    from infbench.scenario.schema import load_scenario
 
     _smollm2_gguf()
     cases = {"{preset: tiny}": "random", "{preset: smollm2-135m}": "real",

@@ -12,7 +12,7 @@ import pytest
 
 from infbench.cli import main
 from infbench.core.config import ModelConfig
-from infbench.core.hardware import get_hardware
+from infbench.hardware.spec import get_hardware
 from infbench.plots.analytic import RooflinePoint, kv_figure, roofline_figure
 from infbench.roofline.tables import kv_rows
 

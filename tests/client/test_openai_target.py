@@ -11,10 +11,10 @@ import pytest
 
 from infbench.client.mock_server import WORDS, MockConfig, MockServer
 from infbench.client.openai_target import ClientPlan, TargetRun, open_session, run_requests
-from infbench.core.target import TargetSection
 from infbench.engine.request import Request, SamplingParams
 from infbench.measure.metrics import inter_token_latencies
 from infbench.model.tokenizer import Tokenizer
+from infbench.scenario.target import TargetSection
 
 
 def requests(num: int, max_tokens: int, *, n: int = 1, ignore_eos: bool = True,

@@ -7,9 +7,9 @@ import asyncio
 from serve_helpers import MODEL_NAME, start_server, tiny_engine
 
 from infbench.client.openai_target import ClientPlan, TargetRun, open_session, run_requests
-from infbench.core.scenario import WorkloadPoint
-from infbench.core.target import TargetSection
 from infbench.measure.workload import generate_requests
+from infbench.scenario.point import WorkloadPoint
+from infbench.scenario.target import TargetSection
 
 
 def test_client_via_infbench_serve_equals_the_engine_greedy() -> None:

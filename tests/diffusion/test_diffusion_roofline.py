@@ -9,7 +9,7 @@ from cli_helpers import run_cli
 
 from infbench.core.config import ModelConfig
 from infbench.core.errors import ConfigError
-from infbench.core.hardware import get_hardware
+from infbench.hardware.spec import get_hardware
 from infbench.roofline.costs import param_count
 from infbench.roofline.diffusion import (
     DiffusionStepShape,

@@ -61,7 +61,7 @@ def test_run_report_plots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     points = measured_roofline_points(dlm)
     stages = {(p.kind, p.stage) for p in points}
     assert {("measured", "diffusion"), ("predicted", "diffusion")} <= stages
-    from infbench.core.hardware import get_hardware
+    from infbench.hardware.spec import get_hardware
 
     peak = get_hardware("cpu").peak_at("float32", None)
     for p in points:  # a predicted step sits on the roof: its FLOPs over its own time

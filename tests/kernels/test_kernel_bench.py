@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from infbench.commands import kernels as kernels_command
 from infbench.core.errors import UserError
-from infbench.core.hardware import get_hardware
+from infbench.hardware.spec import get_hardware
 from infbench.measure import kernel_bench
 from kernels.paged_decode_attention import paged_decode_attention_cost
 from kernels.quant_matmul import int4_matmul_cost

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from infbench.core.hardware import HARDWARE
+from infbench.hardware.spec import HARDWARE
 
 WEIGHT_BYTES = 538e6
 PARAMS = 135e6

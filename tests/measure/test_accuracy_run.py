@@ -12,12 +12,12 @@ import pytest
 from eval_checkpoint import write_tiny_with_tokenizer
 
 from infbench.core.errors import UserError
-from infbench.core.scenario import load_scenario
 from infbench.measure.bench import ModelCache, run_point
 from infbench.results.accessor import metric, metric_names
 from infbench.results.gate import is_lower_better
 from infbench.results.report import accuracy_table, report_frame, run_summary
 from infbench.results.store import flatten_for_csv, validate_result
+from infbench.scenario.schema import load_scenario
 
 
 @pytest.fixture(scope="module")

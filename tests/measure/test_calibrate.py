@@ -8,9 +8,9 @@ import json
 import pytest
 import torch
 
-from infbench.core.calibration_checks import ProfileCheck
 from infbench.core.errors import UserError
-from infbench.core.hardware import get_hardware, profile_path
+from infbench.hardware.checks import ProfileCheck
+from infbench.hardware.spec import get_hardware, profile_path
 from infbench.measure import calibrate as cal
 
 
@@ -79,7 +79,7 @@ def test_quick_calibration_measures_plausible_numbers(monkeypatch):
 def test_engine_terms_quick_are_figures(monkeypatch):
     """The engine's matmul curve and decode step times, really measured (quick sizes, one
     round each: re-measurement is tested in test_calibrate_checks.py)."""
-    from infbench.core import calibration_checks
+    from infbench.hardware import checks as calibration_checks
     from infbench.measure import calibrate_engine
     from infbench.measure.calibrate_engine import engine_extra
 

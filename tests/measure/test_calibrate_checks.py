@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 from cli_helpers import run_cli, tiny_scenario
 
-from infbench.core import calibration_checks as checks
 from infbench.core.config import ModelConfig, QuantConfig
 from infbench.core.errors import UserError
-from infbench.core.hardware import HARDWARE, get_hardware, load_profile, profile_path
+from infbench.hardware import checks as checks
+from infbench.hardware.spec import HARDWARE, get_hardware, load_profile, profile_path
 from infbench.measure import calibrate as cal
 from infbench.measure import calibrate_engine as cal_engine
 from infbench.measure.prediction import predict_point

@@ -236,8 +236,8 @@ def test_the_shipped_gate_and_its_committed_baseline_fit(monkeypatch):
     """scenarios/ci_gate.yaml gates on the torch reference and results/baselines/ci carries
     it for every point, with the same scenario (what `infbench run` checks before it
     measures): a baseline re-recorded without the key fails here, not in CI."""
-    from infbench.core.scenario import load_scenario
     from infbench.measure.preflight import check_gate
+    from infbench.scenario.schema import load_scenario
 
     repo = Path(__file__).resolve().parents[2]
     monkeypatch.chdir(repo)  # gate.baseline is relative to the repository root

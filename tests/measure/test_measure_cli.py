@@ -8,7 +8,7 @@ import sys
 
 from cli_helpers import run_cli
 
-from infbench.core.hardware import get_hardware
+from infbench.hardware.spec import get_hardware
 
 
 def test_compare_identical_passes(monkeypatch, capsys, result_file):

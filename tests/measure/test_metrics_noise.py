@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from infbench.core.metric_names import HEADLINE_METRICS
-from infbench.core.scenario import load_scenario
 from infbench.measure.metrics import MAX_CV, noise
+from infbench.scenario.schema import load_scenario
 
 
 def _repeat(tps: float, ttft: float, *, p50: bool = True) -> dict[str, Any]:
@@ -70,7 +70,7 @@ def test_run_point_stores_noise_and_notes_each_warning_once(
         capsys: pytest.CaptureFixture[str]) -> None:
     """A fake same-run reference (half the profile's bandwidth) must warn, in the result and
     once on stderr; the measured CVs come from the stored repeats."""
-    from infbench.core.hardware import get_hardware
+    from infbench.hardware.spec import get_hardware
     from infbench.measure import calibrate
     from infbench.measure.bench import run_point
 

@@ -20,8 +20,8 @@ from infbench.core.metric_names import (
     latency_stats_names,
     percentile_key,
 )
-from infbench.core.scenario import load_scenario
 from infbench.measure.metrics import latency_stats
+from infbench.scenario.schema import load_scenario
 
 _BASE = "name: p\nmodel: {preset: tiny}\n"
 

@@ -8,10 +8,10 @@ import pytest
 import yaml
 
 from infbench.core.config import ModelConfig
-from infbench.core.hardware import HardwareSpec
-from infbench.core.scenario import load_scenario
+from infbench.hardware.spec import HardwareSpec
 from infbench.measure.prediction import predict_point
 from infbench.roofline.analysis import predict
+from infbench.scenario.schema import load_scenario
 
 # A round-number machine so the decode step of the tiny model is easy to reason about.
 HW = HardwareSpec("round", "test machine", {"float32": 1e12, "bfloat16": 1e12}, 100e9, 64e9)

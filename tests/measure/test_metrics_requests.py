@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 import yaml
 
-from infbench.core.scenario import load_scenario
 from infbench.engine.records import RequestRecord
 from infbench.measure.metrics import from_request_rows, request_rows, summarize
 from infbench.results.store import to_jsonable
+from infbench.scenario.schema import load_scenario
 
 _ROW_KEYS = {"id", "arrival_s", "first_token_s", "finish_s", "itl_s", "num_prompt_tokens",
              "num_output_tokens", "num_cached_prompt_tokens", "num_preemptions",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from infbench.core.hardware import HARDWARE
+from infbench.hardware.spec import HARDWARE
 from infbench.plots.measured import (
     decode_step_ms,
     distributions_figure,

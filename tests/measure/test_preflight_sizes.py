@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from infbench.core.errors import UserError
-from infbench.core.scenario import load_scenario
 from infbench.measure import preflight as pf
 from infbench.measure.workload import generate_requests, request_lengths
+from infbench.scenario.schema import load_scenario
 
 
 def _points(tmp_path: Path, workload: str) -> list:

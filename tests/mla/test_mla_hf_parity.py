@@ -11,7 +11,7 @@ import pytest
 import torch
 from mla_checkpoints import VOCAB, write_hf_deepseek_v2
 
-from infbench.core.checkpoint_config import config_from_hf_dir
+from infbench.checkpoint.metadata import config_from_hf_dir
 from infbench.core.errors import UserError
 from infbench.model.context import DenseContext
 from infbench.model.loader import load_model

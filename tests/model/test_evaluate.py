@@ -13,8 +13,8 @@ import torch.nn.functional as F
 
 from infbench.core.config import LayerSpec
 from infbench.core.errors import UserError
-from infbench.core.eval_text import SPLITS, eval_text, split_of, text_id, topic_names
 from infbench.model.context import DenseContext
+from infbench.model.eval_text import SPLITS, eval_text, split_of, text_id, topic_names
 from infbench.model.evaluate import (
     _with_kv,
     eval_prompts,

@@ -9,7 +9,7 @@ import pytest
 import torch
 from model_checkpoints import llama_cpp_permute, write_gguf_from_hf, write_hf_llama
 
-from infbench.core.checkpoint_config import config_from_gguf
+from infbench.checkpoint.metadata import config_from_gguf
 from infbench.core.errors import UserError
 from infbench.model.context import DenseContext
 from infbench.model.loader import load_model, unpermute_rope_rows

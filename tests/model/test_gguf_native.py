@@ -16,7 +16,7 @@ from cli_helpers import run_cli
 from gguf_quant import FloatAllocations, write_quantized_gguf
 from model_checkpoints import write_hf_llama
 
-from infbench.core.checkpoint_config import native_quant
+from infbench.checkpoint.metadata import native_quant
 from infbench.core.config import QuantConfig
 from infbench.core.errors import UserError
 from infbench.model.context import DenseContext

@@ -15,9 +15,9 @@ import pytest
 import torch
 from model_checkpoints import llama_cpp_permute, write_hf_llama
 
-from infbench.core.checkpoint_config import config_from_gguf
+from infbench.checkpoint.gguf_rope import llama3_scaling
+from infbench.checkpoint.metadata import config_from_gguf
 from infbench.core.errors import UserError
-from infbench.core.gguf_rope import llama3_scaling
 from infbench.model.context import DenseContext
 from infbench.model.layers import rope_inv_freq
 from infbench.model.loader import load_model

@@ -202,7 +202,7 @@ def test_unsupported_tokenizer_model_is_one_line(tmp_path: Path) -> None:
 def test_gpt2_kind_ids_equal_transformers() -> None:
     from transformers import AutoTokenizer
 
-    from infbench.core.checkpoint_config import SMOLLM2_FILE, resolve_gguf
+    from infbench.checkpoint.metadata import SMOLLM2_FILE, resolve_gguf
 
     path = resolve_gguf("smollm2-135m")
     ref = AutoTokenizer.from_pretrained(path.parent, gguf_file=SMOLLM2_FILE)

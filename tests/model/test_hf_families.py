@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from infbench.core.checkpoint_config import config_from_hf_dir
+from infbench.checkpoint.metadata import config_from_hf_dir
 from infbench.engine.llm import LLM
 from infbench.engine.request import SamplingParams
 from infbench.model.context import DenseContext
@@ -283,7 +283,7 @@ def test_speculative_verification_rows_are_soft_capped_too(tmp_path: Path) -> No
     # n-gram speculation verifies 1 + k decode rows per sequence through the softcap
     # fallback, each row over its own context: still the capped model's greedy tokens.
     # (Gemma's windowed + full layers do not speculate yet: a capped Qwen2 stands in.)
-    from infbench.core.scenario import SpeculativeConfig
+    from infbench.core.speculative import SpeculativeConfig
 
     write_hf(tmp_path, "qwen2", seed=5)
     capped = load_model({"path": str(tmp_path)}, overrides={"attn_logit_softcap": 2.0})

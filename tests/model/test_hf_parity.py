@@ -10,7 +10,7 @@ import pytest
 import torch
 from model_checkpoints import write_hf_llama
 
-from infbench.core.checkpoint_config import config_from_hf_dir
+from infbench.checkpoint.metadata import config_from_hf_dir
 from infbench.model.context import DenseContext
 from infbench.model.loader import load_model
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from infbench.core import checkpoint_config as configs
-from infbench.core.checkpoint_config import config_from_hf_dir, resolve_gguf
+from infbench.checkpoint import metadata as configs
+from infbench.checkpoint.metadata import config_from_hf_dir, resolve_gguf
 from infbench.core.config import QuantConfig
 from infbench.core.errors import ConfigError, UserError
 from infbench.model.linear import make_linear
@@ -120,7 +120,7 @@ def test_no_chat_template(tmp_path: Path) -> None:
 
 def test_package_import_does_not_load_torch() -> None:
     code = (
-        "import sys, infbench.model, infbench.core.checkpoint_config as c; "
+        "import sys, infbench.model, infbench.checkpoint.metadata as c; "
         "assert callable(c.config_from_gguf); "
         "assert 'torch' not in sys.modules and 'gguf' not in sys.modules, 'heavy import'"
     )

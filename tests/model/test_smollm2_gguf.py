@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from infbench.core.checkpoint_config import SMOLLM2_FILE, resolve_gguf
+from infbench.checkpoint.metadata import SMOLLM2_FILE, resolve_gguf
 from infbench.model.context import DenseContext
 from infbench.model.loader import LoadedModel, load_model
 

@@ -140,7 +140,7 @@ def test_step_traffic_reads_the_experts_the_step_touched():
     """annotate_steps (MBU) charges the measured expert bytes instead of uniform routing's."""
     import dataclasses
 
-    from infbench.core.hardware import get_hardware
+    from infbench.hardware.spec import get_hardware
     from infbench.measure.traffic import annotate_steps
 
     loaded = _loaded(**LITE)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from moe_checkpoints import VOCAB, write_hf_moe
 
-from infbench.core.checkpoint_config import config_from_hf_dir
+from infbench.checkpoint.metadata import config_from_hf_dir
 from infbench.model.context import DenseContext
 from infbench.model.layers import SwiGLUMLP
 from infbench.model.loader import load_model

@@ -14,7 +14,7 @@ import pytest
 
 from infbench.core.config import PRESETS
 from infbench.core.errors import UserError
-from infbench.core.hardware import get_hardware
+from infbench.hardware.spec import get_hardware
 from infbench.plots.analytic import (
     FIGURE_SIZES,
     kv_measured_figure,

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from infbench.core.checkpoint_config import config_from_hf_dir
+from infbench.checkpoint.metadata import config_from_hf_dir
 from infbench.core.config import EngineConfig
 from infbench.core.errors import UserError
 from infbench.engine.engine import Engine, KVSizing

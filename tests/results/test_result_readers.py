@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from infbench.commands.predict_views import kv_measured
-from infbench.core.hardware import get_hardware
+from infbench.hardware.spec import get_hardware
 from infbench.results.gate import load_results
 from infbench.results.kv_report import kv_measured_rows
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from infbench.core.config import ModelConfig
 from infbench.core.errors import UserError
-from infbench.core.hardware import HardwareSpec, get_hardware
+from infbench.hardware.spec import HardwareSpec, get_hardware
 from infbench.roofline.analysis import (
     SpecConfig,
     max_batch,

@@ -26,7 +26,7 @@ from infbench.core.config import (
     QuantConfig,
 )
 from infbench.core.errors import ConfigError, UserError
-from infbench.core.hardware import HARDWARE
+from infbench.hardware.spec import HARDWARE
 from infbench.roofline.analysis import SpecConfig, mean_stage, predict
 from infbench.roofline.costs import SeqWork, group_costs, step_costs
 from infbench.roofline.tables import kv_rows

@@ -9,14 +9,14 @@ import pytest
 from infbench.core.config import ModelConfig as M
 from infbench.core.config import QuantConfig
 from infbench.core.errors import ConfigError, UserError
-from infbench.core.hardware import (
+from infbench.core.parallel import ParallelConfig as P
+from infbench.hardware.spec import (
     MIB,
     NO_RESERVE,
     MemoryReserve,
     entry_for_device_name,
     get_hardware,
 )
-from infbench.core.parallel import ParallelConfig as P
 from infbench.roofline.analysis import check_context, max_batch, predict, roofline_time
 from infbench.roofline.costs import SeqWork, step_costs, weight_bytes
 from infbench.roofline.parallel import all_gather_s, all_reduce_s, hop_s, kv_share
@@ -261,7 +261,7 @@ def test_parallel_config_checks_its_numbers() -> None:
     with pytest.raises(ConfigError, match="ep=3 must divide parallel.tp=4"):
         P(tp=4, ep=3)
     with pytest.raises(UserError, match="no interconnect"):
-        from infbench.core.hardware import HardwareSpec
+        from infbench.hardware.spec import HardwareSpec
 
         box = HardwareSpec("box", "one device", {"bfloat16": 1e12}, 1e11, 1e10)
         predict(M.from_name("tiny"), box, batch=1, prompt_len=8, gen_len=8, parallel=P(tp=2))

@@ -20,7 +20,7 @@ from test_draft_heads import (
 
 from infbench.core.config import EngineConfig
 from infbench.core.errors import UserError
-from infbench.core.scenario import SpeculativeConfig
+from infbench.core.speculative import SpeculativeConfig
 from infbench.engine.engine import Engine, KVSizing
 from infbench.engine.request import SamplingParams
 from infbench.engine.spec.base import SpecRequest

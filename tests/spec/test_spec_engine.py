@@ -11,7 +11,7 @@ import torch
 
 from infbench.core.config import EngineConfig
 from infbench.core.errors import ConfigError, UserError
-from infbench.core.scenario import SpeculativeConfig
+from infbench.core.speculative import SpeculativeConfig
 from infbench.engine.engine import Engine, KVSizing
 from infbench.engine.request import Request, SamplingParams
 from infbench.model.context import DenseContext

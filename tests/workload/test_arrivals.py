@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from infbench.core.errors import ConfigError
-from infbench.core.scenario import DatasetConfig, WorkloadPoint
 from infbench.measure.workload import arrival_times, generate_requests
+from infbench.scenario.point import DatasetConfig, WorkloadPoint
 
 
 @pytest.mark.parametrize("burstiness", [0.25, 1.0, 4.0])

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from infbench.core.scenario import SloConfig
 from infbench.measure.goodput import goodput_metrics, meets_slo, request_latencies_ms
 from infbench.results.goodput import max_rate_line, max_rate_summaries
+from infbench.scenario.point import SloConfig
 
 
 def row(arrival: float, first: float | None, finish: float | None, n: int) -> dict[str, Any]:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from engine_helpers import make_engine, random_requests
 
-from infbench.core.scenario import WorkloadPoint
 from infbench.engine.request import Request
 from infbench.measure.bench import client_concurrency
 from infbench.model.loader import load_model
+from infbench.scenario.point import WorkloadPoint
 
 
 @pytest.fixture(scope="module")

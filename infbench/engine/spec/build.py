@@ -16,17 +16,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from infbench.core.checkpoint_config import model_source
+from infbench.checkpoint.metadata import model_source
 from infbench.core.config import QuantConfig
 from infbench.core.errors import ConfigError, UserError
-from infbench.core.scenario import SpeculativeConfig
+from infbench.core.speculative import HEAD_METHODS, SPECULATIVE_METHODS, SpeculativeConfig
 from infbench.engine.spec.base import Proposer
 from infbench.engine.spec.draft import DraftModelProposer
 from infbench.engine.spec.ngram import NgramProposer
 from infbench.model.layer_skip import first_layers
 from infbench.model.loader import LoadedModel, load_model
-
-METHODS = ("ngram", "draft", "medusa", "eagle")
 
 
 def speculation_refusal(engine: Any) -> str | None:
@@ -53,13 +51,14 @@ def build_proposer(spec: SpeculativeConfig, target: LoadedModel, engine: Any, *,
         return NgramProposer(spec.ngram_max, spec.ngram_min)
     if spec.method == "draft":
         return _draft_proposer(spec, target, engine, target_source, seed)
-    if spec.method in ("medusa", "eagle"):
+    if spec.method in HEAD_METHODS:
         from infbench.engine.spec.heads import load_head_proposer
 
         if spec.heads is None:
             raise ConfigError(f"speculative.method={spec.method!r} needs speculative.heads")
         return load_head_proposer(spec.method, spec.heads, target.model)  # type: ignore[no-any-return]
-    raise ConfigError(f"speculative.method={spec.method!r}; allowed: none, {', '.join(METHODS)}")
+    raise ConfigError(f"speculative.method={spec.method!r}; "
+                      f"allowed: {', '.join(SPECULATIVE_METHODS)}")
 
 
 def _draft_proposer(spec: SpeculativeConfig, target: LoadedModel, engine: Any,

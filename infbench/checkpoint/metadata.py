@@ -17,6 +17,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from infbench.checkpoint.families import FAMILY_ARCHITECTURES, FAMILY_MODEL_TYPES, family_config
+from infbench.checkpoint.moe import MOE_ARCHITECTURES, moe_from_hf
 from infbench.core.config import (
     PRESETS,
     REAL_WEIGHTS,
@@ -26,8 +28,6 @@ from infbench.core.config import (
 )
 from infbench.core.errors import ConfigError, DamagedFileError, UserError
 from infbench.core.gguf_types import LOADABLE_TYPES, TensorInfo, native_mix
-from infbench.core.hf_families import FAMILY_ARCHITECTURES, FAMILY_MODEL_TYPES, family_config
-from infbench.core.moe_checkpoint import MOE_ARCHITECTURES, moe_from_hf
 
 if TYPE_CHECKING:
     from gguf import GGUFReader
@@ -41,7 +41,7 @@ HF_ARCHITECTURES = {
     **FAMILY_ARCHITECTURES,  # Qwen2/2.5, Qwen3, Gemma-2, Gemma-3 (text), Phi-3
 }
 GGUF_ARCHITECTURES = ("llama",)
-HF_ARCHITECTURES.update(MOE_ARCHITECTURES)  # Mixtral, Qwen2-MoE (core/moe_checkpoint.py)
+HF_ARCHITECTURES.update(MOE_ARCHITECTURES)  # Mixtral, Qwen2-MoE (checkpoint/moe.py)
 GGUF_TENSOR_TYPES = LOADABLE_TYPES  # gguf_types: which run natively, which are dequantized
 SMOLLM2_NAME = "smollm2-135m"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -136,7 +136,7 @@ def config_from_hf_dir(path: str | Path) -> ModelConfig:
     """ModelConfig of a Llama/Mistral/DeepSeek-V2 checkpoint directory (reads config.json)."""
     root, raw = _read_config_json(path)
     if raw.get("model_type") == "llada":  # a masked-diffusion LM (docs/diffusion.md)
-        from infbench.core.llada_config import llada_config
+        from infbench.checkpoint.llada import llada_config
 
         return llada_config(raw, str(root))[0]
     # Wrong value types (a string where a count belongs, a list as rope_scaling) surface as
@@ -229,7 +229,7 @@ def _deepseek_v2(
     root: Path, raw: dict[str, Any], num_heads: int, fields: dict[str, Any]
 ) -> ModelConfig:
     """DeepSeek-V2 (transformers' DeepseekV2Config): MLA attention; layers from
-    first_k_dense_replace on are mixture-of-experts (core/moe_checkpoint.py)."""
+    first_k_dense_replace on are mixture-of-experts (checkpoint/moe.py)."""
     cfg_file = root / "config.json"
     try:
         q_lora = raw.get("q_lora_rank")
@@ -643,7 +643,7 @@ def _gguf_rope_freqs(reader: GGUFReader, file: Path, key: Any, head_dim: int,
                      scaling: tuple[tuple[str, Any], ...] | None
                      ) -> tuple[tuple[str, Any], ...] | None:
     """The llama3 rope scaling whose frequencies are the file's `rope_freqs.weight`."""
-    from infbench.core.gguf_rope import llama3_scaling
+    from infbench.checkpoint.gguf_rope import llama3_scaling
 
     if scaling is not None:
         raise UserError(f"{file}: rope_freqs.weight and rope.scaling.type "

@@ -15,7 +15,7 @@ peak, bandwidth or capacity that is not a finite number > 0, a dtype outside
 `PEAK_DTYPES`, and a malformed calibration curve; `load_profile` first checks the
 file against `profile_schema()` (pydantic: extra keys forbidden, types strict) so a
 damaged profile is one line naming the file and the key, never a traceback, then runs
-`core.calibration_checks.check_profile` on it: figures that contradict each other beyond
+`hardware.checks.check_profile` on it: figures that contradict each other beyond
 repair are refused the same way, and what is only doubtful joins the profile's flags
 (`HardwareSpec.profile_flags`).  A profile written before calibrations kept their repeats
 (no `extra.figures`) loads unflagged, with its spread unknown (`spread_known` is False).
@@ -32,9 +32,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from infbench.core.calibration_checks import check_profile, merge_flags
 from infbench.core.errors import ConfigError, UserError
 from infbench.core.io import read_text
+from infbench.hardware.checks import check_profile, merge_flags
 
 if TYPE_CHECKING:
     from pydantic import BaseModel

@@ -1,4 +1,4 @@
-"""The scenario file's `parallel:` section (pydantic), kept out of `core/scenario.py`.
+"""The scenario file's `parallel:` section (pydantic), kept out of `scenario/schema.py`.
 
 ```yaml
 parallel:

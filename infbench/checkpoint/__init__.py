@@ -1,0 +1,1 @@
+"""Checkpoint metadata: config.json and GGUF readers, the model-family tables (no torch)."""

@@ -1,0 +1,1 @@
+"""The hardware table, calibrated profiles and their checks (no torch)."""

@@ -1,0 +1,1 @@
+"""The YAML scenario: one pydantic schema, parsed once into typed points (no torch)."""
