@@ -9,7 +9,10 @@ tokenizer encodes as one token.  Every chunk also carries `mock_sent_s`, the ser
 client on the same machine can measure its own timestamp error exactly.
 
 `fail_every=k` answers every k-th request with HTTP 500; `send_usage=False` leaves out
-the usage chunk (the client then counts tokens itself).  `received` keeps the JSON bodies
+the usage chunk (the client then counts tokens itself).  `misbehave` names one of
+`MISBEHAVIORS`, a server that gets the protocol wrong in one way (a stream cut short, an
+HTML page, a usage of 1e9 tokens, endless keep-alive comments, ...), for the client's
+failure tests.  `received` keeps the JSON bodies
 for tests; with `log_sends`, GET /mock/sends lists (seed, chunk index, send time) of every
 chunk written.  Run it standalone with `python -m infbench.client.mock_server --port 8000`.
 """
@@ -46,6 +49,27 @@ class MockConfig:
     # GET /mock/sends returns them (the overhead benchmark's reference schedule).
     log_sends: bool = False
     sends: list[tuple[Any, int, float]] = field(default_factory=list)
+    misbehave: str | None = None  # one of MISBEHAVIORS
+    ping_interval_s: float = 0.05  # misbehave "ping_forever": a comment this often
+
+
+# Ways to get the protocol wrong, each answering every request so (misbehave=NAME).
+MISBEHAVIORS = {
+    "truncate": "3 tokens, then the connection closes: no finish_reason, usage or [DONE]",
+    "cut": "3 tokens, then the socket is closed mid-body (no end of the chunked encoding)",
+    "no_done": "a whole completion with finish_reason and usage, then a close without [DONE]",
+    "no_finish": "tokens, usage and [DONE], but no chunk has a finish_reason",
+    "empty": "HTTP 200, Content-Type text/event-stream, an empty body",
+    "html": "HTTP 200 with an HTML page",
+    "json": "a non-streamed JSON completion (application/json) although stream was asked for",
+    "zero_usage": "the tokens, then usage.completion_tokens 0",
+    "huge_usage": "the tokens, then usage.completion_tokens 1000000000",
+    "choices_int": 'a chunk with "choices": 5',
+    "deep_json": "one data line of 100000 nested arrays",
+    "big_int": "one data line with a 5000-digit integer",
+    "ping_forever": "`: ping` comments every ping_interval_s, never a chunk, never an end",
+    "no_newline": "two MiB of data with no line end",
+}
 
 
 def _word(i: int) -> str:
@@ -78,6 +102,8 @@ def make_app(config: MockConfig) -> web.Application:
             return web.json_response({"error": {"message": "mock failure"}}, status=500)
         chat = request.path.endswith("/chat/completions")
         n = config.num_tokens if config.num_tokens is not None else int(body["max_tokens"])
+        if config.misbehave is not None:
+            return await _misbehave(request, config, chat, n, count[0])
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         start = time.perf_counter()
@@ -121,6 +147,75 @@ def make_app(config: MockConfig) -> web.Application:
     app.router.add_post("/v1/completions", complete)
     app.router.add_post("/v1/chat/completions", complete)
     return app
+
+
+def _chunk(chat: bool, text: str, finish: str | None) -> dict[str, Any]:
+    choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
+    if chat:
+        choice["delta"] = {"content": text}
+    else:
+        choice["text"] = text
+    return {"id": "cmpl-bad", "object": "chat.completion.chunk" if chat else
+            "text_completion", "model": MOCK_MODEL, "choices": [choice]}
+
+
+def _data(obj: Any) -> bytes:
+    return b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n"
+
+
+async def _misbehave(request: web.Request, config: MockConfig, chat: bool, n: int,
+                     number: int) -> web.StreamResponse:
+    """Answer one request the way `config.misbehave` names (see MISBEHAVIORS)."""
+    how = config.misbehave
+    if how not in MISBEHAVIORS:
+        raise ValueError(f"misbehave: unknown value {how!r}; allowed: {', '.join(MISBEHAVIORS)}")
+    if how == "html":
+        return web.Response(text="<html><body><h1>502 Bad Gateway</h1></body></html>",
+                            content_type="text/html")
+    if how == "json":
+        return web.json_response({"id": f"cmpl-{number}", "object": "text_completion",
+                                  "model": config.model, "choices": [
+                                      {"index": 0, "text": "".join(_word(i) for i in range(n)),
+                                       "finish_reason": "length"}],
+                                  "usage": {"prompt_tokens": 4, "completion_tokens": n,
+                                            "total_tokens": 4 + n}})
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    if how == "ping_forever":
+        while True:
+            await resp.write(b": ping\n\n")
+            await asyncio.sleep(config.ping_interval_s)
+    events: list[Any] = []
+    usage = {"prompt_tokens": 4, "completion_tokens": n, "total_tokens": 4 + n}
+    tokens = [_chunk(chat, _word(i), "length" if i == n - 1 and how != "no_finish" else None)
+              for i in range(n)]
+    if how in ("truncate", "cut"):
+        events = [_chunk(chat, _word(i), None) for i in range(min(3, n - 1))]
+    elif how in ("no_done", "no_finish"):
+        events = [*tokens, {"choices": [], "usage": usage}]
+    elif how in ("zero_usage", "huge_usage"):
+        count = 0 if how == "zero_usage" else 10**9
+        events = [*tokens, {"choices": [], "usage": {**usage, "completion_tokens": count}}]
+    elif how == "choices_int":
+        events = [tokens[0], {**tokens[1 % n], "choices": 5}]
+    elif how == "deep_json":
+        events = [tokens[0], b"[" * 100_000 + b"]" * 100_000]
+    elif how == "big_int":
+        events = [tokens[0], b'{"choices": [], "usage": {"completion_tokens": '
+                  + b"7" * 5000 + b"}}"]
+    elif how == "no_newline":
+        events = [tokens[0]]
+    for event in events:
+        await resp.write(_data(event))
+    if how == "no_newline":
+        await resp.write(b"data: " + b"x" * (2 * 2**20))
+    if how == "cut" and request.transport is not None:
+        request.transport.close()
+        return resp
+    if how not in ("truncate", "no_done", "empty", "no_newline"):
+        await resp.write(b"data: [DONE]\n\n")
+    await resp.write_eof()
+    return resp
 
 
 class MockServer:

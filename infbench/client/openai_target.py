@@ -8,9 +8,13 @@ counts from that submission, as vLLM's benchmark does), posts a streaming comple
 timestamps byte pieces and keeps the content chunks; tokens are counted and placed on the
 timeline after the stream ends (client/tokens.py), so counting costs no timing accuracy.
 
-A request that fails (HTTP status, connection error, timeout, a malformed stream, an
-`error` object in the stream) becomes a `Failure` instead of a record; the caller decides
-what an all-failed run means.
+A request that fails becomes a `Failure` with a reason (client/failures.py) instead of a
+record: an HTTP status, a broken connection, a read timeout (`target.timeout_s` between two
+pieces), the request's deadline (`target.request_timeout_s` from sending to `[DONE]`, so
+keep-alive comments cannot hold a request open forever), a response that is not an event
+stream, a chunk whose fields fail client/stream.py's checks, a stream that ends before
+`[DONE]` or without a finish_reason, or usage counts that disagree with the chunks.  The
+caller decides what an all-failed run means.
 """
 
 from __future__ import annotations
@@ -19,24 +23,32 @@ import asyncio
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
-from infbench.client.sse import DONE, SSEParser
-from infbench.client.tokens import Chunk, chunk_token_counts, share_total, token_times
-from infbench.core.target import TargetSection
+from infbench.client.failures import RequestFailed
+from infbench.client.sse import DONE, SSEError, SSEParser
+from infbench.client.stream import Stream
+from infbench.client.tokens import chunk_token_counts, share_total, token_times
 from infbench.engine.records import RequestRecord
 from infbench.engine.request import Request
+from infbench.measure.dataset_reader import JSONLimitError, loads
+from infbench.scenario.target import TargetSection
 
 _MAX_ERROR_CHARS = 300
+_MAX_MODELS_BYTES = 2**20  # GET /models: a list of names, kept in the result's env
+_EVENT_STREAM = "text/event-stream"
 
 
 @dataclass(frozen=True)
 class Failure:
+    """One failed request: its id, the reason (client/failures.REASONS) and the message."""
+
     request_id: str
     message: str
+    reason: str = "connection"
 
 
 @dataclass
@@ -47,20 +59,6 @@ class TargetRun:
     failures: list[Failure]
     wall_s: float
     start_perf_s: float  # time.perf_counter() at the run's t=0 (for accuracy checks)
-
-
-@dataclass
-class _Stream:
-    """What one response stream delivered (times on the run clock)."""
-
-    chunks: list[Chunk] = field(default_factory=list)
-    usage: dict[str, Any] | None = None
-    finish_reason: str | None = None
-    end_s: float = 0.0
-
-
-class RequestFailed(Exception):
-    """One request's failure, with the message the run reports."""
 
 
 @dataclass(frozen=True)
@@ -100,70 +98,54 @@ class ClientPlan:
         return body
 
     def prompt_text(self, request: Request) -> str:
-        if self.tokenizer is None:
-            raise RequestFailed("text prompts need target.tokenizer")
+        if self.tokenizer is None:  # the target schema requires one for text prompts
+            raise ValueError("text prompts need target.tokenizer")
         return str(self.tokenizer.decode(list(request.prompt_ids), skip_special_tokens=True))
 
 
-def content_of(choice: dict[str, Any], chat: bool) -> str:
-    """The text a choice adds: `text` (completions) or `delta.content` (chat)."""
-    if chat:
-        delta = choice.get("delta") or {}
-        return str(delta.get("content") or "") if isinstance(delta, dict) else ""
-    return str(choice.get("text") or "")
-
-
-async def _read_stream(response: aiohttp.ClientResponse, t0: float, chat: bool) -> _Stream:
-    """Consume one SSE response; chunks timestamped when their bytes arrived."""
+async def _read_stream(response: aiohttp.ClientResponse, t0: float, stream: Stream) -> Stream:
+    """Consume one SSE response into `stream`; chunks timestamped when their bytes arrived."""
+    if response.content_type != _EVENT_STREAM:
+        head = " ".join((await _read_capped(response, 200)).decode("utf-8", "replace").split())
+        raise RequestFailed("not_sse", f"Content-Type {response.content_type or 'none'}, not "
+                                       f"{_EVENT_STREAM}" + (f": {head[:120]}" if head else
+                                                             " (an empty body)"))
     parser = SSEParser()
-    out = _Stream()
     clock = time.perf_counter
-    done = False
-    async for piece in response.content.iter_any():
-        now = clock() - t0
-        for data in parser.feed(piece):
-            if data == DONE:
-                done = True
+    try:
+        async for piece in response.content.iter_any():
+            now = clock() - t0
+            for data in parser.feed(piece):
+                if data == DONE:
+                    stream.done = True
+                    break
+                stream.add_event(data, now)
+            if stream.done:
                 break
-            _event(json.loads(data), now, chat, out)
-        if done:
-            break
-    if not done:
-        for data in parser.close():
-            if data != DONE:
-                _event(json.loads(data), clock() - t0, chat, out)
-    out.end_s = clock() - t0
-    return out
+        if not stream.done:
+            for data in parser.close():
+                if data == DONE:
+                    stream.done = True
+                    break
+                stream.add_event(data, clock() - t0)
+    except SSEError as exc:
+        raise RequestFailed("bad_json", str(exc)) from None
+    stream.end_s = clock() - t0
+    stream.check_complete()
+    return stream
 
 
-def _event(obj: Any, now: float, chat: bool, out: _Stream) -> None:
-    if not isinstance(obj, dict):
-        raise RequestFailed(f"stream event is not a JSON object: {str(obj)[:80]}")
-    if obj.get("error"):
-        err = obj["error"]
-        raise RequestFailed(f"server error in stream: "
-                            f"{err.get('message', err) if isinstance(err, dict) else err}")
-    if isinstance(obj.get("usage"), dict):
-        out.usage = obj["usage"]
-    for choice in obj.get("choices") or ():
-        if not isinstance(choice, dict):
-            raise RequestFailed(f"stream choice is not a JSON object: {str(choice)[:80]}")
-        text = content_of(choice, chat)
-        ids = choice.get("token_ids")
-        ids = ids if isinstance(ids, list) and all(isinstance(i, int) for i in ids) else None
-        if text or ids:
-            out.chunks.append(Chunk(now, text, tuple(int(i) for i in ids) if ids else None))
-        if choice.get("finish_reason"):
-            out.finish_reason = str(choice["finish_reason"])
-
-
-def to_record(request_id: str, arrival_s: float, request: Request, stream: _Stream,
+def to_record(request_id: str, arrival_s: float, request: Request, stream: Stream,
               tokenizer: Any = None) -> RequestRecord:
-    """One finished stream as the engine's RequestRecord (tokens counted, times placed)."""
+    """One complete stream as the engine's RequestRecord (tokens counted, times placed).
+
+    `stream.check_complete` has passed: usage, when sent, is at most max_tokens and at least
+    one token per text chunk, so the per-token lists below stay as long as the completion.
+    """
     counts = chunk_token_counts(stream.chunks, tokenizer)
     usage = stream.usage or {}
     completion = usage.get("completion_tokens")
-    total = int(completion) if isinstance(completion, int) else sum(counts)
+    total = completion if completion is not None else sum(counts)
     if stream.chunks:
         counts = share_total(counts, total)
         times = token_times(stream.chunks, counts)
@@ -179,15 +161,51 @@ def to_record(request_id: str, arrival_s: float, request: Request, stream: _Stre
             ids = encoded if len(encoded) == len(times) else []  # else: not known exactly
     return RequestRecord(
         request_id=request_id, arrival_s=arrival_s,
-        num_prompt_tokens=int(prompt) if isinstance(prompt, int) else len(request.prompt_ids),
+        num_prompt_tokens=prompt if prompt is not None else len(request.prompt_ids),
         token_times_s=times, finish_reason=stream.finish_reason or "length", output_ids=ids)
 
 
+async def _read_capped(response: aiohttp.ClientResponse, limit: int) -> bytes:
+    """At most `limit` bytes of a body (what a bad answer's error message quotes)."""
+    parts: list[bytes] = []
+    size = 0
+    while size < limit:
+        part = await response.content.read(limit - size)
+        if not part:
+            break
+        parts.append(part)
+        size += len(part)
+    return b"".join(parts)
+
+
 def _error_text(exc: BaseException) -> str:
-    if isinstance(exc, asyncio.TimeoutError):
-        return "timed out"
     text = str(exc) or type(exc).__name__
     return " ".join(text.split())[:_MAX_ERROR_CHARS]
+
+
+async def _one_request(plan: ClientPlan, request: Request, sample: int, t0: float,
+                       session: aiohttp.ClientSession, headers: dict[str, str],
+                       stream: Stream) -> Stream:
+    """Send one request and read its stream; every way it can go wrong is RequestFailed."""
+    body = json.dumps(plan.body(request, sample)).encode()
+    url = plan.target.url
+    try:
+        async with session.post(url, data=body, headers=headers) as resp:
+            if resp.status != 200:
+                detail = " ".join((await _read_capped(resp, 400)).decode("utf-8", "replace")
+                                  .split())
+                raise RequestFailed("http_status", f"HTTP {resp.status} from {url}: "
+                                                   f"{detail[:200]}")
+            return await _read_stream(resp, t0, stream)
+    except aiohttp.ClientPayloadError as exc:  # the body ended short of its framing
+        raise RequestFailed("truncated", f"the stream broke after {len(stream.chunks)} text "
+                                         f"chunk(s): {_error_text(exc)}") from None
+    except asyncio.TimeoutError:  # aiohttp's sock_connect / sock_read (ServerTimeoutError)
+        raise RequestFailed("read_timeout", f"no answer for target.timeout_s "
+                                            f"{plan.target.timeout_s:g} s after "
+                                            f"{len(stream.chunks)} text chunk(s)") from None
+    except (aiohttp.ClientError, OSError) as exc:
+        raise RequestFailed("connection", f"{type(exc).__name__}: {_error_text(exc)}") from None
 
 
 async def run_requests(plan: ClientPlan, requests: Sequence[Request], *,
@@ -197,6 +215,7 @@ async def run_requests(plan: ClientPlan, requests: Sequence[Request], *,
     t0 = time.perf_counter()
     chat = plan.target.endpoint == "chat"
     headers = plan.headers(api_key)
+    deadline = plan.target.request_timeout_s
     records: list[RequestRecord] = []
     failures: list[Failure] = []
     slots = asyncio.Semaphore(plan.max_concurrency) if plan.max_concurrency else None
@@ -211,19 +230,20 @@ async def run_requests(plan: ClientPlan, requests: Sequence[Request], *,
         if slots is not None:
             await slots.acquire()
             arrival = max(arrival, time.perf_counter() - t0)  # TTFT from the submission
+        stream = Stream(max_tokens=request.sampling.max_tokens, chat=chat)
         try:
-            body = json.dumps(plan.body(request, sample)).encode()
-            async with session.post(plan.target.url, data=body, headers=headers) as resp:
-                if resp.status != 200:
-                    detail = " ".join((await resp.text(errors="replace")).split())
-                    raise RequestFailed(f"HTTP {resp.status} from {plan.target.url}: "
-                                        f"{detail[:200]}")
-                stream = await _read_stream(resp, t0, chat)
+            await asyncio.wait_for(
+                _one_request(plan, request, sample, t0, session, headers, stream), deadline)
             records.append(to_record(rid, arrival, request, stream, plan.tokenizer))
             last[0] = max(last[0], stream.end_s)
-        except (RequestFailed, aiohttp.ClientError, asyncio.TimeoutError, ValueError,
-                OSError) as exc:
-            failures.append(Failure(rid, _error_text(exc)))
+        except asyncio.TimeoutError:  # only wait_for's: _one_request turns aiohttp's into
+            failures.append(Failure(rid, f"no complete answer within "  # RequestFailed
+                                         f"target.request_timeout_s {deadline:g} s (the stream "
+                                         f"was open: {stream.num_events} event(s), "
+                                         f"{len(stream.chunks)} text chunk(s))", "deadline"))
+            last[0] = max(last[0], time.perf_counter() - t0)
+        except RequestFailed as exc:
+            failures.append(Failure(rid, _error_text(exc), exc.reason))
             last[0] = max(last[0], time.perf_counter() - t0)
         finally:
             if slots is not None:
@@ -234,20 +254,29 @@ async def run_requests(plan: ClientPlan, requests: Sequence[Request], *,
     ordered = sorted(requests, key=lambda r: r.arrival_s)
     await asyncio.gather(*(one(r, j) for r in ordered for j in range(r.n)))
     records.sort(key=lambda r: r.request_id)
+    failures.sort(key=lambda f: f.request_id)
     return TargetRun(records, failures, max(last[0], 1e-9), t0)
 
 
 async def fetch_models(session: aiohttp.ClientSession, target: TargetSection,
                        api_key: str | None) -> Any:
-    """The server's answer to GET /models (recorded in the result's env), or the error."""
+    """The server's answer to GET /models (recorded in the result's env), or the error.
+
+    Read with the same limits as a stream (size, JSON depth and numbers), since it is
+    written into the result."""
     try:
         async with session.get(target.base_url + "/models", headers=ClientPlan(target)
                                .headers(api_key), timeout=aiohttp.ClientTimeout(total=10)) as r:
             if r.status != 200:
                 return {"error": f"HTTP {r.status}"}
-            return await r.json(content_type=None)
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, OSError) as exc:
-        return {"error": _error_text(exc)}
+            raw = await _read_capped(r, _MAX_MODELS_BYTES + 1)
+        if len(raw) > _MAX_MODELS_BYTES:
+            return {"error": f"an answer of more than {_MAX_MODELS_BYTES} bytes"}
+        return loads(raw.decode("utf-8", errors="replace"))
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        return {"error": _error_text(exc) if str(exc) else "timed out"}
+    except (ValueError, JSONLimitError) as exc:  # JSONDecodeError is a ValueError
+        return {"error": f"not JSON: {_error_text(exc)}"}
 
 
 def open_session(target: TargetSection, concurrency: int) -> aiohttp.ClientSession:

@@ -8,8 +8,11 @@ plots and the gate read the result unchanged.  No weights are loaded; only the t
 named by `target.tokenizer`.  The prediction is filled in only when the scenario names a
 model shape and a hardware; the engine-only fields (steps, KV, MBU) stay empty.
 
-Failed requests are counted and the first error kept (`telemetry.client`, and a note on
-stderr); a repeat in which every request failed is a one-line UserError.
+Failed requests are counted by reason (client/failures.py) and kept per request for the
+last repeat, beside its `requests` rows (`telemetry.client.failed_requests`), with a note on
+stderr; a repeat in which every request failed is a one-line UserError.  Credentials never
+reach the result: the target schema refuses a base_url with user:password@, and an API key
+is read from the variable `target.api_key_env` names, which is all the result records.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from infbench.checkpoint.metadata import model_source, resolve_gguf
+from infbench.client.failures import count_reasons
 from infbench.client.openai_target import (
     ClientPlan,
     TargetRun,
@@ -28,11 +33,10 @@ from infbench.client.openai_target import (
     open_session,
     run_requests,
 )
-from infbench.core.checkpoint_config import model_source, resolve_gguf
 from infbench.core.config import REAL_WEIGHTS
 from infbench.core.errors import UserError
-from infbench.core.target import TargetSection
 from infbench.engine.request import Request
+from infbench.scenario.target import TargetSection
 
 CLIENT_BACKEND = "openai-client"
 
@@ -121,7 +125,7 @@ def run_target_point(point: Any, *, cache: Any = None, device: str | None = None
     runs on no local device and has no engine steps.
     """
     del cache, device, on_step
-    from infbench.core.hardware import get_hardware
+    from infbench.hardware.spec import get_hardware
     from infbench.measure import metrics as metrics_mod
     from infbench.measure.prediction import predict_point
     from infbench.results import store as results_mod
@@ -171,10 +175,12 @@ def run_target_point(point: Any, *, cache: Any = None, device: str | None = None
         print(f"note: {where}: {warning}", file=sys.stderr)
     failed = [len(run.failures) for run in passes]
     first = next((run.failures[0] for run in passes if run.failures), None)
+    by_reason = count_reasons(f.reason for run in passes for f in run.failures)
     if first is not None:
+        reasons = ", ".join(f"{reason} {n}" for reason, n in by_reason.items())
         print(f"note: {where}: {sum(failed)} of {num_sequences * len(passes)} request(s) "
-              f"failed over {len(passes)} repeat(s); first ({first.request_id}): "
-              f"{first.message}", file=sys.stderr)
+              f"failed over {len(passes)} repeat(s) ({reasons}); first ({first.request_id}, "
+              f"{first.reason}): {first.message}", file=sys.stderr)
     prediction: dict[str, Any] = {}
     hardware = None
     if point.model and point.hardware != "unknown":
@@ -185,8 +191,11 @@ def run_target_point(point: Any, *, cache: Any = None, device: str | None = None
     env["model_source"] = point.model_source() or None
     telemetry = {"client": {
         "num_sent": num_sequences * len(passes), "num_failed": sum(failed),
-        "failed_per_repeat": failed,
-        "first_error": None if first is None else f"{first.request_id}: {first.message}",
+        "failed_per_repeat": failed, "failures_by_reason": by_reason,
+        "failed_requests": [{"request_id": f.request_id, "reason": f.reason, "error": f.message}
+                            for f in passes[-1].failures],
+        "first_error": None if first is None else
+        f"{first.request_id} ({first.reason}): {first.message}",
         "max_concurrency": cap, "client_host": socket.gethostname()}}
     return results_mod.build_result(
         point.to_dict(), metrics=summary, prediction=prediction, steps=[], env=env,
@@ -200,6 +209,8 @@ def _refuse_all_failed(run: TargetRun, num_sequences: int, point: Any, what: str
     if run.records or not run.failures:
         return
     first = run.failures[0]
-    raise UserError(f"{point.source}: target {point.target['base_url']}: all "
-                    f"{num_sequences} request(s) of the {what} failed; first "
+    reasons = ", ".join(f"{r} {n}" for r, n in count_reasons(f.reason for f in run.failures)
+                        .items())
+    raise UserError(f"{point.source}: target {point.target.base_url}: all "
+                    f"{num_sequences} request(s) of the {what} failed ({reasons}); first "
                     f"({first.request_id}): {first.message}")

@@ -21,8 +21,10 @@ from infbench.core.config import (
 )
 from infbench.core.errors import ConfigError, UserError
 from infbench.core.metric_names import DEFAULT_PERCENTILES
+from infbench.core.decoding import DiffusionConfig
 from infbench.core.parallel import ParallelConfig
 from infbench.core.speculative import SpeculativeConfig
+from infbench.scenario.target import TargetSection
 
 # Allowed values of the scenario-only keys, defined once (the model's are in core/config.py);
 # the sections of scenario/schema.py are typed by them.
@@ -198,6 +200,40 @@ class GateConfig:
 
 
 @dataclass(frozen=True)
+class ModelPoint:
+    """The point's model: one source (preset | path | gguf), the keys the scenario set in
+    model.overrides and model.attention, the quant and prune sections, and which weights run."""
+
+    preset: str | None = None
+    path: str | None = None
+    gguf: str | None = None
+    overrides: dict[str, Any] = field(default_factory=dict)  # only the keys the user set
+    attention: dict[str, Any] = field(default_factory=dict)  # only the keys the user set
+    quant: dict[str, Any] = field(default_factory=dict)  # the quant section, every key
+    prune: dict[str, Any] = field(default_factory=dict)  # the prune section, every key
+    # real | random, resolved as the loader will (the gate compares it between runs)
+    weights: str = "auto"
+
+    def source(self) -> dict[str, str]:
+        """{"preset" | "path" | "gguf": value}: what the loader and the readers take."""
+        return {k: v for k, v in (("preset", self.preset), ("path", self.path),
+                                  ("gguf", self.gguf)) if v is not None}
+
+    def changes(self) -> dict[str, Any]:
+        """overrides + attention as `ModelConfig.with_overrides` and `load_model` take them."""
+        out = dict(self.overrides)
+        if self.attention:
+            out["attention"] = dict(self.attention)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """The stored form inside a result (the keys results have always had)."""
+        return {**self.source(), "overrides": copy.deepcopy(self.overrides),
+                "attention": copy.deepcopy(self.attention), "quant": copy.deepcopy(self.quant),
+                "prune": copy.deepcopy(self.prune), "weights": self.weights}
+
+
+@dataclass(frozen=True)
 class ScenarioPoint:
     """One fully resolved point of a scenario: what `bench.run_point` and `predict` consume."""
 
@@ -206,7 +242,7 @@ class ScenarioPoint:
     device: str  # auto | cpu | cuda (as written; the runner resolves auto)
     dtype: str  # resolved: float32 | float16 | bfloat16
     hardware: str  # resolved: cpu on a CPU, else the entry of the GPU NVML names
-    model: dict[str, Any]  # preset|path|gguf + overrides + attention + quant
+    model: ModelPoint | None  # None: a target scenario without a model section
     workload: WorkloadPoint
     engine: EngineConfig
     speculative: SpeculativeConfig
@@ -215,9 +251,9 @@ class ScenarioPoint:
     swept: dict[str, Any] = field(default_factory=dict)  # swept keys -> values at this point
     source: str = "<scenario>"  # the scenario file, for error messages
     dtype_reason: str = ""  # with dtype: auto, what it resolved to and why (else empty)
-    target: dict[str, Any] | None = None  # the `target:` section: a server measured instead
+    target: TargetSection | None = None  # the `target:` section: a server measured instead
     parallel: ParallelConfig = ParallelConfig()  # the `parallel:` section
-    decoding: dict[str, Any] | None = None  # the `decoding:` section; None: autoregressive
+    decoding: DiffusionConfig | None = None  # the `decoding:` section; None: autoregressive
 
     @property
     def label(self) -> str:
@@ -225,26 +261,25 @@ class ScenarioPoint:
         return point_label(self.swept)
 
     def model_source(self) -> dict[str, str]:
-        return {k: self.model[k] for k in ("preset", "path", "gguf") if k in self.model}
+        return {} if self.model is None else self.model.source()
 
     def model_config(self) -> ModelConfig:
         """The ModelConfig of this point: preset or loaded config, then overrides + attention."""
-        if not self.model:
+        m = self.model
+        if m is None:
             raise UserError(f"{self.source}: model: no model section; this target scenario "
                             "names no model shape (add model: to price it)")
         try:
-            if "preset" in self.model:
-                cfg = ModelConfig.from_name(self.model["preset"])
+            if m.preset is not None:
+                cfg = ModelConfig.from_name(m.preset)
             else:
                 from infbench.checkpoint import metadata as configs
 
-                if "path" in self.model:
-                    cfg = configs.config_from_hf_dir(self.model["path"])
+                if m.path is not None:
+                    cfg = configs.config_from_hf_dir(m.path)
                 else:
-                    cfg = configs.config_from_gguf(configs.resolve_gguf(self.model["gguf"]))
-            changes = dict(self.model.get("overrides") or {})
-            if self.model.get("attention"):
-                changes["attention"] = dict(self.model["attention"])
+                    cfg = configs.config_from_gguf(configs.resolve_gguf(str(m.gguf)))
+            changes = m.changes()
             cfg = cfg.with_overrides(**changes) if changes else cfg
             prune = self.prune_config()
             return prune.pruned_shape(cfg) if prune.active else cfg  # the shape that runs
@@ -253,18 +288,18 @@ class ScenarioPoint:
 
     def quant_config(self) -> QuantConfig:
         """model.quant; with native weights, priced by the GGUF file's own tensor types."""
+        m = self.model or ModelPoint()
         try:
-            quant = make_quant(dict(self.model.get("quant") or {}))
+            quant = make_quant(dict(m.quant))
             if quant.weights != "native":
                 return quant
-            return native_quant(quant, self.model_source(), self.model.get("weights", "auto"),
-                                self.model.get("overrides") or None)
+            return native_quant(quant, m.source(), m.weights, m.overrides or None)
         except UserError as exc:
             raise UserError(f"{self.source}: {self._where()}{exc}") from None
 
     def prune_config(self) -> PruneConfig:
         try:
-            return make_prune(dict(self.model.get("prune") or {}))
+            return make_prune(dict((self.model or ModelPoint()).prune))
         except ConfigError as exc:
             raise UserError(f"{self.source}: {self._where()}{exc}") from None
 
@@ -276,15 +311,15 @@ class ScenarioPoint:
         return {
             "name": self.name, "index": self.index, "label": self.label, "source": self.source,
             "device": self.device, "dtype": self.dtype, "hardware": self.hardware,
-            "model": copy.deepcopy(self.model),
+            "model": {} if self.model is None else self.model.to_dict(),
             "workload": _workload_dict(self.workload),
             "engine": dataclasses.asdict(self.engine),
             "speculative": dataclasses.asdict(self.speculative),
             "measure": dataclasses.asdict(self.measure),
             "gate": dataclasses.asdict(self.gate) if self.gate is not None else None,
             "swept": dict(self.swept),
-            **({"target": copy.deepcopy(self.target)} if self.target is not None else {}),
-            **({"decoding": dict(self.decoding)} if self.decoding is not None else {}),
+            **({"target": self.target.model_dump()} if self.target is not None else {}),
+            **({"decoding": self.decoding.to_dict()} if self.decoding is not None else {}),
         }
 
 

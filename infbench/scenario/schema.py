@@ -78,6 +78,7 @@ from infbench.scenario.point import (
     GateConfig,
     LengthDist,
     MeasureConfig,
+    ModelPoint,
     NormalizeMode,
     PromptSource,
     ScenarioPoint,
@@ -674,16 +675,16 @@ class Scenario(_Section):
                 dtype_reason=dtype_reason,
                 hardware=self.hardware or default_hardware(device)
                 if self.target is None else self.hardware or "unknown",
-                model={} if self.model is None else {**self._model_source(),
-                       "overrides": self.model.overrides.model_dump(exclude_unset=True),
-                       "attention": self.model.attention.model_dump(exclude_unset=True),
-                       "quant": self.model.quant.model_dump(),
-                       "prune": self.model.prune.model_dump(),
-                       # which weights run (real | random), resolved as the loader will:
-                       # the gate compares it between a baseline and a new run
-                       "weights": weights_kind(
-                           self._model_source(), self.model.weights,
-                           self.model.overrides.model_dump(exclude_unset=True))},
+                model=None if self.model is None else ModelPoint(
+                    **self._model_source(),
+                    overrides=self.model.overrides.model_dump(exclude_unset=True),
+                    attention=self.model.attention.model_dump(exclude_unset=True),
+                    quant=self.model.quant.model_dump(),
+                    prune=self.model.prune.model_dump(),
+                    # which weights run (real | random), resolved as the loader will
+                    weights=weights_kind(
+                        self._model_source(), self.model.weights,
+                        self.model.overrides.model_dump(exclude_unset=True))),
                 workload=WorkloadPoint(**wl),
                 engine=EngineConfig(**self.engine.model_dump()),
                 speculative=SpeculativeConfig(
@@ -696,7 +697,7 @@ class Scenario(_Section):
                 gate=GateConfig(**self.gate.model_dump()) if self.gate is not None else None,
                 swept=swept,
                 source=self._source,
-                target=None if self.target is None else self.target.model_dump(),
+                target=self.target,
                 decoding=self.decoding.resolved(wl["gen_len"], self._model_source()),
             )
         except ConfigError as exc:
@@ -734,7 +735,7 @@ def scenario_from_document(data: dict[str, Any], source: str) -> Scenario:
     """
     scenario = _validate(data, source)
     for point in scenario.points():
-        if "preset" in point.model:
+        if point.model is not None and point.model.preset is not None:
             point.model_config()
         point.quant_config()
     return scenario

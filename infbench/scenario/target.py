@@ -9,10 +9,12 @@
       tokenizer: smollm2-135m           # optional: a preset name, an HF dir or a .gguf
       prompt_format: tokens             # tokens (ids to /v1/completions) | text
       return_token_ids: false           # ask for token ids (vLLM, infbench serve extension)
+      timeout_s: 600                    # a connection, or the gap between two reads
+      request_timeout_s: 21600          # one request, sent to [DONE] (vLLM's bench: 6 h)
 
 Validated once, here, with the scenario (pydantic, extra keys refused), so a bad target is
 one line naming the file and the key before anything runs.  The client that uses it lives in
-`infbench/client/`; this module is torch-free like the rest of `core`.
+`infbench/client/`; this module is torch-free.
 """
 
 from __future__ import annotations
@@ -29,6 +31,19 @@ TargetEndpoint = Literal["completions", "chat"]
 PromptFormat = Literal["tokens", "text"]
 TARGET_KINDS: tuple[str, ...] = typing.get_args(TargetKind)
 MAX_TIMEOUT_S = 24 * 3600.0
+DEFAULT_REQUEST_TIMEOUT_S = 6 * 3600.0  # vLLM's benchmark client: ClientTimeout(total=6 h)
+
+
+def redact_url(url: str) -> str:
+    """`url` as an error may show it: user and password replaced, query and fragment cut."""
+    try:
+        parts = urlsplit(url)
+        host = parts.netloc.rpartition("@")[2]
+    except ValueError:  # e.g. an unbalanced [ in the host
+        return "<not a URL>"
+    if "@" in parts.netloc:
+        host = "***@" + host
+    return parts._replace(netloc=host, query="", fragment="").geturl()
 
 
 class TargetSection(BaseModel):
@@ -58,14 +73,27 @@ class TargetSection(BaseModel):
     timeout_s: Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S, strict=True,
                                       allow_inf_nan=False)] = 600.0
     """Seconds a connection or a read between two chunks may take before the request fails."""
+    request_timeout_s: Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S, strict=True,
+                                              allow_inf_nan=False)] = DEFAULT_REQUEST_TIMEOUT_S
+    """Seconds one request may take from sending to `data: [DONE]`, however often bytes
+    (keep-alive comments included) arrive; then it fails with reason `deadline`."""
 
     @field_validator("base_url")
     @classmethod
     def _http_url(cls, value: str) -> str:
         parts = urlsplit(value)
-        if parts.scheme not in ("http", "https") or not parts.netloc:
+        _ = parts.port  # raises ValueError for a port out of range
+        if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"must be an http:// or https:// URL such as "
-                             f"http://127.0.0.1:8000/v1 (got {value!r})")
+                             f"http://127.0.0.1:8000/v1 (got {redact_url(value)!r})")
+        if parts.username is not None or parts.password is not None:
+            # Refused rather than stored: the point (and so the manifest and every result)
+            # records base_url, and a key belongs in the environment.
+            raise ValueError(f"must not carry credentials (got {redact_url(value)!r}); put "
+                             "the key in an environment variable and name it in api_key_env")
+        if parts.query or parts.fragment:
+            raise ValueError(f"is the API root; a query or fragment is not part of it (got "
+                             f"{redact_url(value)!r})")
         return value.rstrip("/")
 
     @field_validator("api_key_env")

@@ -34,6 +34,13 @@ measure: {{warmup: 1, repeats: 2}}
      "target.tokenizer: endpoint chat sends prompts as text"),
     ("{kind: openai, base_url: 'http://h:1/v1', model: m, verbose: true}",
      "target.verbose: unknown key"),
+    ("{kind: openai, base_url: 'http://me:hunter2@h:1/v1', model: m}",
+     "target.base_url: must not carry credentials (got 'http://***@h:1/v1'); put the key in "
+     "an environment variable and name it in api_key_env"),
+    ("{kind: openai, base_url: 'http://h:1/v1?api_key=hunter2', model: m}",
+     "target.base_url: is the API root; a query or fragment is not part of it"),
+    ("{kind: openai, base_url: 'http://h:1/v1', model: m, request_timeout_s: 0}",
+     "target.request_timeout_s: must be > 0"),
 ])
 def test_bad_target_is_one_line_naming_file_and_key(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
@@ -44,6 +51,8 @@ def test_bad_target_is_one_line_naming_file_and_key(
     assert code == 2
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {path}: {message}"), err
+    assert "hunter2" not in err
+    assert not (tmp_path / "out").exists()  # refused before a run directory is made
 
 
 def test_scenario_without_model_or_target_still_needs_a_model(
@@ -104,6 +113,14 @@ def test_failed_requests_are_reported_and_all_failed_is_one_line(
         client["failed_per_repeat"]) > 0
     assert "HTTP 500" in client["first_error"]
     assert result["metrics"]["num_requests"] + client["failed_per_repeat"][-1] == 6
+    assert client["failures_by_reason"] == {"http_status": client["num_failed"]}
+    last = client["failed_requests"]
+    assert len(last) == client["failed_per_repeat"][-1]
+    assert all(f["reason"] == "http_status" and "HTTP 500" in f["error"] for f in last)
+    code, _, err = run_args(["report", str(tmp_path / "some")], capsys)
+    assert code == 0
+    assert f"client failures: client_e2e: {client['num_failed']} of 12 request(s) failed " \
+        f"(http_status {client['num_failed']})" in err
 
     with MockServer(MockConfig(fail_every=1)) as server:
         path = scenario(tmp_path, f"{{kind: openai, base_url: '{server.base_url}', "
@@ -113,6 +130,29 @@ def test_failed_requests_are_reported_and_all_failed_is_one_line(
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "all 6 request(s) of the warm-up failed" in lines[0]
     assert "HTTP 500" in lines[0]
+
+
+def test_a_truncating_server_is_failures_not_successes_and_no_secret_is_stored(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], tokenizer_dir: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server that cuts every other stream short: those requests fail as `truncated`, the
+    metrics count only whole answers, and the API key reaches neither manifest nor result."""
+    monkeypatch.setenv("INFBENCH_TEST_KEY", "sk-hunter2-secret")
+    out = tmp_path / "cut"
+    with MockServer(MockConfig(misbehave="truncate")) as bad:
+        path = scenario(tmp_path, f"{{kind: openai, base_url: '{bad.base_url}', model: m, "
+                                  f"tokenizer: '{tokenizer_dir}', api_key_env: INFBENCH_TEST_KEY}}")
+        code, _, err = run_args(["run", str(path), "--out", str(out)], capsys)
+    assert code == 2 and "all 6 request(s) of the warm-up failed (truncated 6)" in err
+    with MockServer(MockConfig(fail_every=2)) as server:
+        path = scenario(tmp_path, f"{{kind: openai, base_url: '{server.base_url}', model: m, "
+                                  f"tokenizer: '{tokenizer_dir}', api_key_env: INFBENCH_TEST_KEY}}")
+        code, _, err = run_args(["run", str(path), "--out", str(out), "--overwrite"], capsys)
+    assert code == 0, err
+    for file in out.iterdir():
+        assert "hunter2" not in file.read_text(errors="replace"), file
+    result = json.loads((out / "client_e2e_000.json").read_text())
+    assert result["scenario"]["target"]["api_key_env"] == "INFBENCH_TEST_KEY"
 
 
 def test_a_model_section_and_hardware_fill_the_prediction(
