@@ -91,7 +91,7 @@ model:
     assert cfg.num_layers == 2 and cfg.kv_heads == 4 and cfg.hidden_size == 4096
     quant = point.quant_config()
     assert (quant.weights, quant.group_size, quant.kv) == ("int4", 64, "fp8")
-    assert point.model["attention"] == {"kind": "gqa", "kv_heads": 4}
+    assert point.model is not None and point.model.attention == {"kind": "gqa", "kv_heads": 4}
 
 
 # ------------------------------------------------------------------ error messages
@@ -299,7 +299,7 @@ def test_shipped_scenarios_load_and_expand(path: Path) -> None:
     assert len({p.label for p in points}) == len(points)
     for point in points:
         json.dumps(point.to_dict())
-        if "preset" in point.model:
+        if point.model is not None and point.model.preset is not None:
             point.model_config()
 
 
@@ -367,8 +367,8 @@ def test_set_of_a_group_to_a_scalar_names_the_key(tmp_path: Path) -> None:
 def test_model_weights_is_resolved_in_every_point(tmp_path: Path) -> None:
     """Points say which weights run (real | random), never `auto`: the gate compares it."""
     path = write(tmp_path, "name: f\nmodel: {preset: tiny}\n")
-    assert load_scenario(path).points()[0].model["weights"] == "random"
+    assert load_scenario(path).points()[0].model.weights == "random"
     random = load_scenario(path, ["model.weights=random"]).points()[0]
-    assert random.model["weights"] == "random" and random.to_dict()["model"]["weights"] == "random"
+    assert random.model.weights == "random" and random.to_dict()["model"]["weights"] == "random"
     assert "model.weights: unknown value 'fake'; allowed: auto, real, random" in error_of(
         path, ("model.weights=fake",))

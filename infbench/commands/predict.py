@@ -247,9 +247,7 @@ def model_configs(points: list[Any]) -> list[Any]:
     """Each point's ModelConfig (as `ScenarioPoint.model_config`), each checkpoint read once."""
     configs = []
     for point in points:
-        changes = dict(point.model.get("overrides") or {})
-        if point.model.get("attention"):
-            changes["attention"] = dict(point.model["attention"])
+        changes = point.model.changes() if point.model is not None else {}
         try:
             base = base_config(point.model_source())
             cfg = base.with_overrides(**changes) if changes else base
@@ -618,10 +616,10 @@ def predict_command(
             print(note, file=sys.stderr)
         swept = any(item.startswith("sweep.") for item in set_)
         labels = [point.label if swept else "" for point in points]
-    _emit(predictions, labels, [point.model for point in points], as_json, ops)
+    _emit(predictions, labels, [point.model_source() for point in points], as_json, ops)
 
 
-def _emit(predictions: list[Any], labels: list[str], models: list[dict[str, Any]],
+def _emit(predictions: list[Any], labels: list[str], models: list[dict[str, str]],
           as_json: bool, ops: bool) -> None:
     """Print the table or the JSON rows, naming where each model's shapes came from."""
     for model_dict in {json.dumps(m, sort_keys=True): m for m in models}.values():

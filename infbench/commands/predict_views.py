@@ -201,7 +201,7 @@ def roofline_command(
                              workload={"prompt_len": prompt, "gen_len": gen},
                              parallel=parallel_flags(tp, pp, ep, None))
         point = points_of(doc)[0]
-        model_dict, cfg = point.model, model_configs([point])[0]
+        model_dict, cfg = point.model_source(), model_configs([point])[0]
         qcfg, par = with_kv_bits(point.quant_config(), kv_bits), point.parallel
         hw, dtype = get_hardware(point.hardware), point.dtype
         prompt, gen = point.workload.prompt_len, point.workload.gen_len

@@ -167,7 +167,6 @@ def _from_flags(model: str, *, dtype: str, device: str, seed: int, random_weight
 def _from_scenario(path: Path, device: str, num_kv_blocks: int | None,
                    max_model_len: int | None) -> tuple[Any, Any, str]:
     from infbench.core.device import resolve_device
-    from infbench.measure.bench import model_overrides
     from infbench.model.loader import load_model
     from infbench.scenario.schema import load_scenario
 
@@ -177,11 +176,13 @@ def _from_scenario(path: Path, device: str, num_kv_blocks: int | None,
         raise UserError(f"{path}: its sweep changes the model or engine over {len(points)} "
                         "points; serve runs one model and engine")
     point = points[0]
+    if point.model is None:
+        raise UserError(f"{path}: no model section; serve runs the scenario's model")
     dev = resolve_device(point.device if device == "auto" else device)
     source, quant = point.model_source(), point.quant_config()
     loaded = load_model(source, dtype=point.dtype, device=dev, seed=point.workload.seed,
-                        overrides=model_overrides(point.model),
-                        weights=point.model.get("weights", "auto"), quant=quant,
+                        overrides=point.model.changes(),
+                        weights=point.model.weights, quant=quant,
                         prune=point.prune_config())
     spec = point.speculative if point.speculative.enabled else None
     engine = _engine(loaded, point.engine, dev, point.dtype, point.workload.seed, quant.kv, spec,

@@ -4,7 +4,8 @@ of a diffusion plan that the scenario, the engine and the analytic model all che
 from __future__ import annotations
 
 import typing
-from typing import Literal
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
 
 from infbench.core.errors import ConfigError
 
@@ -29,3 +30,19 @@ def check_diffusion_plan(gen_len: int, steps: int, block_length: int) -> None:
     if steps > gen_len:
         raise ConfigError(f"diffusion steps {steps} must be <= the generation length {gen_len} "
                           "(a step commits at least one token)")
+
+
+@dataclass(frozen=True)
+class DiffusionConfig:
+    """A point's masked-diffusion plan (decoding.kind diffusion): S steps for the L = gen_len
+    tokens, filled B = block_length at a time; None on a point means autoregressive."""
+
+    steps: int
+    block_length: int
+    remasking: str = "low_confidence"  # one of REMASKING
+    prefix_cache: bool = False  # Fast-dLLM's block-wise prefix K/V cache
+    mask_token_id: int | None = None  # None: the LLaDA directory's own
+
+    def to_dict(self) -> dict[str, Any]:
+        """The stored form inside a result (`kind` first, as the scenario spells it)."""
+        return {"kind": "diffusion", **asdict(self)}

@@ -15,7 +15,6 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from infbench.core.config import make_prune
 from infbench.core.errors import UserError
 from infbench.engine.backend import get_ops
 from infbench.engine.kv_cache import kv_quant_refusal
@@ -162,7 +161,7 @@ def point_plan(point: Any, loaded: LoadedModel) -> EvalPlan | None:
 def is_modified(point: Any) -> bool:
     """Whether the point's model differs from its checkpoint: quantized or pruned."""
     quant = point.quant_config()
-    prune = make_prune(dict(point.model.get("prune") or {}))
+    prune = point.prune_config()
     return quant.weights != "none" or quant.kv != "none" or prune.active
 
 

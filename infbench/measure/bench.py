@@ -41,13 +41,6 @@ class ModelCache:
         return self.entries[key]
 
 
-def model_overrides(model: dict[str, Any]) -> dict[str, Any]:
-    over = dict(model.get("overrides") or {})
-    if model.get("attention"):
-        over["attention"] = dict(model["attention"])
-    return over
-
-
 def peak_memory_bytes(device: str) -> int:
     if device == "cuda":
         import torch
@@ -180,9 +173,10 @@ def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None
               f"{slowdown:g}: every engine step is padded so tokens/s drop by that fraction "
               "(a test of the gate, not a measurement)", file=sys.stderr)
     source = point.model_source()
-    overrides = model_overrides(point.model)
+    assert point.model is not None  # an engine point has a model section
+    overrides = point.model.changes()
     seed = point.workload.seed
-    weights = point.model.get("weights", "auto")  # auto | random (model.weights)
+    weights = point.model.weights  # real | random (model.weights, resolved)
     prune = point.prune_config()
     key = repr((sorted(source.items()), sorted(overrides.items(), key=str), point.dtype, dev,
                 weights, quant, prune))

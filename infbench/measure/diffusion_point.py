@@ -28,16 +28,15 @@ def _load(point: Any, dev: str, cache: Any) -> tuple[Any, str, str, int]:
     from infbench.model.quant import stored_weight_bytes
 
     source = point.model_source()
-    mask = point.decoding.get("mask_token_id")
-    weights = point.model.get("weights", "auto")
+    assert point.decoding is not None and point.model is not None  # a diffusion point
+    mask = point.decoding.mask_token_id
+    weights = point.model.weights
     seed = point.workload.seed
     if "path" in source and is_llada_dir(source["path"]):
         key = repr(("llada", source, point.dtype, dev, mask))
         lm = cache.get(key, lambda: load_llada(source["path"], point.dtype, dev, mask))
         return lm, lm.source, f"real: {source['path']}", stored_weight_bytes(lm.model)
-    overrides = dict(point.model.get("overrides") or {})
-    if point.model.get("attention"):
-        overrides["attention"] = dict(point.model["attention"])
+    overrides = point.model.changes()
     key = repr((sorted(source.items()), sorted(overrides.items(), key=str), point.dtype, dev,
                 weights))
     loaded = cache.get(key, lambda: load_model(source, dtype=point.dtype, device=dev, seed=seed,
@@ -118,8 +117,8 @@ def _prediction(point: Any, cfg: Any, hw: Any, quant: Any) -> tuple[dict[str, An
 
     d, wl = point.decoding, point.workload
     p = predict_diffusion(cfg, hw, batch=wl.batch_size, prompt_len=wl.prompt_len,
-                          gen_len=wl.gen_len, steps=d["steps"], block_length=d["block_length"],
-                          prefix_cache=d["prefix_cache"], dtype=point.dtype, quant=quant)
+                          gen_len=wl.gen_len, steps=d.steps, block_length=d.block_length,
+                          prefix_cache=d.prefix_cache, dtype=point.dtype, quant=quant)
     flops = sum(s.cost.flops * s.shape.count for s in p.step_prices) / p.steps
     nbytes = sum(s.cost.bytes * s.shape.count for s in p.step_prices) / p.steps
     bounds = {s.bound for s in p.step_prices}
@@ -161,11 +160,12 @@ def run_diffusion_point(point: Any, *, cache: Any, device: str | None = None,
     phase("loading model")
     lm, source_label, weights_label, weight_bytes = _load(point, dev, cache)
     cfg, wl, d = lm.config, point.workload, point.decoding
-    plan = DiffusionPlan(wl.gen_len, d["steps"], d["block_length"])
+    assert d is not None  # a diffusion point
+    plan = DiffusionPlan(wl.gen_len, d.steps, d.block_length)
     gen = torch.Generator().manual_seed(wl.seed)
     prompts = torch.randint(0, cfg.vocab_size - 1, (wl.batch_size, wl.prompt_len), generator=gen)
     prompts[prompts >= lm.mask_token_id] += 1  # never the mask token itself
-    kw = dict(remasking=d["remasking"], prefix_cache=d["prefix_cache"], seed=wl.seed)
+    kw = dict(remasking=d.remasking, prefix_cache=d.prefix_cache, seed=wl.seed)
     for i in range(point.measure.warmup):
         phase(f"warm-up {i + 1}/{point.measure.warmup}")
         diffusion_generate(lm, prompts, plan, **kw)  # type: ignore[arg-type]
@@ -197,7 +197,7 @@ def run_diffusion_point(point: Any, *, cache: Any, device: str | None = None,
         point.to_dict(), metrics=summary, prediction=prediction, steps=rows, env=env,
         seed=wl.seed, hardware=hw.to_dict(), repeats=runs, spread=spread,
         extra={"model_config": dataclasses.asdict(cfg), "requests": requests,
-               "diffusion": {**d, "mask_token_id": lm.mask_token_id, "source": source_label,
-                             "analytic": detail,
+               "diffusion": {**d.to_dict(), "mask_token_id": lm.mask_token_id,
+                             "source": source_label, "analytic": detail,
                              "sample_tokens": out.tokens[0].tolist()}},
     )

@@ -23,16 +23,16 @@ def main(argv: list[str]) -> int:
     from infbench.engine.engine import Engine, KVSizing
     from infbench.engine.request import Request, SamplingParams
     from infbench.hardware.spec import get_hardware
-    from infbench.measure.bench import model_overrides
     from infbench.measure.traffic import annotate_steps
     from infbench.model.loader import load_model
+    from infbench.scenario.point import ModelPoint
 
     point = json.loads(Path(argv[0]).read_text())
     out, num_steps = Path(argv[1]), int(argv[2])
-    model, w = point["model"], point["workload"]
-    source = {k: model[k] for k in ("preset", "path", "gguf") if model.get(k)}
-    loaded = load_model(source, dtype=point["dtype"], device="cuda",
-                        overrides=model_overrides(model))
+    w = point["workload"]
+    model = ModelPoint(**point["model"])  # the point's to_dict form
+    loaded = load_model(model.source(), dtype=point["dtype"], device="cuda",
+                        overrides=model.changes())
     batch, prompt = int(w["batch_size"]), int(w["prompt_len"])
     reqs = [Request(f"r{i}", tuple(range(10, 10 + prompt)),
                     SamplingParams(max_tokens=num_steps + 4, ignore_eos=True))
@@ -59,7 +59,7 @@ def main(argv: list[str]) -> int:
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStop()
     hw = get_hardware("h100-sxm")
-    quant = QuantConfig(**(model.get("quant") or {}))
+    quant = QuantConfig(**model.quant)
     costs = annotate_steps(steps, loaded.config, point["dtype"], quant, hw)
     out.write_text(json.dumps({"bytes": sum(c["bytes"] for c in costs),
                                "flops": sum(c["flops"] for c in costs)}))

@@ -21,7 +21,6 @@ cache and recurrent state; activations are not in it.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +44,7 @@ def preflight(points: list[Any], out_dir: Path, device: str | None = None) -> li
         if getattr(point, "target", None) is not None:  # a server: its model is not here
             check_host_memory(point, request_lengths(point.workload))
             continue
-        key = json.dumps(point.model, sort_keys=True, default=str)
+        key = repr(point.model)
         if key not in configs:
             configs[key] = point.model_config()
         cfg = configs[key]

@@ -18,11 +18,11 @@ docs/diffusion.md has the loop.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
-from infbench.core.decoding import DecodingKind, Remasking, check_diffusion_plan
+from infbench.core.decoding import DecodingKind, DiffusionConfig, Remasking, check_diffusion_plan
 from infbench.core.errors import ConfigError
 
 _Pos = Annotated[int, Field(gt=0, le=2**24, strict=True)]
@@ -54,7 +54,7 @@ class DecodingSection(BaseModel):
     """Diffusion: the mask token id (required for a preset; a LLaDA config.json has one)."""
 
     def resolved(self, gen_len: int,
-                 model_source: dict[str, str] | None = None) -> dict[str, Any] | None:
+                 model_source: dict[str, str] | None = None) -> DiffusionConfig | None:
         """The point's decoding settings (None: autoregressive), S / L / B checked, and a
         mask token known: decoding.mask_token_id, or the one of a LLaDA directory."""
         if self.kind == "autoregressive":
@@ -73,6 +73,5 @@ class DecodingSection(BaseModel):
             raise ConfigError(f"model {name!r} has no mask token: decoding.kind diffusion needs "
                               "decoding.mask_token_id (or a LLaDA directory whose config.json "
                               "has mask_token_id)")
-        return {"kind": "diffusion", "steps": self.steps, "block_length": block,
-                "remasking": self.remasking, "prefix_cache": self.prefix_cache,
-                "mask_token_id": self.mask_token_id}
+        return DiffusionConfig(self.steps, block, self.remasking, self.prefix_cache,
+                               self.mask_token_id)
