@@ -13,9 +13,13 @@ the file, the entry (index or line) and the key, with what is allowed:
 - jsonl: one `{"prompt": "...", "output_len": N}` object per line (`output_len` optional:
   `workload.gen_len` when absent); blank lines are skipped, any other key is an error.
 - trace: the Azure LLM inference trace CSV, columns `TIMESTAMP,ContextTokens,GeneratedTokens`
-  (timestamps as `2023-11-16 18:15:46.6805900` or as seconds); prompts of ContextTokens
-  tokens, outputs of GeneratedTokens (0 is read as 1: a request makes at least one token),
-  arrivals at the timestamps relative to the first request drawn.
+  (timestamps as `2023-11-16 18:15:46.6805900` or as seconds, each column once, rows in
+  time order); prompts of ContextTokens tokens, outputs of GeneratedTokens (0 is read as 1:
+  a request makes at least one token), arrivals at the timestamps relative to the first
+  request drawn.
+
+Every file goes through `dataset_reader` (bounded JSON, LF-only lines, ASCII-only numbers,
+strict CSV headers), so a damaged or hostile file is a DamagedFileError, never a traceback.
 
 `sample_indices` draws the entries of one run: a seeded permutation (cycled with a fresh
 permutation when more requests than entries are asked for) for prompt files, a seeded
@@ -24,13 +28,11 @@ window of consecutive rows for a trace, so the timestamps keep their spacing.
 
 from __future__ import annotations
 
-import csv
-import io
 import json
-import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -38,11 +40,23 @@ from pathlib import Path
 import numpy as np
 
 from infbench.core.errors import DamagedFileError, UserError
+from infbench.measure.dataset_reader import (
+    JSONLimitError,
+    csv_rows,
+    json_problem,
+    loads,
+    numbered_lines,
+    read_text,
+    shown,
+    strict_float,
+    strict_int,
+)
 
 PACKAGED_PREFIX = "infbench:"
 TRACE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 JSONL_KEYS = ("prompt", "output_len")
 _MAX_TOKENS = 2**24  # the scenario's sanity limit on every count
+MAX_TIMESTAMP_S = 1e11  # seconds, about the year 5100: every gap stays a finite float
 
 
 @dataclass(frozen=True)
@@ -54,18 +68,23 @@ class DatasetEntry:
     output_len: int | None = None  # jsonl output_len, trace GeneratedTokens; None: not given
     reference: str | None = None  # sharegpt: the gpt reply (its token count is the output)
     timestamp_s: float | None = None  # trace: seconds since the trace's first row
+    where: str = ""  # where in its file: "line 7" (jsonl, trace) or "entry 3" (sharegpt)
 
 
 def resolve_path(path: str) -> Path:
-    """`infbench:samples/NAME` -> the shipped sample file; anything else as a path."""
+    """`infbench:samples/NAME` -> the shipped sample file; anything else as a path.
+
+    A packaged name is looked up among the shipped samples, never joined onto the package
+    directory, so `infbench:samples/../../etc/passwd` is refused before anything is read.
+    """
     if path.startswith(PACKAGED_PREFIX):
         name = path[len(PACKAGED_PREFIX):]
-        file = Path(str(resources.files("infbench").joinpath("data", name)))
-        if not file.is_file():
+        folder, _, base = name.partition("/")
+        if folder != "samples" or base not in sample_names():
             shipped = ", ".join(f"{PACKAGED_PREFIX}samples/{n}" for n in sample_names())
-            raise UserError(f"workload.dataset.path: {path}: no such packaged file; "
+            raise UserError(f"workload.dataset.path: {shown(path)}: no such packaged file; "
                             f"allowed: {shipped}")
-        return file
+        return Path(str(resources.files("infbench").joinpath("data", "samples", base)))
     file = Path(path).expanduser()
     if not file.exists():
         raise UserError(f"workload.dataset.path: {path}: no such file")
@@ -87,144 +106,174 @@ def load_dataset(kind: str, path: str) -> list[DatasetEntry]:
 
 
 @lru_cache(maxsize=8)
-def _load_cached(kind: str, file: str, shown: str, _size: int,
+def _load_cached(kind: str, file: str, where: str, _size: int,
                  _mtime: int) -> tuple[DatasetEntry, ...]:
-    try:
-        text = Path(file).read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise DamagedFileError(f"{shown}: not UTF-8 text (workload.dataset.kind {kind})") from None
-    except OSError as exc:
-        raise UserError(f"{shown}: cannot be read ({exc.strerror})") from None
     readers = {"sharegpt": _read_sharegpt, "jsonl": _read_jsonl, "trace": _read_trace}
     if kind not in readers:
         raise UserError(f"workload.dataset.kind: unknown value {kind!r}; "
                         f"allowed: {', '.join(readers)}")
-    entries = readers[kind](text, shown)
+    entries = readers[kind](read_text(Path(file), where, kind), where)
     if not entries:
-        raise DamagedFileError(f"{shown}: no usable {kind} entries"
+        raise DamagedFileError(f"{where}: no usable {kind} entries"
                                + (" (each needs a human turn followed by a gpt turn)"
                                   if kind == "sharegpt" else ""))
     return tuple(entries)
 
 
+def fit_entries(entries: list[DatasetEntry], fits: Callable[[DatasetEntry], bool],
+                refuse: bool, path: str, context: str) -> tuple[list[DatasetEntry], int]:
+    """(entries that fit the model context, how many were dropped): the others are skipped,
+    or with `refuse` (workload.dataset.over_context: refuse) the first is a one-line error
+    naming it."""
+    kept = []
+    for entry in entries:
+        if fits(entry):
+            kept.append(entry)
+        elif refuse:
+            raise UserError(f"{path}: {entry.where}: prompt + output tokens exceed the model "
+                            f"context ({context}); allowed: workload.dataset.over_context: "
+                            "drop to skip such entries")
+    if not kept:
+        raise UserError(f"workload.dataset: {path}: no entry fits the model context "
+                        f"({context}: prompt + output tokens); use a model with a longer "
+                        "context or shorter prompts")
+    return kept, len(entries) - len(kept)
+
+
+def _damaged(where: str, exc: ValueError) -> DamagedFileError:
+    """A JSON problem of a dataset as one line: file, line (when known), field."""
+    line = exc.lineno if isinstance(exc, json.JSONDecodeError) else getattr(exc, "line", None)
+    return DamagedFileError(f"{where}{f':{line}' if line else ''}: {json_problem(exc)}")
+
+
 # ------------------------------------------------------------------ sharegpt
-def _read_sharegpt(text: str, shown: str) -> list[DatasetEntry]:
+def _read_sharegpt(text: str, where: str) -> list[DatasetEntry]:
     try:
-        data = json.loads(text)
+        data = loads(text)
+    except JSONLimitError as exc:  # the path [3].conversations... reads as entry 3: ...
+        exc.path = re.sub(r"^\[(\d+)\]\.?", r"entry \1: ", exc.path).rstrip(": ")
+        raise _damaged(where, exc) from None
     except json.JSONDecodeError as exc:
-        raise DamagedFileError(f"{shown}:{exc.lineno}: not valid JSON ({exc.msg}); "
+        raise DamagedFileError(f"{where}:{exc.lineno}: not valid JSON ({exc.msg}); "
                                "a sharegpt dataset is a JSON list of conversations") from None
     if not isinstance(data, list):
-        raise DamagedFileError(f"{shown}: expected a JSON list of {{\"conversations\": [...]}} "
+        raise DamagedFileError(f"{where}: expected a JSON list of {{\"conversations\": [...]}} "
                                f"entries (got {type(data).__name__})")
     entries = []
     for i, item in enumerate(data):
-        where = f"{shown}: entry {i}"
+        at = f"{where}: entry {i}"
         if not isinstance(item, dict) or "conversations" not in item:
-            raise DamagedFileError(f"{where}: expected an object with a 'conversations' list")
+            raise DamagedFileError(f"{at}: expected an object with a 'conversations' list")
         turns = item["conversations"]
         if not isinstance(turns, list):
-            raise DamagedFileError(f"{where}: conversations: must be a list of turns")
+            raise DamagedFileError(f"{at}: conversations: must be a list of turns")
         for j, turn in enumerate(turns):
             if (not isinstance(turn, dict) or not isinstance(turn.get("from"), str)
                     or not isinstance(turn.get("value"), str)):
-                raise DamagedFileError(f"{where}: conversations[{j}]: must be an object with "
+                raise DamagedFileError(f"{at}: conversations[{j}]: must be an object with "
                                        "string 'from' (human, gpt, ...) and 'value'")
         first = next((j for j, t in enumerate(turns) if t["from"] == "human"), None)
         if first is None or first + 1 >= len(turns) or turns[first + 1]["from"] != "gpt":
             continue  # no prompt with a reference reply: skipped, as vLLM's sampler does
         prompt, reply = turns[first]["value"], turns[first + 1]["value"]
         if prompt.strip() and reply.strip():
-            entries.append(DatasetEntry(prompt=prompt, reference=reply))
+            entries.append(DatasetEntry(prompt=prompt, reference=reply, where=f"entry {i}"))
     return entries
 
 
 # ------------------------------------------------------------------ jsonl
-def _read_jsonl(text: str, shown: str) -> list[DatasetEntry]:
+def _read_jsonl(text: str, where: str) -> list[DatasetEntry]:
     entries = []
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, line in numbered_lines(text, where):
         if not line.strip():
             continue
-        where = f"{shown}:{number}"
+        at = f"{where}:{number}"
         try:
-            item = json.loads(line)
+            item = loads(line)
         except json.JSONDecodeError as exc:
-            raise DamagedFileError(f"{where}: not valid JSON ({exc.msg}); each line is "
+            raise DamagedFileError(f"{at}: not valid JSON ({exc.msg}); each line is "
                                    "{\"prompt\": \"...\", \"output_len\": N}") from None
+        except JSONLimitError as exc:
+            exc.line = None  # the line is the file's, not the one-line document's
+            raise _damaged(at, exc) from None
         if not isinstance(item, dict):
-            raise DamagedFileError(f"{where}: expected an object {{\"prompt\": ...}} "
+            raise DamagedFileError(f"{at}: expected an object {{\"prompt\": ...}} "
                                    f"(got {type(item).__name__})")
         unknown = [k for k in item if k not in JSONL_KEYS]
         if unknown:
-            raise DamagedFileError(f"{where}: unknown key {unknown[0]!r}; allowed: "
+            raise DamagedFileError(f"{at}: unknown key {shown(unknown[0])}; allowed: "
                                    f"{', '.join(JSONL_KEYS)}")
         prompt = item.get("prompt")
         if not isinstance(prompt, str) or not prompt.strip():
-            raise DamagedFileError(f"{where}: prompt: required, a non-empty string")
+            raise DamagedFileError(f"{at}: prompt: required, a non-empty string")
         out = item.get("output_len")
         if out is not None and (isinstance(out, bool) or not isinstance(out, int)
                                 or not 0 < out <= _MAX_TOKENS):
-            raise DamagedFileError(f"{where}: output_len: must be an integer in "
-                                   f"1..{_MAX_TOKENS} (got {out!r})")
-        entries.append(DatasetEntry(prompt=prompt, output_len=out))
+            raise DamagedFileError(f"{at}: output_len: must be an integer in "
+                                   f"1..{_MAX_TOKENS} (got {shown(out)})")
+        entries.append(DatasetEntry(prompt=prompt, output_len=out, where=f"line {number}"))
     return entries
 
 
 # ------------------------------------------------------------------ trace
-_FRACTION = re.compile(r"^(.*?\d{2}:\d{2}:\d{2})\.(\d+)$")
+_DATE_TIME = re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2})[ T]([0-9]{2}):([0-9]{2}):([0-9]{2})"
+                        r"(?:\.([0-9]{1,9}))?(Z|[+-][0-9]{2}:?[0-9]{2})?")
 
 
 def _timestamp(text: str) -> float:
-    """Seconds: a plain number, or an ISO-like date-time with up to 9 fraction digits."""
+    """Seconds: a plain ASCII number, or a date-time `2023-11-16 18:15:46.6805900` (up to 9
+    fraction digits, an optional Z or +HH:MM offset; without one, UTC, so a daylight-saving
+    change inside a trace does not move its arrivals)."""
     value = text.strip()
-    try:
-        number = float(value)
-    except ValueError:
-        pass
-    else:
-        if math.isfinite(number):
-            return number
+    number = strict_float(value)
+    if number is not None:
+        if abs(number) > MAX_TIMESTAMP_S:
+            raise ValueError(value)
+        return number
+    match = _DATE_TIME.fullmatch(value)
+    if match is None:
         raise ValueError(value)
-    match = _FRACTION.match(value)
-    fraction = 0.0
-    if match:  # the trace writes 7 digits (.NET ticks); datetime takes at most 6
-        value, fraction = match.group(1), float("0." + match.group(2))
-    return datetime.fromisoformat(value).timestamp() + fraction
+    year, month, day, hour, minute, second = (int(g) for g in match.groups()[:6])
+    fraction, zone = match.group(7), match.group(8)
+    offset = timezone.utc
+    if zone and zone != "Z":
+        sign = -1 if zone[0] == "-" else 1
+        digits = zone[1:].replace(":", "")
+        offset = timezone(sign * timedelta(hours=int(digits[:2]), minutes=int(digits[2:])))
+    # The trace writes 7 fraction digits (.NET ticks); datetime takes at most 6.
+    stamp = datetime(year, month, day, hour, minute, second, tzinfo=offset).timestamp()
+    if abs(stamp) > MAX_TIMESTAMP_S:
+        raise ValueError(value)
+    return stamp + (float("0." + fraction) if fraction else 0.0)
 
 
-def _read_trace(text: str, shown: str) -> list[DatasetEntry]:
-    reader = csv.DictReader(io.StringIO(text))
-    header = [h.strip() for h in reader.fieldnames or []]
-    unknown = [h for h in header if h not in TRACE_COLUMNS]
-    if unknown:
-        raise DamagedFileError(f"{shown}: unknown column {unknown[0]!r}; allowed: "
-                               f"{', '.join(TRACE_COLUMNS)}")
-    missing = [c for c in TRACE_COLUMNS if c not in header]
-    if missing:
-        raise DamagedFileError(f"{shown}: column {missing[0]!r} is missing; a trace has the "
-                               f"columns {', '.join(TRACE_COLUMNS)}")
-    rows: list[tuple[float, int, int]] = []
-    for number, raw in enumerate(reader, start=2):  # line 1 is the header
-        row = {(k or "").strip(): v for k, v in raw.items()}
-        if None in raw or any(row.get(c) is None for c in TRACE_COLUMNS):
-            raise DamagedFileError(f"{shown}:{number}: expected {len(TRACE_COLUMNS)} values "
-                                   f"({', '.join(TRACE_COLUMNS)})")
+def _read_trace(text: str, where: str) -> list[DatasetEntry]:
+    rows: list[tuple[float, int, int, int]] = []
+    previous: tuple[float, int] | None = None
+    for number, row in csv_rows(text, where, TRACE_COLUMNS):
         try:
             stamp = _timestamp(row["TIMESTAMP"])
-        except ValueError:
-            raise DamagedFileError(f"{shown}:{number}: TIMESTAMP: {row['TIMESTAMP']!r} is not a "
-                                   "date-time (2023-11-16 18:15:46.6805900) or seconds") from None
+        except (ValueError, OverflowError):  # OverflowError: a year datetime cannot hold
+            raise DamagedFileError(
+                f"{where}:{number}: TIMESTAMP: {shown(row['TIMESTAMP'])} is not a date-time "
+                f"(2023-11-16 18:15:46.6805900) or seconds (at most {MAX_TIMESTAMP_S:.0e})"
+            ) from None
+        if previous is not None and stamp < previous[0]:
+            raise DamagedFileError(f"{where}:{number}: TIMESTAMP: {shown(row['TIMESTAMP'])} is "
+                                   f"before the previous row's (line {previous[1]}); a trace "
+                                   "is in time order")
+        previous = (stamp, number)
         counts = []
         for column, low in (("ContextTokens", 1), ("GeneratedTokens", 0)):
-            value = row[column].strip()
-            if not value.isdigit() or not low <= int(value) <= _MAX_TOKENS:
-                raise DamagedFileError(f"{shown}:{number}: {column}: must be an integer in "
-                                       f"{low}..{_MAX_TOKENS} (got {value!r})")
-            counts.append(int(value))
-        rows.append((stamp, counts[0], max(counts[1], 1)))
-    rows.sort(key=lambda r: r[0])  # a trace is in time order; a shuffled file is read as one
+            value = strict_int(row[column], low, _MAX_TOKENS)
+            if value is None:
+                raise DamagedFileError(f"{where}:{number}: {column}: must be an integer in "
+                                       f"{low}..{_MAX_TOKENS} (got {shown(row[column])})")
+            counts.append(value)
+        rows.append((stamp, counts[0], max(counts[1], 1), number))
     start = rows[0][0] if rows else 0.0
-    return [DatasetEntry(prompt_len=c, output_len=g, timestamp_s=t - start) for t, c, g in rows]
+    return [DatasetEntry(prompt_len=c, output_len=g, timestamp_s=t - start, where=f"line {n}")
+            for t, c, g, n in rows]
 
 
 # ------------------------------------------------------------------ sampling

@@ -20,12 +20,15 @@ With `workload.dataset` the prompts come from a file (measure/datasets.py): text
 are encoded with the model's tokenizer, a ShareGPT reference reply gives the output length
 (its token count), a trace gives lengths and arrivals.  Text entries whose prompt plus
 output exceed the model's context are skipped before sampling, as vLLM's ShareGPT
-sampler skips over-long conversations.
+sampler skips over-long conversations, with a note counting them (or, with
+`workload.dataset.over_context: refuse`, the first is an error); a trace replay longer
+than `workload.max_duration_s` is refused before the run.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from functools import lru_cache
 from importlib import resources
 from typing import Any
@@ -33,9 +36,9 @@ from typing import Any
 import numpy as np
 
 from infbench.core.errors import ConfigError, UserError
-from infbench.core.scenario import WorkloadPoint
 from infbench.engine.request import Request, SamplingParams
 from infbench.measure import datasets
+from infbench.scenario.point import WorkloadPoint
 
 _NUM_STREAMS = 5  # prompt lengths, output lengths, arrivals, prompt tokens, sampling seeds
 
@@ -55,8 +58,7 @@ def generate_requests(point: WorkloadPoint, vocab_size: int, tokenizer: Any = No
         prompts, lens, entries = _dataset_prompts(point, len_rng, prompt_rng, vocab_size,
                                                   tokenizer, eos_token_id, max_model_len)
         gen_lens = np.asarray(lens, dtype=np.int64)
-        arrivals = (datasets.trace_arrivals(entries, point.dataset.time_scale)
-                    if point.kind == "trace" else
+        arrivals = (trace_arrivals(point, entries) if point.kind == "trace" else
                     arrival_times(arrival_rng, point.kind, point.rate, n, point.burstiness))
         return _build(point, prompts, gen_lens, arrivals, seed_rng, eos_token_id)
     prompt_lens, gen_lens = _lengths(point, len_rng, gen_rng)
@@ -99,6 +101,8 @@ def request_lengths(point: WorkloadPoint) -> tuple[np.ndarray, np.ndarray]:
     len_rng, gen_rng, *_ = _streams(point)
     if point.dataset is not None:  # text prompts: whitespace words, a token estimate
         entries = _sampled_entries(point, len_rng, None)
+        if point.kind == "trace":  # refused here, before any model is loaded
+            trace_arrivals(point, entries)
         prompts = [e.prompt_len if e.prompt is None else datasets.word_count(e.prompt)
                    for e in entries]
         outs = [e.output_len if e.output_len is not None else
@@ -168,18 +172,38 @@ def arrival_times(rng: np.random.Generator, kind: str, rate: float | None,
     return np.concatenate([[0.0], np.cumsum(gaps[:-1])])[:n]
 
 
+def trace_arrivals(point: WorkloadPoint, entries: list[datasets.DatasetEntry]) -> np.ndarray:
+    """A trace's arrivals, gaps scaled; a replay longer than workload.max_duration_s (or one
+    whose scaled gaps overflow) is a one-line error, as a poisson rate too low is at load."""
+    assert point.dataset is not None
+    with np.errstate(over="ignore", invalid="ignore"):
+        arrivals = datasets.trace_arrivals(entries, point.dataset.time_scale)
+    span = float(arrivals[-1]) if arrivals.size else 0.0
+    if not math.isfinite(span) or span > point.max_duration_s:
+        raise UserError(f"workload.dataset: {point.dataset.path}: the {len(entries)} rows drawn "
+                        f"span {span:.6g} s at time_scale {point.dataset.time_scale:g}, beyond "
+                        f"workload.max_duration_s {point.max_duration_s:g}; allowed: raise "
+                        "max_duration_s (a run that long is meant) or lower time_scale")
+    return arrivals
+
+
 # ------------------------------------------------------------------ dataset prompts
-def _sampled_entries(point: WorkloadPoint, rng: np.random.Generator,
-                     fits: Any) -> list[datasets.DatasetEntry]:
-    """The point's num_requests entries of its dataset, seeded (`fits` filters first)."""
+def _sampled_entries(point: WorkloadPoint, rng: np.random.Generator, fits: Any,
+                     max_model_len: int | None = None) -> list[datasets.DatasetEntry]:
+    """The point's num_requests entries of its dataset, seeded (`fits` filters first, by
+    workload.dataset.over_context: drop with a note, or refuse)."""
     assert point.dataset is not None
     entries = datasets.load_dataset(point.dataset.kind, point.dataset.path)
     if fits is not None:
-        usable = [e for e in entries if fits(e)]
-        if not usable:
-            raise UserError(f"workload.dataset: {point.dataset.path}: no entry fits the model "
-                            "context (prompt + output tokens); use a model with a longer "
-                            "context or shorter prompts")
+        context = f"{max_model_len} tokens" if max_model_len else "the model's"
+        usable, dropped = datasets.fit_entries(entries, fits,
+                                               point.dataset.over_context == "refuse",
+                                               point.dataset.path, context)
+        if dropped:
+            print(f"note: workload.dataset {point.dataset.path}: dropped {dropped} of "
+                  f"{len(entries)} entries longer than the model context ({context}, prompt + "
+                  "output); workload.dataset.over_context: refuse makes them an error",
+                  file=sys.stderr)
         entries = usable
     indices = datasets.sample_indices(len(entries), point.num_prompts, rng,
                                       contiguous=point.dataset.kind == "trace")
@@ -217,7 +241,8 @@ def _dataset_prompts(point: WorkloadPoint, pick_rng: np.random.Generator,
         size = len(ids(entry.prompt)) if entry.prompt is not None else entry.prompt_len or 0
         return size >= 1 and (max_model_len is None or size + output_len(entry) <= max_model_len)
 
-    entries = _sampled_entries(point, pick_rng, None if cfg.kind == "trace" else fits)
+    entries = _sampled_entries(point, pick_rng, None if cfg.kind == "trace" else fits,
+                               max_model_len)
     outs = [output_len(e) for e in entries]
     if cfg.kind != "trace":
         prompts = [ids(e.prompt or "") for e in entries]

@@ -19,9 +19,9 @@ from infbench.core.config import (
     make_prune,
     make_quant,
 )
+from infbench.core.decoding import DiffusionConfig
 from infbench.core.errors import ConfigError, UserError
 from infbench.core.metric_names import DEFAULT_PERCENTILES
-from infbench.core.decoding import DiffusionConfig
 from infbench.core.parallel import ParallelConfig
 from infbench.core.speculative import SpeculativeConfig
 from infbench.scenario.target import TargetSection
@@ -33,6 +33,7 @@ DatasetKind = Literal["sharegpt", "jsonl", "trace"]
 PromptSource = Literal["random", "text"]
 LengthDist = Literal["fixed", "uniform", "normal", "lognormal"]
 NormalizeMode = Literal["none", "mbu", "roofline_fraction", "reference", "torch_reference"]
+OverContext = Literal["drop", "refuse"]
 WORKLOAD_KINDS: tuple[str, ...] = typing.get_args(WorkloadKind)
 DATASET_KINDS: tuple[str, ...] = typing.get_args(DatasetKind)
 # Without workload.num_requests: static runs batch_size requests, the other kinds this many.
@@ -40,6 +41,11 @@ DEFAULT_NUM_REQUESTS = 64
 PROMPT_SOURCES: tuple[str, ...] = typing.get_args(PromptSource)
 LENGTH_DISTS: tuple[str, ...] = typing.get_args(LengthDist)
 NORMALIZE_MODES: tuple[str, ...] = typing.get_args(NormalizeMode)
+OVER_CONTEXT: tuple[str, ...] = typing.get_args(OverContext)
+# workload.max_duration_s: a run's expected arrivals span at most this by default (a rate of
+# 1e-9 would wait for decades), and at most MAX_DURATION_S when raised.
+DEFAULT_MAX_DURATION_S = 24 * 3600.0
+MAX_DURATION_S = 365 * 24 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,7 @@ class WorkloadPoint:
     burstiness: float = 1.0
     max_concurrency: int | None = None
     dataset: DatasetConfig | None = None
+    max_duration_s: float = DEFAULT_MAX_DURATION_S
 
     def __post_init__(self) -> None:
         if isinstance(self.dataset, dict):  # from the section's model_dump
@@ -122,6 +129,7 @@ class WorkloadPoint:
             raise ConfigError("workload.rate: kind trace takes its arrivals from the trace; "
                               "remove rate (or use kind poisson for the trace's lengths at a "
                               "rate)")
+        self._check_duration()
         if self.dataset is not None:
             # A trace gives lengths only: its prompts are random ids or windows of text.
             text_source = "random" if trace else self.prompt_source
@@ -131,6 +139,24 @@ class WorkloadPoint:
                 if value != default:
                     raise ConfigError(f"workload.{key}: the prompts come from "
                                       f"workload.dataset ({self.dataset.path}); remove {key}")
+
+    def _check_duration(self) -> None:
+        """Poisson arrivals expected to span more than max_duration_s are refused here, at
+        load (a trace's span is known once its file is read: measure/workload.py)."""
+        if not 0 < self.max_duration_s <= MAX_DURATION_S:
+            raise ConfigError(f"workload.max_duration_s: must be in (0, {MAX_DURATION_S:.0f}] "
+                              f"seconds (got {self.max_duration_s})")
+        if self.kind != "poisson" or self.rate is None or not math.isfinite(self.rate):
+            return
+        expected = (self.num_prompts - 1) / self.rate  # the first arrives at t=0
+        if expected > self.max_duration_s:
+            raise ConfigError(
+                f"workload.rate: {self.num_prompts} requests at {self.rate:g}/s arrive over "
+                f"about {expected:.3g} s ({_readable_s(expected)}), beyond "
+                f"workload.max_duration_s {self.max_duration_s:g} "
+                f"({_readable_s(self.max_duration_s)}); allowed: a higher rate, fewer "
+                f"requests, or max_duration_s up to {MAX_DURATION_S:.0f} when a run that long "
+                "is meant")
 
     @property
     def is_realtime(self) -> bool:
@@ -150,6 +176,14 @@ class WorkloadPoint:
         return self.num_prompts * self.samples_per_prompt
 
 
+def _readable_s(seconds: float) -> str:
+    for unit, size, above in (("years", 365 * 86400.0, 1.0), ("days", 86400.0, 2.0),
+                              ("h", 3600.0, 1.0)):
+        if seconds >= size * above:
+            return f"{seconds / size:.3g} {unit}"
+    return f"{seconds:.3g} s"
+
+
 @dataclass(frozen=True)
 class DatasetConfig:
     """workload.dataset (DatasetSection documents the keys; measure/datasets.py reads it)."""
@@ -157,11 +191,15 @@ class DatasetConfig:
     kind: str  # sharegpt | jsonl | trace
     path: str
     time_scale: float = 1.0
+    over_context: str = "drop"  # drop | refuse
 
     def __post_init__(self) -> None:
         if self.kind not in DATASET_KINDS:
             raise ConfigError(f"workload.dataset.kind: unknown value {self.kind!r}; "
                               f"allowed: {', '.join(DATASET_KINDS)}")
+        if self.over_context not in OVER_CONTEXT:
+            raise ConfigError(f"workload.dataset.over_context: unknown value "
+                              f"{self.over_context!r}; allowed: {', '.join(OVER_CONTEXT)}")
 
 
 @dataclass(frozen=True)

@@ -74,12 +74,15 @@ from infbench.hardware.spec import default_hardware
 from infbench.scenario.decoding import DecodingSection
 from infbench.scenario.parallel import ParallelSection
 from infbench.scenario.point import (
+    DEFAULT_MAX_DURATION_S,
+    MAX_DURATION_S,
     DatasetKind,
     GateConfig,
     LengthDist,
     MeasureConfig,
     ModelPoint,
     NormalizeMode,
+    OverContext,
     PromptSource,
     ScenarioPoint,
     WorkloadKind,
@@ -306,6 +309,10 @@ class DatasetSection(_Section):
     small sample files shipped with infbench."""
     time_scale: PosFloat = 1.0
     """trace: multiplies the gaps between the trace's timestamps (0.1 replays 10x faster)."""
+    over_context: OverContext = "drop"
+    """Text entries whose prompt + output exceed the model context: drop (skipped before
+    sampling, with a note counting them, as vLLM's ShareGPT sampler skips them) or refuse
+    (the first is a one-line error naming its line or entry)."""
 
 
 class WorkloadSection(_Section):
@@ -325,6 +332,11 @@ class WorkloadSection(_Section):
     max_concurrency: PosInt | None = None
     """Client-side cap on outstanding requests: a request is submitted only when fewer are
     in flight (its TTFT counts from that submission); null: no cap."""
+    max_duration_s: Annotated[float, Field(gt=0, le=MAX_DURATION_S, strict=True,
+                                           allow_inf_nan=False)] = DEFAULT_MAX_DURATION_S
+    """The longest a run's arrivals may span (poisson: (requests - 1) / rate expected; trace:
+    its drawn rows' span times time_scale); longer is refused before the run (24 h unless
+    raised, at most 365 days)."""
     dataset: DatasetSection | None = None
     """Prompts (and output lengths, and for a trace arrival times) from a file."""
     shared_prefix_len: _SweepNonNegInt = [0]

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from infbench.core.errors import UserError
-from infbench.core.scenario import DatasetConfig, WorkloadPoint, scenario_from_document
 from infbench.measure.datasets import load_dataset, sample_names
 from infbench.measure.workload import generate_requests, request_lengths
+from infbench.scenario.point import DatasetConfig, WorkloadPoint
+from infbench.scenario.schema import scenario_from_document
 
 
 class WordTokenizer:
@@ -89,7 +90,7 @@ BAD = [
     ("sharegpt", '[{"conversations": [{"from": "human", "value": "hi"}]}]',
      r"^{f}: no usable sharegpt entries"),
     ("trace", "TIMESTAMP,ContextTokens,GeneratedTokens,Model\n1,2,3,x\n",
-     r"^{f}: unknown column 'Model'; allowed: TIMESTAMP, ContextTokens, GeneratedTokens$"),
+     r"^{f}:1: unknown column 'Model'; allowed: TIMESTAMP, ContextTokens, GeneratedTokens$"),
     ("trace", "TIMESTAMP,ContextTokens\n1,2\n", r"^{f}: column 'GeneratedTokens' is missing"),
     ("trace", "TIMESTAMP,ContextTokens,GeneratedTokens\n1,2,3\nyesterday,2,3\n",
      r"^{f}:3: TIMESTAMP: 'yesterday' is not a date-time"),
