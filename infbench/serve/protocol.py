@@ -35,7 +35,21 @@ _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "logit_bias": (None, {}),
     "tools": (None, []),
     "min_tokens": (None, 0),
+    "min_p": (None, 0, 0.0),
+    "tool_choice": (None,),  # no tools are supported, so no choice among them either
+    "parallel_tool_calls": (None,),
+    "functions": (None, []),
+    "function_call": (None,),
+    "response_format": (None, {"type": "text"}),  # text is what the server returns anyway
 }
+# What each endpoint implements; any other key is refused by name, so a client never gets
+# a silently different answer from a field it thinks was honoured.  `user` (an end-user id
+# for the operator's logs) changes no output, so it is accepted.
+_COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "n", "stop",
+           "stop_token_ids", "ignore_eos", "return_token_ids", "stream", "stream_options",
+           "user"}
+_KNOWN = {"completion": _COMMON | {"prompt"},
+          "chat": _COMMON | {"messages", "max_completion_tokens"}}
 
 
 class ApiError(Exception):
@@ -78,14 +92,14 @@ class GenerationParams:
 
 # ------------------------------------------------------------------ parsing
 def parse_completion(body: Any, ctx: ModelContext) -> GenerationParams:
-    _check_common(body, ctx)
+    _check_common(body, ctx, "completion")
     prompt = body.get("prompt")
     ids = _prompt_ids(prompt, ctx)
     return _params("completion", body, ctx, ids, DEFAULT_COMPLETION_TOKENS, ("max_tokens",))
 
 
 def parse_chat(body: Any, ctx: ModelContext) -> GenerationParams:
-    _check_common(body, ctx)
+    _check_common(body, ctx, "chat")
     if ctx.tokenizer is None:
         raise ApiError(f"model {ctx.name!r} has no tokenizer, so no chat template; use "
                        "/v1/completions with token ids", param="messages")
@@ -100,17 +114,26 @@ def parse_chat(body: Any, ctx: ModelContext) -> GenerationParams:
     return _params("chat", body, ctx, ids, None, ("max_completion_tokens", "max_tokens"))
 
 
-def _check_common(body: Any, ctx: ModelContext) -> None:
+def _check_common(body: Any, ctx: ModelContext, kind: Literal["completion", "chat"]) -> None:
     if not isinstance(body, dict):
         raise ApiError(f"the request body must be a JSON object, got {_json_type(body)}")
+    known = _KNOWN[kind]
+    for key in body:
+        if key not in known and key not in _UNSUPPORTED:
+            where = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
+            raise ApiError(f"unknown parameter {key[:100]!r} for {where}; it is refused "
+                           "rather than ignored", param=key[:100], code="unsupported_parameter")
     model = body.get("model")
     if model is not None and model != ctx.name:
-        raise ApiError(f"the model {model!r} does not exist; this server serves {ctx.name!r}",
+        raise ApiError(f"the model {_short(model)} does not exist; this server serves "
+                       f"{ctx.name!r}",
                        param="model", code="model_not_found")
     for key, off in _UNSUPPORTED.items():
         value = body.get(key)
         if not any(value == v and type(value) is type(v) for v in off) and value is not None:
-            raise ApiError(f"{key}={value!r} is not supported by infbench serve",
+            why = (" (tool_choice needs tools, and infbench serve supports none)"
+                   if key == "tool_choice" else "")
+            raise ApiError(f"{key}={_short(value)} is not supported by infbench serve{why}",
                            param=key, code="unsupported_parameter")
 
 
@@ -195,7 +218,7 @@ def _token_ids(value: Any, key: str, ctx: ModelContext, *, allow_empty: bool) ->
                        else f"{key} must be a list of token ids", param=key)
     for t in value:
         if not _is_int(t) or not 0 <= t < ctx.vocab_size:
-            raise ApiError(f"{key}: token {t!r} is outside the vocabulary "
+            raise ApiError(f"{key}: token {_short(t)} is outside the vocabulary "
                            f"(0..{ctx.vocab_size - 1})", param=key)
     return list(value)
 
@@ -258,7 +281,8 @@ def _optional_int(body: dict[str, Any], key: str, low: int, high: int) -> int | 
     if value is None:
         return None
     if not _is_int(value) or not low <= value <= high:
-        raise ApiError(f"{key} must be an integer in [{low}, {high}], got {value!r}", param=key)
+        raise ApiError(f"{key} must be an integer in [{low}, {high}], got {_short(value)}",
+                       param=key)
     return int(value)
 
 
@@ -267,7 +291,7 @@ def _float(body: dict[str, Any], key: str, default: float, *, minimum: float) ->
     if value is None:
         return default
     if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
-        raise ApiError(f"{key} must be a finite number, got {value!r}", param=key)
+        raise ApiError(f"{key} must be a finite number, got {_short(value)}", param=key)
     if value < minimum:
         raise ApiError(f"{key} must be >= {minimum}, got {value}", param=key)
     return float(value)
@@ -278,8 +302,14 @@ def _bool(body: dict[str, Any], key: str, default: bool, name: str | None = None
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise ApiError(f"{name or key} must be true or false, got {value!r}", param=name or key)
+        raise ApiError(f"{name or key} must be true or false, got {_short(value)}",
+                       param=name or key)
     return value
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _json_type(value: Any) -> str:

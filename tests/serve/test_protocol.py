@@ -60,6 +60,16 @@ BAD: list[tuple[dict[str, Any], str, str | None]] = [
     ({"prompt": "x", "stream_options": {"include_usage": True}}, "only allowed", "stream_options"),
     ({"prompt": "x", "logprobs": 2}, "not supported", "logprobs"),
     ({"prompt": "x", "presence_penalty": 0.5}, "not supported", "presence_penalty"),
+    ({"prompt": "x", "min_p": 0.1}, "not supported", "min_p"),
+    ({"prompt": "x", "response_format": {"type": "json_object"}}, "not supported",
+     "response_format"),
+    ({"prompt": "x", "tool_choice": "none"}, "needs tools", "tool_choice"),
+    ({"prompt": "x", "tool_choice": "auto"}, "needs tools", "tool_choice"),
+    ({"prompt": "x", "parallel_tool_calls": True}, "not supported", "parallel_tool_calls"),
+    ({"prompt": "x", "frobnicate": 1}, "unknown parameter 'frobnicate'", "frobnicate"),
+    ({"prompt": "x", "messages": []}, "unknown parameter 'messages'", "messages"),
+    ({"prompt": "x", "max_completion_tokens": 3}, "unknown parameter", "max_completion_tokens"),
+    ({"prompt": "x", "model": "y" * 10_000}, "does not exist", "model"),
 ]
 
 
@@ -86,6 +96,24 @@ def test_bad_chat_requests(parse: Any, body: Any, param: str | None) -> None:
     with pytest.raises(ApiError) as exc:
         parse(body, CTX)
     assert exc.value.param == param
+
+
+def test_off_values_of_unsupported_fields_and_user_are_accepted() -> None:
+    p = parse_completion({"prompt": "x", "min_p": 0, "response_format": {"type": "text"},
+                          "tool_choice": None, "logprobs": None, "user": "u-1"}, CTX)
+    assert p.prompt_ids == tuple(TOK.encode("x"))
+    chat = {"messages": [{"role": "user", "content": "x"}]}
+    with pytest.raises(ApiError, match="unknown parameter 'prompt'") as exc:
+        parse_chat({**chat, "prompt": "x"}, CTX)
+    assert exc.value.code == "unsupported_parameter"
+    with pytest.raises(ApiError, match="needs tools"):
+        parse_chat({**chat, "tool_choice": {"type": "function"}}, CTX)
+
+
+def test_an_error_never_echoes_a_huge_value() -> None:
+    with pytest.raises(ApiError) as exc:
+        parse_completion({"prompt": "x", "seed": [1] * 100_000}, CTX)
+    assert exc.value.param == "seed" and len(exc.value.message) < 200
 
 
 def test_no_tokenizer_refuses_text_chat_and_stop_strings() -> None:
