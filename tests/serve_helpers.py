@@ -20,9 +20,12 @@ from infbench.core.config import EngineConfig
 from infbench.engine.engine import Engine, KVSizing
 from infbench.model.loader import LoadedModel, load_model
 from infbench.model.tokenizer import Tokenizer
-from infbench.serve.app import SERVER_KEY, Server, create_app, serve_app
+from infbench.serve.app import SERVER_KEY, Server, create_app
 from infbench.serve.engine_loop import EngineLoop
+from infbench.serve.limits import ServerLimits
 from infbench.serve.protocol import ModelContext
+from infbench.serve.runtime import serve_app
+from infbench.serve.security import Security
 
 MODEL_NAME = "tiny-test"
 MAX_MODEL_LEN = 128
@@ -74,12 +77,15 @@ class RunningServer:
 
 
 def start_server(max_num_seqs: int = 4, max_queue: int | None = None,
-                 start_engine: bool = True) -> RunningServer:
+                 start_engine: bool = True, security: Security | None = None,
+                 limits: ServerLimits | None = None,
+                 shutdown_timeout: float = 5) -> RunningServer:
     engine, loaded = tiny_engine(max_num_seqs)
     ctx = ModelContext(MODEL_NAME, MAX_MODEL_LEN, loaded.config.vocab_size, max_num_seqs,
                        loaded.tokenizer)
     engine_loop = EngineLoop(engine, max_queue)
-    app = create_app(engine_loop, ctx, start_engine=start_engine)
+    app = create_app(engine_loop, ctx, start_engine=start_engine, security=security,
+                     limits=limits)
     bound: dict[str, Any] = {}
     ready = threading.Event()
 
@@ -94,7 +100,8 @@ def start_server(max_num_seqs: int = 4, max_queue: int | None = None,
                 bound["port"] = port
                 ready.set()
 
-            await serve_app(app, "127.0.0.1", 0, stop=stop, ready=on_ready, shutdown_timeout=5)
+            await serve_app(app, "127.0.0.1", 0, stop=stop, ready=on_ready, limits=limits,
+                            shutdown_timeout=shutdown_timeout, drain=app[SERVER_KEY].drain)
 
         asyncio.run(main())
 

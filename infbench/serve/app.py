@@ -5,18 +5,21 @@ per-step updates turned into text (detokenize.py): collected into one JSON body,
 written as server-sent events (`data: {...}` chunks, then `data: [DONE]`) as they come.
 Whatever way a handler ends (finished, client gone, cancelled, error), its `finally`
 closes the stream, which aborts a request still in the engine and frees its KV blocks;
-run the app with `handler_cancellation=True` so that a client that disconnects while
-waiting for a non-streamed answer cancels its handler too.
+run the app with `handler_cancellation=True` (runtime.serve_app does) so that a client
+that disconnects while waiting for a non-streamed answer cancels its handler too.
+
+Bodies are read and parsed within the limits of limits.py; access (key, Host) and errors
+as OpenAI objects are security.py's middlewares.  On shutdown `Server.drain` lets the
+requests in flight finish up to the grace time, then ends each with a 503: an SSE error
+event and `[DONE]` for a stream, an error object for a whole response.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import signal
 import time
 import uuid
-from collections.abc import Callable
 from typing import Any, Literal
 
 from aiohttp import web
@@ -31,6 +34,7 @@ from infbench.serve.engine_loop import (
     ShuttingDown,
     StreamError,
 )
+from infbench.serve.limits import BodyBudget, ServerLimits, parse_body
 from infbench.serve.metrics import ServerMetrics
 from infbench.serve.protocol import (
     ApiError,
@@ -43,8 +47,7 @@ from infbench.serve.protocol import (
     response,
     usage_chunk,
 )
-
-MAX_BODY_BYTES = 64 << 20  # long prompts given as token ids are large JSON
+from infbench.serve.security import LOG, Security, error_response, secure_app
 
 Delta = tuple[int, str, list[int], str | None]  # (sample index, text, token ids, finish)
 
@@ -68,7 +71,7 @@ class _Generation:
         """Wait for the engine's next step of this request; raise ApiError if it failed."""
         event = await self.stream.events.get()
         if isinstance(event, StreamError):
-            raise ApiError(event.message, status=event.status,
+            raise ApiError(event.message, status=event.status, code=event.code,
                            type_="server_error" if event.status >= 500 else
                            "invalid_request_error")
         self._observe_latency(event)
@@ -124,16 +127,23 @@ class _Generation:
 
 
 class Server:
-    """The routes' state: the engine loop, the model's context and the metrics."""
+    """The routes' state: the engine loop, the model's context, the metrics, the limits."""
 
-    def __init__(self, loop: EngineLoop, ctx: ModelContext, metrics: ServerMetrics) -> None:
-        self.loop, self.ctx, self.metrics = loop, ctx, metrics
+    def __init__(self, loop: EngineLoop, ctx: ModelContext, metrics: ServerMetrics,
+                 limits: ServerLimits) -> None:
+        self.loop, self.ctx, self.metrics, self.limits = loop, ctx, metrics, limits
+        self.budget = BodyBudget(limits.max_body_bytes_in_flight)
         self.created = int(time.time())
+        self.draining = False
+        self.num_handlers = 0  # generation handlers running (reading, waiting, streaming)
+        self._idle = asyncio.Event()
+        self._idle.set()
 
     # ------------------------------------------------------------ plain routes
     async def health(self, request: web.Request) -> web.Response:
-        if self.loop.error is not None:
-            return web.Response(status=503, text=self.loop.error)
+        reason = self.loop.error or ("the server is shutting down" if self.draining else None)
+        if reason is not None:
+            return error_response(ApiError(reason, status=503, type_="server_error"))
         return web.Response(status=200)
 
     async def models(self, request: web.Request) -> web.Response:
@@ -155,19 +165,32 @@ class Server:
 
     async def _generate(self, request: web.Request,
                         kind: Literal["completion", "chat"]) -> web.StreamResponse:
+        self.num_handlers += 1
+        self._idle.clear()
         try:
-            body = await _read_json(request)
-            params = (parse_chat if kind == "chat" else parse_completion)(body, self.ctx)
+            return await self._generate_one(request, kind)
+        finally:
+            self.num_handlers -= 1
+            if self.num_handlers == 0:
+                self._idle.set()
+
+    async def _generate_one(self, request: web.Request,
+                            kind: Literal["completion", "chat"]) -> web.StreamResponse:
+        parse = parse_chat if kind == "chat" else parse_completion
+        try:
+            if self.draining:
+                raise ShuttingDown("the server is shutting down")
+            params = await parse_body(request, self.limits, self.budget,
+                                      lambda body: parse(body, self.ctx))
             request_id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
             req = Request(request_id, params.prompt_ids, params.sampling, n=params.sampling.n)
             stream = self.loop.submit(req)
-        except ApiError as exc:
-            return _error(exc)
         except QueueFull as exc:
-            return _error(ApiError(str(exc), status=429, type_="rate_limit_error",
-                                   code="queue_full"))
+            raise ApiError(str(exc), status=429, type_="rate_limit_error",
+                           code="queue_full") from None
         except ShuttingDown as exc:
-            return _error(ApiError(str(exc), status=503, type_="server_error"))
+            raise ApiError(str(exc), status=503, type_="server_error",
+                           code="shutting_down") from None
         gen = _Generation(params, stream, self.loop, self.ctx, self.metrics)
         try:
             if params.stream:
@@ -176,8 +199,6 @@ class Server:
                 await gen.next_deltas()
             return web.json_response(response(params, request_id, int(time.time()),
                                               self.ctx.name, gen.choices()))
-        except ApiError as exc:
-            return _error(exc)
         finally:
             self.loop.close(stream)
             gen.record()
@@ -217,32 +238,47 @@ class Server:
             pass
         return resp
 
+    # ---------------------------------------------------------------- shutdown
+    async def drain(self, grace_s: float) -> None:
+        """Refuse new requests (503), give those in flight `grace_s` seconds, then end the
+        rest with a 503 (an SSE error event and [DONE] for a stream) and wait for their
+        handlers to write it."""
+        self.draining = True
+        self.loop.stop_accepting()
+        if await self._wait_idle(grace_s):
+            return
+        num = self.loop.fail_all(f"the server is shutting down: the request did not finish "
+                                 f"within the shutdown timeout ({grace_s:g} s)", 503,
+                                 "shutting_down")
+        LOG.warning("shutdown: %d requests did not finish within %g s; ended with a 503",
+                    num, grace_s)
+        await self._wait_idle(5.0)
+
+    async def _wait_idle(self, timeout_s: float) -> bool:
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
 
 SERVER_KEY = web.AppKey("infbench_server", Server)
-
-
-async def _read_json(request: web.Request) -> Any:
-    try:
-        return await request.json(loads=json.loads)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ApiError(f"the request body is not valid JSON: {exc}") from None
 
 
 def _sse(obj: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
 
-def _error(exc: ApiError) -> web.Response:
-    return web.json_response(exc.body(), status=exc.status)
-
-
-def create_app(loop: EngineLoop, ctx: ModelContext, *,
-               start_engine: bool = True) -> web.Application:
+def create_app(loop: EngineLoop, ctx: ModelContext, *, start_engine: bool = True,
+               security: Security | None = None,
+               limits: ServerLimits | None = None) -> web.Application:
     """The application; on startup it starts `loop`'s worker (unless `start_engine` is
-    False: a test starts it), on cleanup it stops it after the handlers have finished."""
+    False: a test starts it), on cleanup it stops it after the handlers have finished.
+    Serve it with runtime.serve_app(..., drain=app[SERVER_KEY].drain)."""
     metrics = ServerMetrics(ctx.name, lambda: loop.stats)
-    server = Server(loop, ctx, metrics)
-    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    server = Server(loop, ctx, metrics, limits or ServerLimits())
+    app = web.Application()  # bodies are read by limits.read_body, not client_max_size
+    secure_app(app, security or Security())
     app[SERVER_KEY] = server
     app.router.add_get("/health", server.health)
     app.router.add_get("/v1/models", server.models)
@@ -260,38 +296,3 @@ def create_app(loop: EngineLoop, ctx: ModelContext, *,
     app.on_startup.append(on_startup)
     app.on_cleanup.append(on_cleanup)
     return app
-
-
-async def serve_app(app: web.Application, host: str, port: int, *, stop: asyncio.Event,
-                    ready: Callable[[int], None] | None = None,
-                    shutdown_timeout: float = 30.0) -> None:
-    """Serve `app` on host:port until `stop` is set, then shut down cleanly: stop
-    listening, give in-flight requests `shutdown_timeout` seconds to finish (then cancel
-    them, which aborts them in the engine), stop the engine loop.  `ready` gets the port
-    bound (useful with port 0)."""
-    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=shutdown_timeout,
-                           access_log=None)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, host, port)
-        await site.start()
-        if ready is not None:
-            ready(int(runner.addresses[0][1]))
-        await stop.wait()
-    finally:
-        await runner.cleanup()
-
-
-def run_server(app: web.Application, host: str, port: int, *, shutdown_timeout: float,
-               ready: Callable[[int], None] | None = None) -> None:
-    """`serve_app` in a new event loop until SIGINT or SIGTERM."""
-
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        await serve_app(app, host, port, stop=stop, ready=ready,
-                        shutdown_timeout=shutdown_timeout)
-
-    asyncio.run(main())

@@ -55,6 +55,7 @@ class StreamError:
 
     message: str
     status: int
+    code: str | None = None
 
 
 Event = list[SampleUpdate] | StreamError
@@ -165,6 +166,17 @@ class EngineLoop:
         self._streams.pop(stream.request_id, None)
         if not stream.is_done:
             self._inbox.put(_Abort(stream.request_id, None))
+
+    def stop_accepting(self) -> None:
+        """Refuse new requests (ShuttingDown); those held keep running."""
+        self._accepting = False
+
+    def fail_all(self, message: str, status: int, code: str | None = None) -> int:
+        """End every request held with an error (the engine aborts each as its handler
+        closes the stream); returns how many.  Call on the event loop."""
+        for stream in self._streams.values():
+            stream.events.put_nowait(StreamError(message, status, code))
+        return len(self._streams)
 
     async def stop(self) -> None:
         """Stop accepting, abort what is left and join the worker (without blocking)."""

@@ -1,49 +1,48 @@
-"""`infbench serve --replicas N`: N engine processes behind one router.
+"""`infbench serve --replicas N`: N engine processes for the router (router.py) to front.
 
 Each replica is a whole `infbench serve` process (its own model copy, engine loop, KV pool
 and torch thread pool, `--threads-per-replica` intra-op threads) on a private loopback
 port; on Linux replica i is pinned to its own cores (os.sched_setaffinity) so two replicas
-of one thread each on a 2-core machine do not migrate onto the same core.  The router is
-an aiohttp app on the public port:
+of one thread each on a 2-core machine do not migrate onto the same core.
 
-- POST /v1/completions and /v1/chat/completions go to one replica, chosen round-robin or by
-  the fewest requests outstanding (`--router least_outstanding`, ties to the lowest index),
-  and its answer (SSE stream or JSON, status included) is passed through as it arrives.
-  A client that disconnects closes the upstream request, so the replica aborts it and frees
-  its KV blocks, as with one server.
-- GET /v1/models is replica 0's answer (every replica serves the same model);
-  /health is 200 when every replica answers its own /health, else 503;
-  /metrics is the router's counters (requests and outstanding per replica) followed by the
-  replicas' own metrics, merged family by family with a `replica="i"` label on each sample.
+The replicas answer only the router: each start draws a random secret, which every replica
+gets as its API key (through INFBENCH_API_KEY, not its command line, which `ps` shows) with
+`--protect-health-metrics`, and which the router sends.  They die with the router: each
+runs in a session of its own (a Ctrl-C at the terminal reaches the router, which stops them
+in order) with PR_SET_PDEATHSIG = SIGKILL on Linux, so a router killed with SIGKILL takes
+them along.  Their logs go to one temporary directory, named at start and removed on a
+clean stop (kept, and named again, when a replica failed).
 
 Data parallelism with no shared state: the analytic expectation is throughput x N at
 unchanged per-request latency while each replica has cores and memory bandwidth of its own
-(`infbench predict --replicas`); the measurement is in docs/serving.md#replicas.
+(`infbench predict --replicas`); the measurement is in docs/serving.md#replicas-measured.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
+import ctypes
 import os
+import secrets
+import shutil
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO
 
-from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
+from aiohttp import ClientError, ClientSession, ClientTimeout
 
 from infbench.core.errors import UserError
+from infbench.serve.security import API_KEY_ENV
 
-ROUTERS = ("round_robin", "least_outstanding")
 LOOPBACK = "127.0.0.1"
-# Hop-by-hop and length headers are the router's own business on each side.
-_SKIP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive", "date",
-                 "server", "content-encoding"}
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def free_port() -> int:
@@ -60,25 +59,29 @@ def core_sets(replicas: int, threads: int, cores: Sequence[int]) -> list[list[in
     return [list(cores[i * threads:(i + 1) * threads]) for i in range(replicas)]
 
 
-@dataclass
+@dataclass(eq=False)
 class Replica:
     index: int
     port: int
-    process: subprocess.Popen[bytes]
-    log: IO[bytes]
+    process: subprocess.Popen[bytes] | None
+    log: IO[bytes] | None
     cores: list[int] | None
     outstanding: int = 0
     routed: int = 0
-    failed: int = 0
+    failed: int = 0  # requests it could not be reached for or failed while answering
+    healthy: bool = True  # in the router's rotation
+    last_error: str = ""  # why it left the rotation
 
     @property
     def url(self) -> str:
         return f"http://{LOOPBACK}:{self.port}"
 
     def alive(self) -> bool:
-        return self.process.poll() is None
+        return self.process is not None and self.process.poll() is None
 
     def last_log_line(self) -> str:
+        if self.log is None:
+            return ""
         self.log.flush()
         try:
             with open(self.log.name, "rb") as f:
@@ -86,6 +89,17 @@ class Replica:
         except OSError:
             return ""
         return lines[-1] if lines else ""
+
+
+def _child_setup(parent: int, cpus: list[int] | None) -> None:
+    """Run in each replica between fork and exec: die with the router, pin the cores."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the router died before the prctl took effect
+            os._exit(1)
+    if cpus is not None:
+        os.sched_setaffinity(0, cpus)
 
 
 @dataclass
@@ -99,211 +113,94 @@ class ReplicaSet:
     # OMP_NUM_THREADS instead: serve refuses engine flags beside a scenario)
     pass_threads: bool = True
     replicas_: list[Replica] = field(default_factory=list)
+    secret: str = field(default_factory=lambda: secrets.token_urlsafe(32))
+    log_dir: str = ""
+    _owns_log_dir: bool = False
+
+    def make_log_dir(self) -> str:
+        """A new temporary directory for the logs, removed by a clean `stop`."""
+        self.log_dir = tempfile.mkdtemp(prefix="infbench-replicas-")
+        self._owns_log_dir = True
+        return self.log_dir
 
     def start(self, timeout_s: float = 300.0, log_dir: str | None = None) -> list[Replica]:
-        import tempfile
-
+        """Start the replicas, logging into `log_dir` (kept: the caller's) or into
+        `make_log_dir()`'s directory; wait until every one answers /health."""
         cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
         pins = core_sets(self.replicas, self.threads, cores) if cores else None
-        directory = log_dir or tempfile.mkdtemp(prefix="infbench-replicas-")
+        if log_dir is None and not self.log_dir:
+            self.make_log_dir()
+        elif log_dir is not None and log_dir != self.log_dir:
+            self.log_dir, self._owns_log_dir = log_dir, False
+        env = {**os.environ, "OMP_NUM_THREADS": str(self.threads),
+               "MKL_NUM_THREADS": str(self.threads), API_KEY_ENV: self.secret}
+        parent = os.getpid()
         for i in range(self.replicas):
             port = free_port()
             cmd = [sys.executable, "-m", "infbench.cli", "serve", *self.serve_args,
-                   "--host", LOOPBACK, "--port", str(port)]
+                   "--host", LOOPBACK, "--port", str(port), "--protect-health-metrics"]
             if self.pass_threads:
                 cmd += ["--num-threads", str(self.threads)]
-            env = {**os.environ, "OMP_NUM_THREADS": str(self.threads),
-                   "MKL_NUM_THREADS": str(self.threads)}
             pin = pins[i] if pins else None
-            log = open(os.path.join(directory, f"replica-{i}.log"), "wb")  # noqa: SIM115
-            preexec: Callable[[], None] | None = None
-            if pin is not None:
-                def preexec(cpus: list[int] = pin) -> None:
-                    os.sched_setaffinity(0, cpus)
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                    preexec_fn=preexec)
+            log = open(os.path.join(self.log_dir, f"replica-{i}.log"), "wb")  # noqa: SIM115
+            proc = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                start_new_session=True,
+                preexec_fn=lambda pin=pin: _child_setup(parent, pin))  # type: ignore[misc]
             self.replicas_.append(Replica(i, port, proc, log, pin))
         try:
             asyncio.run(self._wait_healthy(timeout_s))
         except BaseException:
-            self.stop()
+            self.stop(timeout_s=10, keep_logs=True)  # the error names the directory
             raise
         return self.replicas_
 
     async def _wait_healthy(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         pending = list(self.replicas_)
+        headers = {"Authorization": f"Bearer {self.secret}"}
         async with ClientSession(timeout=ClientTimeout(total=2)) as session:
             while pending:
                 for rep in list(pending):
                     if not rep.alive():
+                        code = rep.process.returncode if rep.process else None
                         raise UserError(f"--replicas: replica {rep.index} exited with code "
-                                        f"{rep.process.returncode}: {rep.last_log_line()}")
+                                        f"{code}: {rep.last_log_line()} (logs in "
+                                        f"{self.log_dir})")
                     with contextlib.suppress(ClientError, asyncio.TimeoutError, OSError):
-                        async with session.get(rep.url + "/health") as resp:
+                        async with session.get(rep.url + "/health", headers=headers) as resp:
                             if resp.status == 200:
                                 pending.remove(rep)
                 if pending and time.monotonic() > deadline:
                     raise UserError(f"--replicas: replica {pending[0].index} not healthy after "
-                                    f"{timeout_s:.0f} s: {pending[0].last_log_line()}")
+                                    f"{timeout_s:.0f} s: {pending[0].last_log_line()} (logs in "
+                                    f"{self.log_dir})")
                 if pending:
                     await asyncio.sleep(0.2)
 
-    def stop(self, timeout_s: float = 30.0) -> None:
-        """SIGTERM every replica (each finishes or aborts its requests), then wait."""
+    def terminate(self) -> None:
+        """SIGTERM every replica: each finishes its requests up to its --shutdown-timeout."""
         for rep in self.replicas_:
             if rep.alive():
+                assert rep.process is not None
                 rep.process.terminate()
+
+    def stop(self, timeout_s: float = 30.0, keep_logs: bool = False) -> bool:
+        """Terminate, wait (SIGKILL after `timeout_s`), close the logs; remove the log
+        directory when every replica exited cleanly.  Returns whether they all did."""
+        self.terminate()
         deadline = time.monotonic() + timeout_s
+        clean = True
         for rep in self.replicas_:
+            assert rep.process is not None
             try:
-                rep.process.wait(max(0.1, deadline - time.monotonic()))
+                code = rep.process.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 rep.process.kill()
-                rep.process.wait()
-            rep.log.close()
-
-
-class Router:
-    """Picks a replica per request; counts what each was given."""
-
-    def __init__(self, replicas: Sequence[Replica], policy: str) -> None:
-        if policy not in ROUTERS:
-            raise UserError(f"--router {policy!r}: allowed: {', '.join(ROUTERS)}")
-        if not replicas:
-            raise UserError("--replicas must be >= 1")
-        self.replicas, self.policy = list(replicas), policy
-        self._cycle = itertools.cycle(range(len(self.replicas)))
-
-    def pick(self) -> Replica:
-        if self.policy == "round_robin":
-            return self.replicas[next(self._cycle)]
-        return min(self.replicas, key=lambda r: (r.outstanding, r.index))
-
-    def metrics_text(self) -> str:
-        lines = ["# HELP infbench:router_requests_total Requests the router sent to each "
-                 "replica.", "# TYPE infbench:router_requests_total counter"]
-        lines += [f'infbench:router_requests_total{{replica="{r.index}"}} {r.routed}'
-                  for r in self.replicas]
-        lines += ["# HELP infbench:router_requests_outstanding Requests a replica is "
-                  "answering now.", "# TYPE infbench:router_requests_outstanding gauge"]
-        lines += [f'infbench:router_requests_outstanding{{replica="{r.index}"}} {r.outstanding}'
-                  for r in self.replicas]
-        lines += ["# HELP infbench:router_upstream_errors_total Requests a replica could not "
-                  "be reached for.", "# TYPE infbench:router_upstream_errors_total counter"]
-        lines += [f'infbench:router_upstream_errors_total{{replica="{r.index}"}} {r.failed}'
-                  for r in self.replicas]
-        return "\n".join(lines) + "\n"
-
-
-def _with_replica(sample: str, replica: int) -> str:
-    name_labels, _, value = sample.rpartition(" ")
-    if "{" in name_labels:
-        name, rest = name_labels.split("{", 1)
-        sep = "" if rest.startswith("}") else ","
-        return f'{name}{{replica="{replica}"{sep}{rest} {value}'
-    return f'{name_labels}{{replica="{replica}"}} {value}'
-
-
-def merge_metrics(texts: Sequence[str]) -> str:
-    """The replicas' Prometheus texts as one: every sample gains a `replica="i"` label (i =
-    its text's index), and each metric family stays one group (its HELP/TYPE lines once,
-    then every replica's samples), as the text format requires."""
-    families: dict[str, tuple[list[str], list[str]]] = {}  # name -> (comments, samples)
-    for replica, text in enumerate(texts):
-        current = ""
-        for line in text.splitlines():
-            if not line.strip():
-                continue
-            if line.startswith("#"):
-                parts = line.split(maxsplit=3)
-                if len(parts) >= 3 and parts[1] in ("HELP", "TYPE"):
-                    current = parts[2]
-                    comments, _ = families.setdefault(current, ([], []))
-                    if line not in comments:
-                        comments.append(line)
-                continue
-            name = line.split("{", 1)[0].split(" ", 1)[0]
-            family = current if current and name.startswith(current) else name
-            families.setdefault(family, ([], []))[1].append(_with_replica(line, replica))
-    out = [line for comments, samples in families.values() for line in (*comments, *samples)]
-    return "\n".join(out) + ("\n" if out else "")
-
-
-def create_router_app(router: Router) -> web.Application:
-    """The public aiohttp app in front of the replicas."""
-    state: dict[str, Any] = {}
-
-    async def on_startup(_app: web.Application) -> None:
-        # One pooled session for all upstream calls; no total timeout: a long generation
-        # streams for as long as it takes (the replica enforces its own limits).
-        state["session"] = ClientSession(
-            connector=TCPConnector(limit=0), timeout=ClientTimeout(total=None, sock_connect=10))
-
-    async def on_cleanup(_app: web.Application) -> None:
-        await state["session"].close()
-
-    async def forward(request: web.Request) -> web.StreamResponse:
-        rep = router.pick()
-        rep.outstanding += 1
-        rep.routed += 1
-        body = await request.read()
-        headers = {"Content-Type": request.headers.get("Content-Type", "application/json")}
-        if "Authorization" in request.headers:
-            headers["Authorization"] = request.headers["Authorization"]
-        try:
-            async with state["session"].post(rep.url + request.path, data=body,
-                                             headers=headers) as upstream:
-                out = web.StreamResponse(status=upstream.status, headers={
-                    k: v for k, v in upstream.headers.items()
-                    if k.lower() not in _SKIP_HEADERS})
-                await out.prepare(request)
-                async for chunk in upstream.content.iter_any():
-                    await out.write(chunk)  # raises when the client went away
-                await out.write_eof()
-                return out
-        except (ClientError, OSError) as exc:
-            rep.failed += 1
-            return web.json_response(
-                {"error": {"message": f"replica {rep.index} unavailable: {exc}",
-                           "type": "server_error", "param": None, "code": 502}}, status=502)
-        finally:
-            rep.outstanding -= 1
-
-    async def models(_request: web.Request) -> web.Response:
-        async with state["session"].get(router.replicas[0].url + "/v1/models") as resp:
-            return web.Response(status=resp.status, body=await resp.read(),
-                                content_type="application/json")
-
-    async def health(_request: web.Request) -> web.Response:
-        for rep in router.replicas:
-            try:
-                async with state["session"].get(rep.url + "/health",
-                                                timeout=ClientTimeout(total=5)) as resp:
-                    if resp.status != 200:
-                        raise ClientError(f"status {resp.status}")
-            except (ClientError, OSError, asyncio.TimeoutError):
-                return web.Response(status=503, text=f"replica {rep.index} unhealthy\n")
-        return web.Response(text="ok\n")
-
-    async def metrics(_request: web.Request) -> web.Response:
-        texts = []
-        for rep in router.replicas:
-            try:
-                async with state["session"].get(rep.url + "/metrics",
-                                                timeout=ClientTimeout(total=5)) as resp:
-                    texts.append(await resp.text())
-            except (ClientError, OSError, asyncio.TimeoutError):
-                texts.append("")  # an unreachable replica contributes no samples
-        return web.Response(text=router.metrics_text() + merge_metrics(texts),
-                            content_type="text/plain", charset="utf-8")
-
-    app = web.Application(client_max_size=64 << 20)
-    app.on_startup.append(on_startup)
-    app.on_cleanup.append(on_cleanup)
-    app.router.add_post("/v1/completions", forward)
-    app.router.add_post("/v1/chat/completions", forward)
-    app.router.add_get("/v1/models", models)
-    app.router.add_get("/health", health)
-    app.router.add_get("/metrics", metrics)
-    return app
+                code = rep.process.wait()
+            clean = clean and code in (0, -signal.SIGTERM)
+            if rep.log is not None:
+                rep.log.close()
+        if clean and not keep_logs and self._owns_log_dir and self.log_dir:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
+        return clean
