@@ -63,7 +63,9 @@ def eval_command(
     out: Path | None = typer.Option(None, "--out", callback=opt.output_file,
                                     help="Also write the JSON object to this file."),
 ) -> None:
-    """Perplexity on held-out Python documentation text and greedy agreement with the
+    """Perplexity and greedy agreement of a (quantized) model against its unquantized self.
+
+    Perplexity on held-out Python documentation text and greedy agreement with the
     unquantized model of the same dtype (see docs/accuracy.md)."""
     from rich.console import Console
 

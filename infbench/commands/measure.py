@@ -143,8 +143,9 @@ def report(
     as_json: bool = typer.Option(False, "--json",
                                  help="Print the rows as JSON on stdout instead of a table."),
 ) -> None:
-    """Measured vs predicted TTFT, TPOT and throughput, with the model's error %; results
-    of a scenario with variants also get one row per variant (bytes, speed, accuracy),
+    """Measured vs predicted TTFT, TPOT and throughput, with the prediction's error %.
+
+    Results of a scenario with variants also get one row per variant (bytes, speed, accuracy),
     speculative points a table of acceptance and speed-up (also spec_* columns in the
     --json / --markdown / --csv rows), MoE points a table of routing statistics beside the
     roofline's expert bytes (docs/moe.md; moe_* columns in those rows), and points run with
@@ -263,8 +264,9 @@ def plots(
     as_json: bool = typer.Option(False, "--json",
                                  help="Print the written paths as JSON on stdout."),
 ) -> None:
-    """Latency-throughput, distributions and measured-roofline figures, speed vs
-    perplexity when the results carry accuracy (quantized or pruned points), speed-up
+    """Figures of results: latency-throughput, distributions, the measured roofline.
+
+    Speed vs perplexity when the results carry accuracy (quantized or pruned points), speed-up
     against k when they carry speculative metrics, and latency and goodput against the
     request rate for a rate sweep run with measure.slo."""
     from infbench.plots.analytic import FIGURE_FORMATS, check_size
