@@ -61,13 +61,6 @@ def _check_finite(value: float) -> None:
         raise typer.BadParameter(f"must be a finite number (got {value})")
 
 
-def finite_float(value: float | None) -> float | None:
-    """Any finite float: NaN and +-inf are refused."""
-    if value is not None:
-        _check_finite(value)
-    return value
-
-
 def non_negative_float(value: float | None) -> float | None:
     """A finite float >= 0 (`--temperature`, `--spec-draft-ratio`)."""
     if value is not None:

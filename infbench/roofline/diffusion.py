@@ -18,7 +18,6 @@ attention); logits are computed for the current block's B positions only, as the
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -174,7 +173,3 @@ def diffusion_dict(p: DiffusionPrediction) -> dict[str, Any]:
     }
 
 
-def diffusion_sweep(cfg: ModelConfig, hw: HardwareSpec, steps: Sequence[int], **kw: Any
-                    ) -> list[DiffusionPrediction]:
-    """predict_diffusion at each S (for tables of tokens/s against S)."""
-    return [predict_diffusion(cfg, hw, steps=s, **kw) for s in steps]

@@ -125,7 +125,3 @@ def _vocab_fingerprint(tokenizer: Any) -> int:
     return hash(text)
 
 
-def draft_cache_bytes(proposer: Proposer) -> int:
-    """Bytes of the proposer's own KV cache (a draft model's), 0 for the others."""
-    return int(getattr(proposer, "cache_bytes", 0))
-
