@@ -18,7 +18,7 @@ the same weights (the SmolLM2-135M GGUF, dequantized to the precision):
 The batch-16 rows are also the prefill-heavy case (16 x 128 = 2,048 prompt tokens: TTFT
 of both engines).  Where `llama-cpp-python` is installed, llama.cpp runs the same GGUF
 file (Q4_1, as shipped) at batch 1 with as many threads as torch uses, as a peer: it is
-no dependency of infbench.  The targets of issue 11 are evaluated from the measured rows
+no dependency of infbench.  The speed targets (`evaluate_targets`) are judged from the measured rows
 and printed as PASS / NOT MET; all of it goes to a JSON file that describes itself.
 
 On a shared machine compare the ratios of one run (both engines see the same load),
@@ -81,7 +81,7 @@ FIELDS = {
                   "over the read bandwidth measured in the same rounds (median of rounds)",
     "llama_cpp": "llama.cpp (llama-cpp-python) on the same GGUF file, Q4_1, batch 1; "
                  "null when not installed",
-    "targets": "issue 11's targets evaluated from rows: PASS, NOT MET, or NOT RUN (the row "
+    "targets": "the speed targets evaluated from rows: PASS, NOT MET, or NOT RUN (the row "
                "it needs was not measured)",
     "load_average": "the machine's 1/5/15-minute load averages at the start and the end of the "
                     "run, and its core count: a load above the cores means other processes "
@@ -480,7 +480,7 @@ def render(data: dict[str, Any]) -> list[Any]:
                             f"{row['transformers']['ttft_s']:.2f}",
                             _fmt(row["speedup"]["prefill"], ".2f", "x"))
         tables.append(prefill)
-    targets = Table(title="issue 11 targets (this run)")
+    targets = Table(title="speed targets (this run)")
     for col in ("target", "measured", "needed", "status"):
         targets.add_column(col, justify="left" if col in ("target", "status") else "right")
     for t in data["targets"]:

@@ -17,7 +17,7 @@ batch-1 prompt: 128 tokens, 64 new tokens, greedy, EOS ignored) from the same fi
 llama-cpp-python is a peer, not a dependency: building it from source takes about 25
 minutes on 2 cores, so `make setup` does not install it.  When it is not importable its
 row is skipped with a note and the target reads NOT RUN; the infbench rows are measured
-anyway.  The target of issue 12 (Q4_1 native decode at least as fast as llama.cpp on the
+anyway.  The target (Q4_1 native decode at least as fast as llama.cpp on the
 same file and machine) is evaluated on the int8-activation row, like for like.
 
     python -m infbench.benchmarks.peers [--rounds 3] [--prompt 128] [--gen 64]
@@ -59,7 +59,7 @@ FIELDS = {
     "rows[].e2e_tokens_per_s": "new tokens / wall time of the whole generation (median)",
     "rows[].weights": "how the engine holds the GGUF's weights",
     "skipped": "engines not measured, with the reason",
-    "target": "issue 12: infbench Q4_1 native decode / llama.cpp decode >= 1: PASS, NOT MET, "
+    "target": "infbench Q4_1 native decode / llama.cpp decode >= 1: PASS, NOT MET, "
               "or NOT RUN (a row missing)",
 }
 

@@ -13,7 +13,7 @@ run:
 - int8 / int4 g64 / int4 g64 head int8 with `quant.activations: int8`;
 - Q4_1 native (float and int8 activations): the file's own blocks.
 
-The targets of issue 12 read the float-activation rows with the model-dtype head (int8 >=
+The speed targets read the float-activation rows with the model-dtype head (int8 >=
 1.6x and int4 >= 2.5x float32 at batch 1; int4 above float32 at batch 16); the other rows
 are printed beside them, with their ratios.
 
@@ -50,7 +50,7 @@ FIELDS = {
                                   "(median of rounds)",
     "rows[].vs_float32": "decode tokens/s / float32's at the same batch, same run",
     "rows[].weight_bytes": "bytes the model holds for its weights",
-    "targets": "issue 12's speed targets: PASS or NOT MET",
+    "targets": "the speed targets: PASS or NOT MET",
 }
 
 # (name, model.quant of the variant); float32 first: every ratio is against it.

@@ -10,7 +10,7 @@ its GGUF, float32, the `cpu` backend):
    process with the same model, engine settings and `--threads` (default 1), streamed by infbench's
    own client (`infbench.client`, the `target:` backend).  Per request: TTFT (to the first
    token; over HTTP, to the first non-empty chunk) and TPOT ((last - first token) / (n - 1)).
-   The figures are the medians' differences; issue 14's targets are at most 5 ms added to
+   The figures are the medians' differences; the targets are at most 5 ms added to
    TTFT p50 and at most 1 ms added per output token.
 2. Replicas: `infbench serve --replicas N --threads-per-replica 1` for N = 1 and 2 (the
    router in front in both cases), under a load that saturates one replica:

@@ -18,14 +18,13 @@ Versions:
 - 2: this schema.  Every top-level key is declared; `engine_disabled`, `telemetry` and
   `requests` are always present.  `upgrade()` turns a version 1 file into version 2 in
   memory (those three keys default to empty), so committed baselines and older results
-  still load; any other version is refused.  Fields added to version 2 later are optional
-  (`metrics.torch_reference`, `normalized.output_tokens_per_s_over_torch_reference`,
+  still load; any other version is refused.  Optional fields, None where a point has no
+  such data (`metrics.torch_reference`, `normalized.output_tokens_per_s_over_torch_reference`,
   `accuracy`, and `metrics.goodput_requests_per_s`, `slo_attainment`, `num_slo_met` of a
   point run with `measure.slo`, and `prediction.profile_flags`, the flags of the calibrated
   profile the point was priced on, and `metrics.diffusion`, `prediction.diffusion` and
   `diffusion` of a `decoding.kind: diffusion` point, and `prediction.overlap`, the operator
-  overlap the prediction used), so a version 2 file written before them loads unchanged,
-  with those fields None.
+  overlap the prediction used), so every version 2 file loads whichever of them it has.
 """
 
 from __future__ import annotations

@@ -248,7 +248,7 @@ def test_quick_run_writes_the_documented_json(tmp_path, capsys, monkeypatch) -> 
     assert code == 0
     printed = capsys.readouterr()
     assert "llama-cpp-python is not installed" in printed.err
-    assert "issue 11 targets" in printed.out and "SmolLM2-135M on" in printed.out
+    assert "speed targets (this run)" in printed.out and "SmolLM2-135M on" in printed.out
 
     data = json.loads(out.read_text())
     assert data["kind"] == bench.KIND and data["version"] == bench.VERSION
