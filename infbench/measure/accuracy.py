@@ -30,6 +30,7 @@ from infbench.model.evaluate import (
 )
 from infbench.model.linear import use_cpu_linears
 from infbench.model.loader import LoadedModel
+from infbench.scenario.point import ScenarioPoint
 
 DEFAULT_EVAL_TOKENS = 2048
 DEFAULT_WINDOW = 512
@@ -136,7 +137,7 @@ def compare(candidate: ModelFigures, reference: ModelFigures | None,
 
 
 # ---- run points ------------------------------------------------------------------------
-def point_plan(point: Any, loaded: LoadedModel) -> EvalPlan | None:
+def point_plan(point: ScenarioPoint, loaded: LoadedModel) -> EvalPlan | None:
     """What a run point measures for its result's `accuracy`, or None.
 
     A point with model.quant (weights or kv) or model.prune measures DEFAULT_EVAL_TOKENS
@@ -158,14 +159,14 @@ def point_plan(point: Any, loaded: LoadedModel) -> EvalPlan | None:
     return EvalPlan(tokens=tokens or DEFAULT_EVAL_TOKENS)
 
 
-def is_modified(point: Any) -> bool:
+def is_modified(point: ScenarioPoint) -> bool:
     """Whether the point's model differs from its checkpoint: quantized or pruned."""
     quant = point.quant_config()
     prune = point.prune_config()
     return quant.weights != "none" or quant.kv != "none" or prune.active
 
 
-def point_accuracy(point: Any, loaded: LoadedModel, plan: EvalPlan, key: str,
+def point_accuracy(point: ScenarioPoint, loaded: LoadedModel, plan: EvalPlan, key: str,
                    load_reference: Callable[[], LoadedModel], backend: str,
                    memo: dict[str, ModelFigures]) -> Accuracy:
     """The point's accuracy; the reference is the same source and dtype without quant and
@@ -181,8 +182,9 @@ def point_accuracy(point: Any, loaded: LoadedModel, plan: EvalPlan, key: str,
     reference = None
     if modified:
         m, device = point.model, next(loaded.model.parameters()).device
-        ref_key = repr(("reference", sorted(point.model_source().items()), m.get("overrides"),
-                        m.get("attention"), point.dtype, str(device), m.get("weights", "auto"),
+        assert m is not None  # an engine point has a model section
+        ref_key = repr(("reference", sorted(point.model_source().items()), m.overrides,
+                        m.attention, point.dtype, str(device), m.weights,
                         point.workload.seed, backend, plan))
         if ref_key not in memo:
             ref = load_reference()
