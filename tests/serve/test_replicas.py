@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -365,3 +368,81 @@ def test_a_replica_that_cannot_start_is_one_line_naming_its_logs(tmp_path: Path)
     assert Path(rs.log_dir).is_dir() and rs.log_dir in str(e.value)  # kept to be read
     (Path(rs.log_dir) / "replica-0.log").unlink()
     Path(rs.log_dir).rmdir()
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(p) for p in f.read().split()]
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")  # a zombie is dead
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc and PDEATHSIG")
+def test_serve_replicas_survive_a_dead_replica_and_die_with_the_router() -> None:
+    port = free_port()
+    args = [*SERVE_ARGS, "--max-model-len", "1024", "--num-kv-blocks", "300"]
+    proc = subprocess.Popen([sys.executable, "-m", "infbench.cli", "serve", *args,
+                             "--replicas", "2", "--port", str(port)],
+                            stderr=subprocess.PIPE, text=True)
+    log_dir = ""
+    replicas: list[int] = []
+    try:
+        assert proc.stderr is not None
+        first = proc.stderr.readline()
+        assert "starting 2 replicas" in first and "their logs in " in first, first
+        log_dir = first.rsplit("their logs in ", 1)[1].strip()
+        assert Path(log_dir).is_dir()
+        while "Ctrl-C stops" not in (line := proc.stderr.readline()):
+            assert line, "the router exited before it was ready"
+        assert "replicas answer only the router" in line
+        replicas = _children(proc.pid)
+        assert len(replicas) == 2
+        by_port = {int(open(f"/proc/{p}/cmdline").read().split("\0--port\0")[1].split("\0")[0]):
+                   p for p in replicas}
+        first_port = int(line.split("replica 0: port ")[1].split(";")[0].split(",")[0])
+        url = f"http://127.0.0.1:{port}"
+
+        async def go() -> None:
+            async with ClientSession() as s:
+                req = {"prompt": [1, 2], "max_tokens": 1000, "ignore_eos": True, "stream": True}
+                async with s.post(url + "/v1/completions", json=req) as resp:
+                    assert resp.status == 200
+                    await resp.content.readuntil(b"\n\n")  # the first event came
+                    subprocess.run(["kill", "-9", str(by_port[first_port])], check=True)
+                    rest = await resp.read()
+                events = [e for e in rest.decode().split("\n\n") if e.strip()]
+                assert events[-1] == "data: [DONE]" and b"HTTP/1.1" not in rest
+                assert json.loads(events[-2].removeprefix("data: "))["error"]["code"] == \
+                    "replica_failed"
+                for _ in range(3):  # the other replica answers them all
+                    async with s.post(url + "/v1/completions",
+                                      json={"prompt": [1], "max_tokens": 2}) as resp:
+                        assert resp.status == 200
+                async with s.get(url + "/v1/models") as resp:
+                    assert resp.status == 200
+                async with s.get(url + "/health") as resp:
+                    health = await resp.json()
+                assert [r["healthy"] for r in health["replicas"]] == [False, True]
+
+        asyncio.run(go())
+        proc.kill()  # SIGKILL: no chance to stop the replicas itself
+        proc.wait(10)
+        deadline = time.monotonic() + 10
+        while not all(_gone(p) for p in replicas) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert all(_gone(p) for p in replicas)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in replicas:
+            if not _gone(pid):
+                os.kill(pid, 9)
+        if log_dir:
+            shutil.rmtree(log_dir, ignore_errors=True)

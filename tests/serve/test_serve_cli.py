@@ -30,6 +30,20 @@ from infbench.commands import serve as serve_cmd
     (["--model", "tiny", "--max-queue", "-1"], "--max-queue"),
     (["--model", "no-such-model"], "no-such-model"),
     (["--model", "tiny", "--max-model-len", "5000", "--device", "cpu"], "--max-model-len 5000"),
+    (["--model", "tiny", "--device", "cpu", "--kv-cache-memory", "1e30"],
+     "--kv-cache-memory 1e+30: more bytes than this machine has free"),
+    (["--model", "tiny", "--device", "cpu", "--kv-cache-memory", "1e12", "--replicas", "2"],
+     "--kv-cache-memory x 2 replicas"),
+    (["--model", "tiny", "--device", "cpu", "--num-kv-blocks", "10000000000"],
+     "--num-kv-blocks 10000000000: at most 16777216"),
+    (["--model", "tiny", "--max-num-seqs", str(2**24 + 1)], "--max-num-seqs 16777217: at most"),
+    (["--model", "tiny", "--max-queue", str(2**30)], "--max-queue 1073741824: at most"),
+    (["--model", "tiny", "--max-connections", "100000000"], "ulimit -n"),
+    (["--model", "tiny", "--max-request-bytes", str(1 << 50)], "--max-request-bytes"),
+    (["--model", "tiny", "--num-threads", "100000"], "--num-threads 100000: this machine"),
+    (["--model", "tiny", "--replicas", "100000"], "--replicas 100000: this machine"),
+    (["--model", "tiny", "--shutdown-timeout", "1e9"], "--shutdown-timeout 1e+09: at most"),
+    (["--model", "tiny", "--shutdown-timeout", "nan"], "--shutdown-timeout"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str,
                                           capsys: pytest.CaptureFixture[str]) -> None:
@@ -37,6 +51,22 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str,
     assert code == 2 and out == ""
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], err
+
+
+def test_sizes_are_checked_against_the_free_memory(capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    free = 1 << 30  # as if this machine had 1 GiB free
+    monkeypatch.setattr(serve_cmd, "_free_ram", lambda: free)
+    monkeypatch.setattr(serve_cmd, "_free_memory", lambda device: ("this machine", free))
+    for args, message in (
+            (["--kv-cache-memory", "2e9"], "--kv-cache-memory 2e+09: more bytes than this "
+                                           "machine has free (1.0 GiB)"),
+            (["--num-kv-blocks", "1000000"], "--num-kv-blocks 1000000: the KV pool would take"),
+            (["--max-request-bytes", str(200 << 20)], "would take over half the free memory")):
+        code, out, err = run_args(["serve", "--model", "tiny", "--device", "cpu", "--backend",
+                                   "torch", *args], capsys)
+        lines = err.strip().splitlines()
+        assert code == 2 and len(lines) == 1 and message in lines[0], err
 
 
 def test_model_flags_and_scenario_build_the_engine(tmp_path: Path) -> None:
@@ -93,8 +123,8 @@ def test_serve_process_answers_and_stops_cleanly_on_sigterm() -> None:
     exe = Path(sys.executable).with_name("infbench")
     proc = subprocess.Popen(
         [str(exe), "serve", "--model", "tiny", "--device", "cpu", "--dtype", "float32",
-         "--port", str(port), "--max-model-len", "1024", "--max-num-seqs", "2",
-         "--served-model-name", "tiny-cli"],
+         "--backend", "torch", "--port", str(port), "--max-model-len", "1024",
+         "--max-num-seqs", "2", "--served-model-name", "tiny-cli"],
         stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         assert proc.stderr is not None
