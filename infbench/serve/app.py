@@ -38,15 +38,12 @@ from infbench.serve.limits import BodyBudget, ServerLimits, parse_body
 from infbench.serve.metrics import ServerMetrics
 from infbench.serve.protocol import (
     ApiError,
-    ChoiceResult,
     GenerationParams,
     ModelContext,
-    chunk,
     parse_chat,
     parse_completion,
-    response,
-    usage_chunk,
 )
+from infbench.serve.responses import ChoiceResult, chunk, response, usage_chunk
 from infbench.serve.security import LOG, Security, error_response, secure_app
 
 Delta = tuple[int, str, list[int], str | None]  # (sample index, text, token ids, finish)

@@ -248,7 +248,10 @@ class RouterApp:
             cut = pending.rfind(b"\n\n")
             if cut >= 0:  # only whole events, so an error event never lands inside one
                 events, pending = pending[:cut + 2], pending[cut + 2:]
-                await out.write(events)  # raises when the client went away
+                try:
+                    await out.write(events)
+                except ConnectionError:  # the client went away: the caller closes upstream
+                    return out, False
                 done = done or events.endswith(_DONE)
         if failure:
             rep.failed += 1
@@ -256,8 +259,10 @@ class RouterApp:
             err = _error(f"replica {rep.index} failed mid-stream: {failure}", 502,
                          "replica_failed")
             event = b"data: " + json.dumps(err.body()).encode() + b"\n\n"
-            await out.write(event + _DONE)
-        await out.write_eof()
+            with contextlib.suppress(ConnectionError):
+                await out.write(event + _DONE)
+        with contextlib.suppress(ConnectionError):
+            await out.write_eof()
         return out, not failure
 
     async def models(self, _request: web.Request) -> web.Response:

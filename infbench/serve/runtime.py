@@ -96,6 +96,9 @@ class HardenedHandler(RequestHandler):
                      message: str | None = None) -> web.StreamResponse:
         """A request aiohttp could not parse (4xx), or a handler's uncaught error (500)."""
         remote = getattr(request, "remote", None) or "?"
+        if isinstance(exc, ConnectionError):  # the client went away while being answered
+            LOG.debug("client %s went away: %s", remote, exc)
+            raise ConnectionError("the client went away")
         if status >= 500:
             LOG.error("internal error handling a request from %s", remote, exc_info=exc)
             text = "internal server error"

@@ -143,6 +143,8 @@ def middlewares(security: Security) -> list[Any]:
             return error_response(ApiError(message, status=exc.status,
                                            code=_HTTP_CODES.get(exc.status)),
                                   close=exc.status >= 413)
+        except ConnectionError:
+            raise  # the client went away mid-answer: aiohttp drops the connection quietly
         except Exception as exc:  # a bug: logged with its traceback, answered as JSON
             LOG.exception("internal error handling %s %s", request.method, request.path[:100])
             return error_response(ApiError(f"internal server error: {type(exc).__name__}",

@@ -84,6 +84,7 @@ class Fake:
     def __init__(self, index: int, mode: str = "ok") -> None:
         self.index, self.mode, self.port = index, mode, free_port()
         self.served = 0
+        self.cut_off = asyncio.Event()  # a slow stream saw its client (the router) go
         self.runner: web.AppRunner | None = None
 
     def _authorized(self, request: web.Request) -> None:
@@ -129,6 +130,17 @@ class Fake:
         await resp.prepare(request)
         for i in range(2):
             await resp.write(b'data: {"n": %d}\n\n' % i)
+        if self.mode == "slow":
+            try:
+                for i in range(400):
+                    await resp.write(b'data: {"n": %d}\n\n' % i)
+                    await asyncio.sleep(0.01)
+            except ConnectionError:
+                self.cut_off.set()
+                return resp
+            except asyncio.CancelledError:
+                self.cut_off.set()
+                raise
         if self.mode == "die":
             await resp.write(b'data: {"half')  # part of an event, then the replica is gone
             assert request.transport is not None
@@ -191,6 +203,31 @@ def test_a_replica_dying_mid_stream_ends_the_stream_with_an_error_event() -> Non
         await fine.stop()
 
     asyncio.run(go())
+
+
+def test_a_client_hanging_up_closes_the_upstream_stream(
+        caplog: pytest.LogCaptureFixture) -> None:
+    async def go() -> None:
+        slow = Fake(0, "slow")
+        await slow.start()
+
+        async def body(session: ClientSession, url: str, router: Router) -> None:
+            resp = await session.post(url + "/v1/completions",
+                                      json={"prompt": [1], "stream": True})
+            await resp.content.readuntil(b"\n\n")
+            resp.close()  # hang up
+            await asyncio.wait_for(slow.cut_off.wait(), 5)  # the replica saw it
+            for _ in range(100):
+                if router.replicas[0].outstanding == 0:
+                    break
+                await asyncio.sleep(0.01)
+            assert router.replicas[0].outstanding == 0 and router.replicas[0].healthy
+
+        await _with_router([_replica(0, slow.port)], body)
+        await slow.stop()
+
+    asyncio.run(go())
+    assert not [r for r in caplog.records if r.exc_info], "a hang-up is not an error"
 
 
 def test_a_dead_replica_leaves_the_rotation_and_comes_back() -> None:
