@@ -53,48 +53,33 @@ DType dtype_of(const torch::Tensor& t, const char* op) {
   }
 }
 
-// An int32 vector as the kernels read it (converted only when it is not one already).
-torch::Tensor int32_vector(const torch::Tensor& t, const char* name) {
-  check_cpu(t, name);
-  TORCH_CHECK(t.dim() == 1, name, " must be 1-D");
-  return t.scalar_type() == torch::kInt32 && t.is_contiguous() ? t : t.to(torch::kInt32).contiguous();
-}
+// The float cache of the attention ops (paged_view.h): k_cache and v_cache in q's dtype.
+struct FloatCache {
+  const torch::Tensor& k_cache;
+  const torch::Tensor& v_cache;
+  static constexpr auto decode = &infbench_cpu::paged_decode_attention;
+  static constexpr auto prefill = &infbench_cpu::prefill_attention;
 
-// The cache fields of PagedAttention; checks the caches, the tables and the lengths.
-infbench_cpu::PagedAttention paged_args(const char* op, const torch::Tensor& q,
-                                        const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                                        const torch::Tensor& block_tables,
-                                        const torch::Tensor& context_lens, int64_t num_q_heads,
-                                        double scale, const c10::optional<int64_t>& window) {
-  TORCH_CHECK(k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type(),
-              op, ": q, k_cache and v_cache must share a dtype");
-  const int32_t* lens = infbench_cpu::check_paged(op, q, k_cache, v_cache, block_tables,
-                                                  context_lens, num_q_heads, window);
-  return infbench_cpu::paged_view(k_cache, v_cache, block_tables, lens, num_q_heads, scale,
-                                  window.value_or(0), dtype_of(q, op));
-}
+  infbench_cpu::PagedAttention args(const char* op, const torch::Tensor& q,
+                                    const torch::Tensor& block_tables,
+                                    const torch::Tensor& context_lens, int64_t num_q_heads,
+                                    double scale, const c10::optional<int64_t>& window) const {
+    TORCH_CHECK(k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type(),
+                op, ": q, k_cache and v_cache must share a dtype");
+    const int32_t* lens = infbench_cpu::check_paged(op, q, k_cache, v_cache, block_tables,
+                                                    context_lens, num_q_heads, window);
+    return infbench_cpu::paged_view(k_cache, v_cache, block_tables, lens, num_q_heads, scale,
+                                    window.value_or(0), dtype_of(q, op));
+  }
+};
 
 // q (B, Hq, D) or (B, Q, Hq, D) over the paged cache -> q's shape with Dv, in q's dtype.
 torch::Tensor paged_decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache,
                                      const torch::Tensor& v_cache, const torch::Tensor& block_tables,
                                      const torch::Tensor& context_lens, double scale,
                                      c10::optional<int64_t> window) {
-  const char* op = "paged_decode_attention";
-  check_cpu(q, "q");
-  TORCH_CHECK(q.dim() == 3 || q.dim() == 4, op, ": q must be (B, Hq, D) or (B, Q, Hq, D)");
-  const bool is_single = q.dim() == 3;
-  auto q4 = is_single ? q.unsqueeze(1) : q;
-  if (q4.stride(3) != 1) q4 = q4.contiguous();
-  const int64_t batch = q4.size(0), num_q = q4.size(1), num_heads = q4.size(2);
-  auto lens = int32_vector(context_lens, "context_lens");
-  TORCH_CHECK(lens.size(0) == batch && block_tables.size(0) == batch,
-              op, ": context_lens and block_tables must have one row per sequence");
-  auto a = paged_args(op, q4, k_cache, v_cache, block_tables, lens, num_heads, scale, window);
-  auto out = is_single ? torch::empty({batch, num_heads, a.v_head_dim}, q.options())
-                       : torch::empty({batch, num_q, num_heads, a.v_head_dim}, q.options());
-  infbench_cpu::paged_decode_attention(a, q4.data_ptr(), q4.stride(0), q4.stride(1), q4.stride(2),
-                                       out.data_ptr(), batch, num_q);
-  return out;
+  return infbench_cpu::decode_attention_op("paged_decode_attention", FloatCache{k_cache, v_cache},
+                                           q, block_tables, context_lens, scale, window);
 }
 
 // Causal attention of the new tokens q (T, Hq, D) of B sequences -> (T, Hq, Dv).
@@ -102,25 +87,9 @@ torch::Tensor prefill_attention(const torch::Tensor& q, const torch::Tensor& k_c
                                 const torch::Tensor& v_cache, const torch::Tensor& cu_seqlens_q,
                                 const torch::Tensor& context_lens, const torch::Tensor& block_tables,
                                 double scale, c10::optional<int64_t> window) {
-  const char* op = "prefill_attention";
-  check_cpu(q, "q");
-  TORCH_CHECK(q.dim() == 3, op, ": q must be (T, Hq, D)");
-  auto qc = q.stride(2) == 1 ? q : q.contiguous();
-  auto lens = int32_vector(context_lens, "context_lens");
-  auto cu = int32_vector(cu_seqlens_q, "cu_seqlens_q");
-  const int64_t batch = lens.size(0);
-  TORCH_CHECK(cu.size(0) == batch + 1 && block_tables.size(0) == batch,
-              op, ": expected cu_seqlens_q (B+1,) and block_tables (B, max_blocks)");
-  const int32_t* starts = cu.data_ptr<int32_t>();
-  for (int64_t b = 0; b < batch; ++b)
-    TORCH_CHECK(starts[b] >= 0 && starts[b] <= starts[b + 1], op, ": cu_seqlens_q must not decrease");
-  TORCH_CHECK(batch == 0 || starts[batch] <= q.size(0), op, ": cu_seqlens_q runs past q's rows");
-  auto a = paged_args(op, qc, k_cache, v_cache, block_tables, lens, q.size(1), scale, window);
-  auto out = torch::empty({q.size(0), q.size(1), a.v_head_dim}, q.options());
-  if (q.size(0) == 0 || batch == 0) return out;
-  infbench_cpu::prefill_attention(a, qc.data_ptr(), qc.stride(0), qc.stride(1), out.data_ptr(),
-                                  starts, batch);
-  return out;
+  return infbench_cpu::prefill_attention_op("prefill_attention", FloatCache{k_cache, v_cache}, q,
+                                            cu_seqlens_q, context_lens, block_tables, scale,
+                                            window);
 }
 
 // HF LlamaRMSNorm of x (..., H) [+ residual]: out, or (out, x + residual).

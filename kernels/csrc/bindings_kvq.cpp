@@ -1,6 +1,7 @@
 // Python bindings of the int8 KV-cache kernels (kv_quant.h): bind_kv_quant(m) is called
 // from bindings.cpp's PYBIND11_MODULE.  Tensor checks live here; the kernels see raw
-// pointers only.
+// pointers only.  The attention ops share their argument handling with the float cache's
+// (paged_view.h); Int8Cache is what differs.
 #include <torch/extension.h>
 
 #include "kv_quant.h"
@@ -9,10 +10,7 @@
 namespace {
 
 using infbench_cpu::DType;
-
-void check_cpu(const torch::Tensor& t, const char* op, const char* name) {
-  TORCH_CHECK(t.device().is_cpu(), op, ": ", name, " must be a CPU tensor");
-}
+using infbench_cpu::check_cpu;
 
 DType activation_dtype(const torch::Tensor& t, const char* op) {
   switch (t.scalar_type()) {
@@ -39,35 +37,39 @@ void check_pool(const char* op, const torch::Tensor& cache, const torch::Tensor&
               op, ": the scales of ", name, " must be float32 (num_blocks, block_size, Hkv)");
 }
 
-torch::Tensor int32_vector(const torch::Tensor& t, const char* op, const char* name) {
-  check_cpu(t, op, name);
-  TORCH_CHECK(t.dim() == 1, op, ": ", name, " must be 1-D");
-  return t.scalar_type() == torch::kInt32 && t.is_contiguous() ? t : t.to(torch::kInt32).contiguous();
-}
+// The int8 cache of the attention ops (paged_view.h): int8 pools and their float32
+// scales, q in any activation dtype.
+struct Int8Cache {
+  const torch::Tensor& k_cache;
+  const torch::Tensor& v_cache;
+  const torch::Tensor& k_scales;
+  const torch::Tensor& v_scales;
+  static constexpr auto decode = &infbench_cpu::paged_decode_attention_int8;
+  static constexpr auto prefill = &infbench_cpu::prefill_attention_int8;
 
-infbench_cpu::PagedAttentionInt8 paged_args(
-    const char* op, const torch::Tensor& q, const torch::Tensor& k_cache,
-    const torch::Tensor& v_cache, const torch::Tensor& k_scales, const torch::Tensor& v_scales,
-    const torch::Tensor& block_tables, const torch::Tensor& context_lens, int64_t num_q_heads,
-    double scale, const c10::optional<int64_t>& window) {
-  check_pool(op, k_cache, k_scales, "k_cache");
-  check_pool(op, v_cache, v_scales, "v_cache");
-  check_cpu(block_tables, op, "block_tables");
-  const int32_t* lens = infbench_cpu::check_paged(op, q, k_cache, v_cache, block_tables,
-                                                  context_lens, num_q_heads, window);
-  infbench_cpu::PagedAttentionInt8 p{};
-  p.a = infbench_cpu::paged_view(k_cache, v_cache, block_tables, lens, num_q_heads, scale,
-                                 window.value_or(0), activation_dtype(q, op));
-  p.k_scales = k_scales.data_ptr<float>();
-  p.ks_stride_block = k_scales.stride(0);
-  p.ks_stride_slot = k_scales.stride(1);
-  p.ks_stride_head = k_scales.stride(2);
-  p.v_scales = v_scales.data_ptr<float>();
-  p.vs_stride_block = v_scales.stride(0);
-  p.vs_stride_slot = v_scales.stride(1);
-  p.vs_stride_head = v_scales.stride(2);
-  return p;
-}
+  infbench_cpu::PagedAttentionInt8 args(const char* op, const torch::Tensor& q,
+                                        const torch::Tensor& block_tables,
+                                        const torch::Tensor& context_lens, int64_t num_q_heads,
+                                        double scale, const c10::optional<int64_t>& window) const {
+    check_pool(op, k_cache, k_scales, "k_cache");
+    check_pool(op, v_cache, v_scales, "v_cache");
+    check_cpu(block_tables, op, "block_tables");
+    const int32_t* lens = infbench_cpu::check_paged(op, q, k_cache, v_cache, block_tables,
+                                                    context_lens, num_q_heads, window);
+    infbench_cpu::PagedAttentionInt8 p{};
+    p.a = infbench_cpu::paged_view(k_cache, v_cache, block_tables, lens, num_q_heads, scale,
+                                   window.value_or(0), activation_dtype(q, op));
+    p.k_scales = k_scales.data_ptr<float>();
+    p.ks_stride_block = k_scales.stride(0);
+    p.ks_stride_slot = k_scales.stride(1);
+    p.ks_stride_head = k_scales.stride(2);
+    p.v_scales = v_scales.data_ptr<float>();
+    p.vs_stride_block = v_scales.stride(0);
+    p.vs_stride_slot = v_scales.stride(1);
+    p.vs_stride_head = v_scales.stride(2);
+    return p;
+  }
+};
 
 // q (B, Hq, D) or (B, Q, Hq, D) over the int8 paged cache -> q's shape with Dv.
 torch::Tensor paged_decode_attention_int8(const torch::Tensor& q, const torch::Tensor& k_cache,
@@ -77,23 +79,9 @@ torch::Tensor paged_decode_attention_int8(const torch::Tensor& q, const torch::T
                                           const torch::Tensor& block_tables,
                                           const torch::Tensor& context_lens, double scale,
                                           c10::optional<int64_t> window) {
-  const char* op = "paged_decode_attention_int8";
-  check_cpu(q, op, "q");
-  TORCH_CHECK(q.dim() == 3 || q.dim() == 4, op, ": q must be (B, Hq, D) or (B, Q, Hq, D)");
-  const bool is_single = q.dim() == 3;
-  auto q4 = is_single ? q.unsqueeze(1) : q;
-  if (q4.stride(3) != 1) q4 = q4.contiguous();
-  const int64_t batch = q4.size(0), num_q = q4.size(1), num_heads = q4.size(2);
-  auto lens = int32_vector(context_lens, op, "context_lens");
-  TORCH_CHECK(lens.size(0) == batch && block_tables.size(0) == batch,
-              op, ": context_lens and block_tables must have one row per sequence");
-  auto p = paged_args(op, q4, k_cache, v_cache, k_scales, v_scales, block_tables, lens, num_heads,
-                      scale, window);
-  auto out = is_single ? torch::empty({batch, num_heads, p.a.v_head_dim}, q.options())
-                       : torch::empty({batch, num_q, num_heads, p.a.v_head_dim}, q.options());
-  infbench_cpu::paged_decode_attention_int8(p, q4.data_ptr(), q4.stride(0), q4.stride(1),
-                                            q4.stride(2), out.data_ptr(), batch, num_q);
-  return out;
+  return infbench_cpu::decode_attention_op("paged_decode_attention_int8",
+                                           Int8Cache{k_cache, v_cache, k_scales, v_scales}, q,
+                                           block_tables, context_lens, scale, window);
 }
 
 // Causal attention of the new tokens q (T, Hq, D) of B sequences over the int8 cache.
@@ -104,26 +92,10 @@ torch::Tensor prefill_attention_int8(const torch::Tensor& q, const torch::Tensor
                                      const torch::Tensor& context_lens,
                                      const torch::Tensor& block_tables, double scale,
                                      c10::optional<int64_t> window) {
-  const char* op = "prefill_attention_int8";
-  check_cpu(q, op, "q");
-  TORCH_CHECK(q.dim() == 3, op, ": q must be (T, Hq, D)");
-  auto qc = q.stride(2) == 1 ? q : q.contiguous();
-  auto lens = int32_vector(context_lens, op, "context_lens");
-  auto cu = int32_vector(cu_seqlens_q, op, "cu_seqlens_q");
-  const int64_t batch = lens.size(0);
-  TORCH_CHECK(cu.size(0) == batch + 1 && block_tables.size(0) == batch,
-              op, ": expected cu_seqlens_q (B+1,) and block_tables (B, max_blocks)");
-  const int32_t* starts = cu.data_ptr<int32_t>();
-  for (int64_t b = 0; b < batch; ++b)
-    TORCH_CHECK(starts[b] >= 0 && starts[b] <= starts[b + 1], op, ": cu_seqlens_q must not decrease");
-  TORCH_CHECK(batch == 0 || starts[batch] <= q.size(0), op, ": cu_seqlens_q runs past q's rows");
-  auto p = paged_args(op, qc, k_cache, v_cache, k_scales, v_scales, block_tables, lens, q.size(1),
-                      scale, window);
-  auto out = torch::empty({q.size(0), q.size(1), p.a.v_head_dim}, q.options());
-  if (q.size(0) == 0 || batch == 0) return out;
-  infbench_cpu::prefill_attention_int8(p, qc.data_ptr(), qc.stride(0), qc.stride(1),
-                                       out.data_ptr(), starts, batch);
-  return out;
+  return infbench_cpu::prefill_attention_op("prefill_attention_int8",
+                                            Int8Cache{k_cache, v_cache, k_scales, v_scales}, q,
+                                            cu_seqlens_q, context_lens, block_tables, scale,
+                                            window);
 }
 
 // Quantize key/value (T, Hkv, D|Dv) into the int8 caches at slot_mapping (slots < 0 skipped).

@@ -135,6 +135,12 @@ inline V load(const bf16* p, int64_t n) {
 inline V load(const fp16* p, int64_t n) {
   return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(tail_mask(n), p));
 }
+inline V load(const int8_t* p) {  // int8 codes (the int8 KV cache) widened to fp32
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+inline V load(const int8_t* p, int64_t n) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(tail_mask(n), p)));
+}
 
 inline __m256i to_bf16_bits(V v) {  // round to nearest even; NaN -> 0x7fc0 as in c10
   __m512i b = _mm512_castps_si512(v);
@@ -206,6 +212,9 @@ inline V load(const bf16* p) {
 inline V load(const fp16* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
+inline V load(const int8_t* p) {  // int8 codes (the int8 KV cache) widened to fp32
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
 template <typename T>
 inline V load(const T* p, int64_t n) {  // tails through a zeroed buffer
   T buf[8];
@@ -264,6 +273,8 @@ template <typename T>
 inline V load(const T* p) { return to_float(*p); }
 template <typename T>
 inline V load(const T* p, int64_t) { return to_float(*p); }
+inline V load(const int8_t* p) { return static_cast<float>(*p); }  // int8 codes
+inline V load(const int8_t* p, int64_t) { return static_cast<float>(*p); }
 template <typename T>
 inline void store(T* p, V v) { *p = from_float<T>(v); }
 template <typename T>

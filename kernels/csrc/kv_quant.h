@@ -2,7 +2,8 @@
 // int8 K and V pools (num_blocks, block_size, Hkv, D|Dv) with one float32 scale per
 // token per KV head beside each, (num_blocks, block_size, Hkv).  store_kv_quant.cpp
 // quantizes rows on the way in; attention_kvq.cpp reads them in place, one byte per
-// value, folding each key's scale into its score and each value's into its weight.
+// value, folding each key's scale into its score and each value's into its weight (the
+// float cache's attention body, paged_attention.h, instantiated for int8 codes).
 // The Python bindings are in bindings_kvq.cpp (bind_kv_quant).
 #pragma once
 #include <cstdint>
