@@ -211,7 +211,6 @@ def _from_flags(model: str, *, dtype: str, device: str, seed: int, random_weight
 def _from_scenario(path: Path, device: str, num_kv_blocks: int | None,
                    max_model_len: int | None) -> tuple[Any, Any, str]:
     from infbench.core.device import resolve_device
-    from infbench.measure.bench import model_overrides
     from infbench.model.loader import load_model
     from infbench.scenario.schema import load_scenario
     from infbench.serve.machine import check_kv_memory
@@ -222,14 +221,16 @@ def _from_scenario(path: Path, device: str, num_kv_blocks: int | None,
         raise UserError(f"{path}: its sweep changes the model or engine over {len(points)} "
                         "points; serve runs one model and engine")
     point = points[0]
+    if point.model is None:
+        raise UserError(f"{path}: no model section; serve runs the scenario's model")
     dev = resolve_device(point.device if device == "auto" else device)
     where, free = _free_memory(dev)
     check_kv_memory(point.engine.kv_cache_memory, free, where,
                     f"{path}: engine.kv_cache_memory")
     source, quant = point.model_source(), point.quant_config()
     loaded = load_model(source, dtype=point.dtype, device=dev, seed=point.workload.seed,
-                        overrides=model_overrides(point.model),
-                        weights=point.model.get("weights", "auto"), quant=quant,
+                        overrides=point.model.changes(),
+                        weights=point.model.weights, quant=quant,
                         prune=point.prune_config())
     spec = point.speculative if point.speculative.enabled else None
     engine = _engine(loaded, point.engine, dev, point.dtype, point.workload.seed, quant.kv, spec,
@@ -358,5 +359,6 @@ def _serve_replicas(args: list[str], replicas: int, threads: int, policy: str, h
             raise UserError(f"--host {host} --port {port}: {exc.strerror or exc}") from None
     finally:
         clean = rs.stop(timeout_s=shutdown_timeout + 10)
-    print("infbench serve: stopped" + ("" if clean else f"; a replica failed, its logs are "
-                                                        f"in {log_dir}"), file=sys.stderr)
+    print("infbench serve: stopped" + (" (replica logs removed)" if clean else
+                                       f"; a replica failed, its logs are in {log_dir}"),
+          file=sys.stderr)

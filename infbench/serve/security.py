@@ -140,6 +140,7 @@ def middlewares(security: Security) -> list[Any]:
                 raise  # a redirect is not an error
             message = exc.text if exc.text and not exc.text.startswith(str(exc.status)) \
                 else f"{exc.reason}: {request.method} {request.path[:100]}"
+            LOG.info("%s %s: %d %s", request.method, request.path[:100], exc.status, exc.reason)
             return error_response(ApiError(message, status=exc.status,
                                            code=_HTTP_CODES.get(exc.status)),
                                   close=exc.status >= 413)
