@@ -164,8 +164,14 @@ def non_empty(value: str | None) -> str | None:
 
 
 def output_file(value: Path | None) -> Path | None:
-    """A file the command will write: not an existing directory (`--csv .`)."""
-    if value is not None and value.is_dir():
+    """A file the command will write: not an existing directory (`--csv .`).  A path that
+    cannot even be looked at (a name too long) passes here: the command's
+    `core.io.check_output_file` or the atomic writer says why in one line."""
+    try:
+        is_dir = value is not None and value.is_dir()
+    except OSError:
+        is_dir = False
+    if is_dir:
         raise typer.BadParameter(f"{value} is a directory; expected a file name")
     return value
 

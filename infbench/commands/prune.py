@@ -62,9 +62,10 @@ def prune(
 ) -> None:
     """Prune layers and/or MLP width, optionally distill, report perplexity, save the model."""
     from infbench.checkpoint.metadata import model_source
-    from infbench.commands.predict import base_config
     from infbench.core.config import PruneConfig
-    from infbench.model.hf_writer import check_target, check_writable
+    from infbench.core.io import check_output_dir
+    from infbench.measure.model_shapes import base_config
+    from infbench.model.hf_writer import check_writable
 
     source = model_source(model)
     cfg = base_config(source)
@@ -77,7 +78,10 @@ def prune(
                          calibration_tokens=calibration_tokens)
     config.pruned_shape(cfg)  # refuses models whose layers cannot be dropped, before loading
     check_writable(cfg)
-    check_target(out, overwrite)
+    # --out before any work: a path that cannot take the checkpoint is refused now, not
+    # after the minutes of pruning and distillation; a killed run's temporary goes first
+    for stale in check_output_dir(out, overwrite):
+        opt.note(f"note: removed {stale}: the unfinished output of an interrupted run")
     if threads is not None:
         import torch
 

@@ -65,6 +65,8 @@ def train_draft(
 ) -> None:
     """Train Medusa or EAGLE draft heads on the model's own greedy text; save them."""
     from infbench.checkpoint.metadata import model_source
+    from infbench.core.io import check_output_file
+    from infbench.measure.model_shapes import base_config
 
     if num_heads is not None and method != "medusa":
         raise UserError(f"--num-heads: only --method medusa has several heads (got --method "
@@ -73,12 +75,18 @@ def train_draft(
         raise UserError(f"--sequences {sequences}: {HELDOUT} sequences are held out; allowed: "
                         f"{HELDOUT + 1} or more")
     source = model_source(model)
+    # The file is checked before any work (training takes minutes): a preset by its name
+    # (smollm2-135m), a file or directory by its config's name, as the loader names it.
+    path = out if out is not None else default_out(
+        method, source.get("preset") or base_config(source).name)
+    for stale in check_output_file(path):
+        opt.note(f"note: removed {stale}: the unfinished output of an interrupted run")
     if threads is not None:
         import torch
 
         torch.set_num_threads(threads)
     report = run_train_draft(source, model, method, steps, num_heads or DEFAULT_HEADS, seed,
-                             lr, out, sequences)
+                             lr, path, sequences)
     if as_json:
         print(json.dumps(report, indent=2))
     else:

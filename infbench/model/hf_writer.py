@@ -7,16 +7,15 @@ q/k/v, `gate_up_proj` into gate/up), and the tokenizer as `tokenizer.json` +
 `tokenizer_config.json`.  `infbench prune` writes pruned models this way, so `model:
 {path: DIR}` runs them and transformers loads them.
 
-The directory appears whole or not at all: everything is written into a temporary
-directory beside the target, fsynced, then renamed into place.
+The directory appears whole or not at all (`core.io.atomic_directory`): everything is
+written into a temporary directory beside the target, fsynced, then renamed into place; a
+killed write's temporary is removed by the next write into the same target.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -24,8 +23,8 @@ import torch
 from torch import nn
 
 from infbench.core.config import ModelConfig
-from infbench.core.errors import ConfigError, UserError
-from infbench.core.io import fsync_dir
+from infbench.core.errors import ConfigError
+from infbench.core.io import atomic_directory
 from infbench.model.layers import SwiGLUMLP
 from infbench.model.quant import QuantLinear
 from infbench.model.tokenizer import Tokenizer
@@ -131,61 +130,21 @@ def _write_tokenizer(tokenizer: Tokenizer, root: Path, max_len: int) -> None:
                                                 encoding="utf-8")
 
 
-def check_target(out: Path, overwrite: bool) -> None:
-    """A usable output directory: absent, empty, or an existing one with `overwrite`."""
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out}: exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise UserError(f"--out {out}: directory exists and is not empty; pass --overwrite to "
-                        "replace it")
-
-
 def save_checkpoint(loaded: LoadedModel, out: str | os.PathLike[str], *,
                     overwrite: bool = False) -> Path:
     """Write `loaded` to the directory `out` (see the module docstring); returns its path."""
     from safetensors.torch import save_file
 
     target = Path(out)
-    check_target(target, overwrite)
     dtype = {torch.float32: "float32", torch.float16: "float16",
              torch.bfloat16: "bfloat16"}[loaded.model.dtype]
     config = hf_config(loaded.config, loaded.tokenizer, dtype)
     tensors = hf_tensors(loaded.model)
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
-    except OSError as exc:
-        raise UserError(f"--out {target}: cannot write ({exc.strerror or exc})") from None
-    try:
+    with atomic_directory(target, overwrite=overwrite) as tmp:
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         if loaded.tokenizer is not None:
             _write_tokenizer(loaded.tokenizer, tmp, loaded.config.max_seq_len)
         for file in tmp.iterdir():
             os.chmod(file, 0o644)  # safetensors writes 0600
-            with open(file, "rb") as fh:
-                os.fsync(fh.fileno())
-        os.chmod(tmp, 0o755)  # mkdtemp makes it 0700
-        _replace_dir(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return target
-
-
-def _replace_dir(tmp: Path, target: Path) -> None:
-    """Rename `tmp` to `target`; an existing `target` (empty, or allowed to be replaced) is
-    moved aside first and removed after, so `target` is never half written."""
-    old = None
-    if target.exists():
-        old = target.with_name(f".{target.name}.old-{os.getpid()}")
-        os.replace(target, old)
-    try:
-        os.replace(tmp, target)
-    except BaseException:
-        if old is not None:
-            os.replace(old, target)
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-    fsync_dir(target.parent)
