@@ -10,14 +10,16 @@ from pathlib import Path
 
 def write_tiny_with_tokenizer(path: Path, seed: int = 0, *, num_layers: int = 2,
                               tie: bool = False, max_positions: int = 256,
-                              random_norms: bool = False) -> Path:
+                              random_norms: bool = False, hidden_size: int = 64,
+                              intermediate_size: int = 128) -> Path:
     """random_norms: norm weights drawn from U(0.5, 1.5), so a wrong mapping cannot hide."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128,
+    config = LlamaConfig(vocab_size=256, hidden_size=hidden_size,
+                         intermediate_size=intermediate_size,
                          num_hidden_layers=num_layers, num_attention_heads=4,
                          num_key_value_heads=2, max_position_embeddings=max_positions,
                          tie_word_embeddings=tie)

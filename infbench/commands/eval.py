@@ -15,7 +15,8 @@ import typer
 
 from infbench.checkpoint.metadata import model_source
 from infbench.commands import _options as opt
-from infbench.core.config import ACTIVATION_QUANT, HEAD_QUANT, QUANT_METHODS
+from infbench.core.config import ACTIVATION_QUANT, HEAD_QUANT, INT4_GROUP_SIZES, QUANT_METHODS
+from infbench.core.errors import UserError
 
 
 def register(app: typer.Typer) -> None:
@@ -31,9 +32,11 @@ def eval_command(
                                    "the same dtype."),
     quant: str = typer.Option("none", "--quant", callback=opt.weight_quant,
                               help=f"Weight quantization: {opt.choices(opt.WEIGHT_QUANT)}."),
-    group_size: int = typer.Option(128, "--group-size", callback=opt.positive_int,
-                                   help="int4 group size (32 | 64 | 128); int8 keeps one scale "
-                                    "per output channel."),
+    group_size: int | None = typer.Option(
+        None, "--group-size", callback=opt.positive_int,
+        help="int4 group size (32 | 64 | 128; default: the largest that divides every "
+             "projection's input width, 64 for SmolLM2's 576); int8 keeps one scale per "
+             "output channel."),
     method: str = typer.Option("rtn", "--method", callback=opt.one_of(QUANT_METHODS),
                                help=opt.choices(QUANT_METHODS)),
     head: str = typer.Option("model", "--head", callback=opt.one_of(HEAD_QUANT),
@@ -77,6 +80,20 @@ def eval_command(
     console = Console(stderr=True, soft_wrap=True)
     source = model_source(model)
     plan = EvalPlan(tokens=tokens, window=window, num_prompts=prompts, new_tokens=new_tokens)
+    if out is not None:  # before the minutes of measuring, not after them
+        from infbench.core.io import check_output_file
+
+        for stale in check_output_file(out):
+            opt.note(f"note: removed {stale}: the unfinished output of an interrupted run")
+    if group_size is None:
+        group_size = 128
+        if quant == "int4":
+            from infbench.measure.model_shapes import base_config
+
+            group_size, widths = default_group_size(base_config(source))
+            opt.note(f"note: --group-size not given: int4 groups of {group_size}, the largest "
+                     f"of {', '.join(map(str, INT4_GROUP_SIZES))} that divides every "
+                     f"projection's input width ({', '.join(map(str, widths))})")
     dev = resolve_device(device, "--device")
     if dtype == "auto":
         dtype, why = auto_dtype(dev)
@@ -121,6 +138,21 @@ def eval_command(
         _print_table(doc)
     if out is not None:
         console.print(f"wrote {out}", highlight=False)
+
+
+def default_group_size(cfg: Any) -> tuple[int, list[int]]:
+    """(the largest int4 group of INT4_GROUP_SIZES that divides the input width of every
+    projection int4 quantizes, those widths); a UserError when none divides them all."""
+    from infbench.roofline.shapes import layer_weights
+
+    widths = sorted({w.in_features for spec in cfg.layers() for w in layer_weights(cfg, spec)
+                     if w.quantized and w.in_features > 1})
+    for group in sorted(INT4_GROUP_SIZES, reverse=True):
+        if all(width % group == 0 for width in widths):
+            return group, widths
+    raise UserError(f"--quant int4: no int4 group size ({', '.join(map(str, INT4_GROUP_SIZES))}) "
+                    f"divides every projection's input width of {cfg.name!r} "
+                    f"({', '.join(map(str, widths))}); use --quant int8")
 
 
 def _print_table(doc: dict[str, Any]) -> None:
