@@ -12,9 +12,10 @@ client on the same machine can measure its own timestamp error exactly.
 the usage chunk (the client then counts tokens itself).  `misbehave` names one of
 `MISBEHAVIORS`, a server that gets the protocol wrong in one way (a stream cut short, an
 HTML page, a usage of 1e9 tokens, endless keep-alive comments, ...), for the client's
-failure tests.  `received` keeps the JSON bodies
-for tests; with `log_sends`, GET /mock/sends lists (seed, chunk index, send time) of every
-chunk written.  Run it standalone with `python -m infbench.client.mock_server --port 8000`.
+failure tests; with `misbehave_every=k` only every k-th request does.  `received` keeps
+the JSON bodies for tests; with `log_sends`, GET /mock/sends lists (seed, chunk index, send
+time) of every chunk written.  Run it standalone with
+`python -m infbench.client.mock_server --port 8000` (`--misbehave NAME` for a bad server).
 """
 
 from __future__ import annotations
@@ -50,10 +51,11 @@ class MockConfig:
     log_sends: bool = False
     sends: list[tuple[Any, int, float]] = field(default_factory=list)
     misbehave: str | None = None  # one of MISBEHAVIORS
+    misbehave_every: int = 1  # only every k-th request misbehaves (1: all of them)
     ping_interval_s: float = 0.05  # misbehave "ping_forever": a comment this often
 
 
-# Ways to get the protocol wrong, each answering every request so (misbehave=NAME).
+# Ways to get the protocol wrong (misbehave=NAME), each applied to every misbehaving request.
 MISBEHAVIORS = {
     "truncate": "3 tokens, then the connection closes: no finish_reason, usage or [DONE]",
     "cut": "3 tokens, then the socket is closed mid-body (no end of the chunked encoding)",
@@ -102,7 +104,7 @@ def make_app(config: MockConfig) -> web.Application:
             return web.json_response({"error": {"message": "mock failure"}}, status=500)
         chat = request.path.endswith("/chat/completions")
         n = config.num_tokens if config.num_tokens is not None else int(body["max_tokens"])
-        if config.misbehave is not None:
+        if config.misbehave is not None and count[0] % max(1, config.misbehave_every) == 0:
             return await _misbehave(request, config, chat, n, count[0])
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
@@ -276,11 +278,16 @@ def main() -> None:
     parser.add_argument("--no-usage", action="store_true", help="Send no usage chunk.")
     parser.add_argument("--log-sends", action="store_true",
                         help="Keep every chunk's send time for GET /mock/sends.")
+    parser.add_argument("--misbehave", choices=sorted(MISBEHAVIORS), default=None,
+                        help="Get the protocol wrong this way (see MISBEHAVIORS).")
+    parser.add_argument("--misbehave-every", type=int, default=1,
+                        help="Only every k-th request misbehaves.")
     args = parser.parse_args()
     config = MockConfig(num_tokens=args.num_tokens, tokens_per_chunk=args.tokens_per_chunk,
                         first_delay_s=args.first_delay_s, token_delay_s=args.token_delay_s,
                         keep_bodies=False, log_sends=args.log_sends,
-                        send_usage=not args.no_usage)
+                        send_usage=not args.no_usage, misbehave=args.misbehave,
+                        misbehave_every=args.misbehave_every)
     web.run_app(make_app(config), host=args.host, port=args.port, access_log=None,
                 print=lambda msg: print(msg, flush=True))
 

@@ -211,6 +211,7 @@ def _refuse_all_failed(run: TargetRun, num_sequences: int, point: Any, what: str
     first = run.failures[0]
     reasons = ", ".join(f"{r} {n}" for r, n in count_reasons(f.reason for f in run.failures)
                         .items())
-    raise UserError(f"{point.source}: target {point.target.base_url}: all "
+    # `run` prefixes the file and the point, as for every error of a point.
+    raise UserError(f"target {point.target.base_url}: all "
                     f"{num_sequences} request(s) of the {what} failed ({reasons}); first "
                     f"({first.request_id}): {first.message}")

@@ -4,10 +4,13 @@ its reason, never a success with made-up tokens and never an exception out of th
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from infbench.client.failures import REASONS, RequestFailed, count_reasons, failure_notes
 from infbench.client.mock_server import MISBEHAVIORS, MockConfig, MockServer
@@ -162,3 +165,31 @@ def test_reasons_are_counted_and_reported() -> None:
         == ["client failures: c [rate=4]: 3 of 12 request(s) failed (truncated 2, deadline 1); "
             "first r0001 (truncated): the stream closed"]
     assert set(REASONS) >= {"truncated", "deadline", "not_sse", "count_mismatch"}
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False)
+    | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+        st.sampled_from(["choices", "text", "delta", "content", "usage", "index",
+                         "finish_reason", "token_ids", "completion_tokens", "prompt_tokens",
+                         "error", "object", "message"]), inner, max_size=4),
+    max_leaves=12)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(events=st.lists(JSON.map(json.dumps) | st.text(max_size=30), max_size=5),
+       done=st.booleans(), chat=st.booleans())
+def test_any_event_sequence_is_a_whole_stream_or_a_failure_with_a_reason(
+        events: list[str], done: bool, chat: bool) -> None:
+    stream = Stream(max_tokens=4, chat=chat)
+    try:
+        for i, event in enumerate([TEXT, *events, LAST]):
+            stream.add_event(event, 0.1 * i)
+        stream.done = done
+        stream.check_complete()
+    except RequestFailed as exc:
+        assert exc.reason in REASONS and "\n" not in str(exc)
+    else:
+        assert stream.finish_reason and stream.done
+        assert len(stream.chunks) <= 4 and (stream.usage or {}).get("completion_tokens", 4) <= 4

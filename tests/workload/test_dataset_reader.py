@@ -4,6 +4,7 @@ names; and fuzzed files, each a one-line UserError naming the file or a clean lo
 from __future__ import annotations
 
 import itertools
+import re
 from pathlib import Path
 
 import pytest
@@ -130,14 +131,32 @@ NASTY = ["\u00b2", "\u0661", "\u2028", "\u2029", "\ufeff", "\x00", "\r", "\n", '
          "[" * 3000, "\t", "é", "\U0001f600", "x" * 140_000, "2023-13-45 25:61:61.1234567"]
 
 
+NUMBERS = ["9" * 5000, "1e400", "-1e400", "NaN", "Infinity", "\u00b2", "\u0663", "-1", "1.5",
+           "0", "1e300", "18446744073709551616", "true", "null", '"7"', "[]"]
+
+
 @st.composite
 def mutated(draw: st.DrawFn, kind: str) -> str:
-    """A sample file with a few edits: nasty pieces inserted, ranges deleted or repeated."""
+    """A sample file with a few edits: nasty pieces inserted, ranges deleted or repeated, a
+    number replaced by a hostile one, a value wrapped in thousands of brackets."""
     text = SAMPLES[kind][:4000] if kind != "sharegpt" else SAMPLES[kind]
     for _ in range(draw(st.integers(1, 4))):
         at = draw(st.integers(0, len(text)))
-        edit = draw(st.sampled_from(["insert", "delete", "repeat", "text"]))
-        if edit == "insert":
+        edit = draw(st.sampled_from(["insert", "delete", "repeat", "text", "number", "deep"]))
+        numbers = [m.span() for m in re.finditer(r"[0-9]+(?:\.[0-9]+)?", text)]
+        values = [m.end() for m in re.finditer(r":\s*|^", text, re.MULTILINE)]
+        if edit == "number" and numbers:
+            start, end = numbers[draw(st.integers(0, len(numbers) - 1))]
+            text = text[:start] + draw(st.sampled_from(NUMBERS)) + text[end:]
+        elif edit == "deep" and values:
+            at = values[draw(st.integers(0, len(values) - 1))]
+            depth = draw(st.sampled_from([65, 999, 3000]))
+            text = text[:at] + "[" * depth + text[at:]
+            end = text.find("\n", at)
+            end = len(text) if end < 0 else end
+            if draw(st.booleans()):  # balanced: valid JSON past the depth limit
+                text = text[:end] + "]" * depth + text[end:]
+        elif edit == "insert":
             text = text[:at] + draw(st.sampled_from(NASTY)) + text[at:]
         elif edit == "delete":
             text = text[:at] + text[at + draw(st.integers(1, 200)):]
