@@ -81,7 +81,9 @@ class HardenedHandler(RequestHandler):
 
     def _head_deadline(self) -> None:
         self._head_timer = None
-        if self._request_count == 0 and not self._force_close:
+        # _request_count: heads parsed on this connection (aiohttp's; 1 where it is absent,
+        # so an older aiohttp never has a working connection closed by this timer)
+        if getattr(self, "_request_count", 1) == 0 and not self._force_close:
             LOG.info("closed a connection that sent no request within %g s",
                      self.limits.header_timeout_s)
             self.force_close()
