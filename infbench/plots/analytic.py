@@ -151,6 +151,19 @@ def _legend_handle(label: str, colour: str = "#555555", marker: str = "o",
                   markerfacecolor=colour if filled else "none", label=label)
 
 
+def roof_curve(hw: HardwareSpec, dtype: str, intensities: Sequence[float],
+               num: int = 256) -> tuple[float, float, float, list[float], list[float]]:
+    """(peak FLOP/s, bandwidth, ridge point, intensities, attainable FLOP/s): the roof
+    min(peak, bandwidth * intensity) on a log grid from a quarter of the lowest intensity
+    (or the ridge) to four times the highest; every roofline drawing uses it."""
+    peak, bw = hw.peak(dtype), hw.bandwidth
+    ridge = peak / bw
+    xs = [x for x in intensities if x > 0] + [ridge]
+    lo, hi = math.log10(min(xs) / 4.0), math.log10(max(xs) * 4.0)
+    grid = [10 ** (lo + (hi - lo) * i / (num - 1)) for i in range(num)]
+    return peak, bw, ridge, grid, [min(peak, bw * x) for x in grid]
+
+
 def roofline_figure(hw: HardwareSpec, dtype: str, points: Sequence[RooflinePoint],
                     out_path: str | Path, title: str | None = None, *,
                     model: str | None = None, size: str = "column",
@@ -163,15 +176,8 @@ def roofline_figure(hw: HardwareSpec, dtype: str, points: Sequence[RooflinePoint
     "stage" (prefill / decode, for measured-vs-predicted). annotate: the text put next to
     a point (default: `b=N` on whole-step points when more than one batch is drawn).
     """
-    import numpy as np
-
-    peak, bw = hw.peak(dtype), hw.bandwidth
-    ridge = peak / bw
     placed = [p for p in points if p.intensity > 0 and p.flops_per_s > 0]
-    xs = [p.intensity for p in placed] + [ridge]
-    lo, hi = min(xs) / 4.0, max(xs) * 4.0
-    grid = np.logspace(np.log10(lo), np.log10(hi), 256)
-    roof = np.minimum(peak, bw * grid)
+    peak, bw, ridge, grid, roof = roof_curve(hw, dtype, [p.intensity for p in placed])
     batches = {p.batch for p in placed if p.batch}
     if annotate is None:
         def annotate(p: RooflinePoint) -> str | None:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from infbench.core.errors import ResultSchemaError, UserError
 from infbench.hardware.spec import HardwareSpec
@@ -247,6 +247,32 @@ def measured_roofline_figure(results: list[dict[str, Any]], out: str | os.PathLi
                            colour_by="stage", annotate=annotate)
 
 
+class FigureText(NamedTuple):
+    """A figure's title and axis titles, shared by its matplotlib and HTML drawings."""
+
+    title: str
+    x: str
+    y: str
+
+
+FIGURE_TEXT = {
+    "latency_throughput": FigureText("Latency vs throughput", "output throughput (tokens/s)",
+                                     "latency p50 (ms)"),
+    "itl_cdf": FigureText("ITL distribution", "inter-token latency (ms)",
+                          "fraction of tokens"),
+    "decode_step_cdf": FigureText("Decode-step time distribution", "decode step time (ms)",
+                                  "fraction of decode steps"),
+    "percentiles": FigureText("Latency percentiles (colour: run)", "percentile",
+                              "latency (ms)"),
+    "accuracy_speed": FigureText("Speed vs accuracy",
+                                 "perplexity, held-out text (lower is better)",
+                                 "decode tokens/s (higher is better)"),
+    "speculative_speedup": FigureText("Speculative decoding speed-up", "draft tokens k",
+                                      "speed-up over plain decode"),
+    "roofline": FigureText("Measured vs predicted roofline", "arithmetic intensity (FLOP/byte)",
+                           "performance (FLOP/s)"),
+}
+
 RUN_COLOURS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000")
 # TTFT is the prefill side, TPOT/ITL the decode side, E2E both: shape says which.
 METRIC_STYLES: dict[str, tuple[str, Any]] = {
@@ -263,17 +289,10 @@ def _run_colours(n: int) -> list[Any]:
     return [cmap(i / max(1, n - 1) * 0.9) for i in range(n)]
 
 
-def latency_throughput_figure(results: list[dict[str, Any]], out: str | os.PathLike[str],
-                              size: str = "column") -> dict[str, Any]:
-    """x: output tok/s; y: TPOT p50 (decode, circles) and TTFT p50 (prefill, squares), ms.
-
-    One point per sweep point, annotated with what the sweep varies (batch size, rate...);
-    measured filled and joined, predicted hollow and dotted.
-    """
-    from matplotlib.lines import Line2D
-
-    from infbench.plots.analytic import figure_style, new_figure, save_figure
-
+def latency_throughput_data(results: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """The points of the latency-throughput figure (`plots` and the HTML report draw these):
+    one per sweep point, measured and predicted, each with x (output tok/s), y (TPOT p50,
+    ms), ttft_ms (TTFT p50) and what the sweep varies; sorted by x."""
     swept = swept_labels(results)
     measured: list[dict[str, Any]] = []
     predicted: list[dict[str, Any]] = []
@@ -293,6 +312,23 @@ def latency_throughput_figure(results: list[dict[str, Any]], out: str | os.PathL
                               "ttft_ms": None if pt is None else pt * 1e3})
     measured.sort(key=lambda d: d["x"])
     predicted.sort(key=lambda d: d["x"])
+    return {"measured": measured, "predicted": predicted}
+
+
+def latency_throughput_figure(results: list[dict[str, Any]], out: str | os.PathLike[str],
+                              size: str = "column") -> dict[str, Any]:
+    """x: output tok/s; y: TPOT p50 (decode, circles) and TTFT p50 (prefill, squares), ms.
+
+    One point per sweep point, annotated with what the sweep varies (batch size, rate...);
+    measured filled and joined, predicted hollow and dotted.
+    """
+    from matplotlib.lines import Line2D
+
+    from infbench.plots.analytic import figure_style, new_figure, save_figure
+
+    data = latency_throughput_data(results)
+    measured, predicted = data["measured"], data["predicted"]
+    text = FIGURE_TEXT["latency_throughput"]
     with figure_style(size):
         fig = new_figure(size)
         ax = fig.add_subplot(1, 1, 1)
@@ -316,9 +352,9 @@ def latency_throughput_figure(results: list[dict[str, Any]], out: str | os.PathL
                     ax.annotate(d["swept"], (d["x"], d["y"]), textcoords="offset points",
                                 xytext=(3, -8), fontsize="x-small", color=colours[str(d["name"])])
         ax.set_yscale("log")
-        ax.set_xlabel("output throughput (tokens/s)")
-        ax.set_ylabel("latency p50 (ms)")
-        ax.set_title("Latency vs throughput\n" + figure_caption(results))
+        ax.set_xlabel(text.x)
+        ax.set_ylabel(text.y)
+        ax.set_title(text.title + "\n" + figure_caption(results))
         ax.grid(True, which="major", alpha=0.3)
         handles = [Line2D([], [], color="#555555", marker="o", linestyle="--",
                           label="TPOT p50 (decode)"),
@@ -371,6 +407,45 @@ def itl_samples_ms(result: dict[str, Any]) -> list[float] | None:
     return sorted(samples) if found else None
 
 
+PERCENTILES = ("p50", "p90", "p99")
+
+
+def cdf(values: list[float]) -> dict[str, list[float]]:
+    """An empirical CDF: the sorted values and the fraction at or below each."""
+    xs = sorted(values)
+    return {"x": xs, "y": [(i + 1) / len(xs) for i in range(len(xs))]}
+
+
+def itl_cdf_data(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per run label: the CDF of its per-token ITL (ms), or of its decode-step times where
+    the result has no per-request samples; `source` says which (itl | decode_step)."""
+    out: dict[str, dict[str, Any]] = {}
+    for r, label in zip(results, point_labels(results), strict=True):
+        samples = itl_samples_ms(r)
+        source = "itl" if samples is not None else "decode_step"
+        out[label] = {**cdf(samples if samples is not None else decode_step_ms(r)),
+                      "source": source}
+    return out
+
+
+def cdf_text(sources: set[str]) -> FigureText:
+    """The ITL panel's titles for what it draws: per-token ITL, decode steps, or a mix."""
+    if sources <= {"itl"}:
+        return FIGURE_TEXT["itl_cdf"]
+    if sources == {"decode_step"}:
+        return FIGURE_TEXT["decode_step_cdf"]
+    return FigureText(FIGURE_TEXT["decode_step_cdf"].title,
+                      "ITL (ms); decode step time where no per-token samples", "fraction")
+
+
+def percentile_data(results: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per run label, per metric (`ttft_ms`, `tpot_ms`, `itl_ms`, `e2e_ms`): p50/p90/p99."""
+    return {label: {f"{metric}_ms": {q: (None if (v := result_metric(r, f"{metric}_s.{q}"))
+                                         is None else v * 1e3) for q in PERCENTILES}
+                    for metric in METRIC_STYLES}
+            for r, label in zip(results, point_labels(results), strict=True)}
+
+
 def distributions_figure(results: list[dict[str, Any]], out: str | os.PathLike[str],
                          size: str = "column") -> dict[str, Any]:
     """Top (left on a slide): CDF of per-token ITL, or of decode-step time when the results
@@ -383,8 +458,9 @@ def distributions_figure(results: list[dict[str, Any]], out: str | os.PathLike[s
     labels = point_labels(results)
     swept = swept_labels(results)
     colours = _run_colours(len(results))
-    itl: dict[str, dict[str, Any]] = {}
-    pct: dict[str, dict[str, dict[str, float | None]]] = {}
+    itl = itl_cdf_data(results)
+    pct = percentile_data(results)
+    sources = {series["source"] for series in itl.values()}
     with figure_style(size):
         fig = new_figure(size)
         if size == "column":  # stacked: two panels side by side do not fit 3.5 in
@@ -392,34 +468,18 @@ def distributions_figure(results: list[dict[str, Any]], out: str | os.PathLike[s
             ax_cdf, ax_pct = fig.subplots(2, 1)
         else:
             ax_cdf, ax_pct = fig.subplots(1, 2)
-        sources = set()
-        for r, label, name, colour in zip(results, labels, swept, colours, strict=True):
-            samples = itl_samples_ms(r)
-            source = "itl" if samples is not None else "decode_step"
-            xs = samples if samples is not None else decode_step_ms(r)
-            sources.add(source)
-            ys = [(i + 1) / len(xs) for i in range(len(xs))]
-            itl[label] = {"x": xs, "y": ys, "source": source}
-            if xs:
-                ax_cdf.step(xs, ys, where="post", color=colour, label=name)
-            pct[label] = {
-                f"{metric}_ms": {q: (None if (v := result_metric(r, f"{metric}_s.{q}")) is None
-                                     else v * 1e3) for q in ("p50", "p90", "p99")}
-                for metric in METRIC_STYLES}
-        if sources == {"itl"}:
-            ax_cdf.set_xlabel("inter-token latency (ms)")
-            ax_cdf.set_ylabel("fraction of tokens")
-            ax_cdf.set_title("ITL distribution\n" + figure_caption(results))
-        else:  # no per-token samples (or only some): say what is drawn
-            ax_cdf.set_xlabel("decode step time (ms)" if sources == {"decode_step"} else
-                              "ITL (ms); decode step time where no per-token samples")
-            ax_cdf.set_ylabel("fraction of decode steps" if sources == {"decode_step"} else
-                              "fraction")
-            ax_cdf.set_title("Decode-step time distribution\n" + figure_caption(results))
+        for label, name, colour in zip(labels, swept, colours, strict=True):
+            if itl[label]["x"]:
+                ax_cdf.step(itl[label]["x"], itl[label]["y"], where="post", color=colour,
+                            label=name)
+        text = cdf_text(sources)
+        ax_cdf.set_xlabel(text.x)
+        ax_cdf.set_ylabel(text.y)
+        ax_cdf.set_title(text.title + "\n" + figure_caption(results))
         ax_cdf.grid(True, which="major", alpha=0.3)
         if len(results) <= 8 and ax_cdf.get_legend_handles_labels()[0]:
             ax_cdf.legend(fontsize="x-small", loc="lower right")
-        qs = ("p50", "p90", "p99")
+        qs = PERCENTILES
         for label, colour in zip(labels, colours, strict=True):
             for metric, (marker, line) in METRIC_STYLES.items():
                 ys_q = pct[label][f"{metric}_ms"]
@@ -430,9 +490,9 @@ def distributions_figure(results: list[dict[str, Any]], out: str | os.PathLike[s
         ax_pct.set_xticks(range(3), list(qs))
         ax_pct.set_xlim(-0.3, 2.3)
         ax_pct.set_yscale("log")
-        ax_pct.set_xlabel("percentile")
-        ax_pct.set_ylabel("latency (ms)")
-        ax_pct.set_title("Latency percentiles (colour: run)")
+        ax_pct.set_xlabel(FIGURE_TEXT["percentiles"].x)
+        ax_pct.set_ylabel(FIGURE_TEXT["percentiles"].y)
+        ax_pct.set_title(FIGURE_TEXT["percentiles"].title)
         ax_pct.grid(True, which="major", alpha=0.3)
         handles = [Line2D([], [], color="#555555", marker=mk, label=f"{metric.upper()}")
                    for metric, (mk, _) in METRIC_STYLES.items()]
@@ -443,6 +503,22 @@ def distributions_figure(results: list[dict[str, Any]], out: str | os.PathLike[s
     return {"itl_cdf": itl, "percentiles": pct, "path": str(path), "figure": fig}
 
 
+def accuracy_speed_points(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One point per variant and batch size with a perplexity and a decode speed: variant,
+    batch_size, perplexity, decode_tokens_per_s (results/variants.py)."""
+    from infbench.results.variants import variant_rows
+
+    points = []
+    for row in variant_rows(results):
+        if row["perplexity"] is None:
+            continue
+        for batch, speed in sorted(row["decode_tokens_per_s"].items()):
+            if speed is not None:
+                points.append({"variant": row["variant"], "batch_size": batch,
+                               "perplexity": row["perplexity"], "decode_tokens_per_s": speed})
+    return points
+
+
 def accuracy_speed_figure(results: list[dict[str, Any]], out: str | os.PathLike[str],
                           size: str = "column") -> dict[str, Any] | None:
     """x: perplexity on the held-out text; y: decode tokens/s; one marker per variant and
@@ -451,33 +527,28 @@ def accuracy_speed_figure(results: list[dict[str, Any]], out: str | os.PathLike[
     from matplotlib.lines import Line2D
 
     from infbench.plots.analytic import figure_style, new_figure, save_figure
-    from infbench.results.variants import variant_rows
 
-    rows = [r for r in variant_rows(results) if r["perplexity"] is not None]
-    if not rows:
+    points = accuracy_speed_points(results)
+    if not points:
         return None
-    batches = sorted({b for r in rows for b in r["decode_tokens_per_s"]})
+    variants = list(dict.fromkeys(p["variant"] for p in points))
+    batches = sorted({p["batch_size"] for p in points})
     markers = dict(zip(batches, "osD^v<>p*h", strict=False))
-    points: list[dict[str, Any]] = []
+    text = FIGURE_TEXT["accuracy_speed"]
     with figure_style(size):
         fig = new_figure(size)
         ax = fig.add_subplot(1, 1, 1)
-        colours = dict(zip([r["variant"] for r in rows], _run_colours(len(rows)), strict=True))
-        for row in rows:
-            for batch, speed in sorted(row["decode_tokens_per_s"].items()):
-                if speed is None:
-                    continue
-                points.append({"variant": row["variant"], "batch_size": batch,
-                               "perplexity": row["perplexity"], "decode_tokens_per_s": speed})
-                ax.plot([row["perplexity"]], [speed], marker=markers.get(batch, "o"),
-                        linestyle="none", color=colours[row["variant"]])
-                ax.annotate(row["variant"], (row["perplexity"], speed),
-                            textcoords="offset points", xytext=(3, 3), fontsize="x-small",
-                            color=colours[row["variant"]])
-        ax.set_xlabel("perplexity, held-out text (lower is better)")
-        ax.set_ylabel("decode tokens/s (higher is better)")
+        colours = dict(zip(variants, _run_colours(len(variants)), strict=True))
+        for point in points:
+            xy = (point["perplexity"], point["decode_tokens_per_s"])
+            ax.plot([xy[0]], [xy[1]], marker=markers.get(point["batch_size"], "o"),
+                    linestyle="none", color=colours[point["variant"]])
+            ax.annotate(point["variant"], xy, textcoords="offset points", xytext=(3, 3),
+                        fontsize="x-small", color=colours[point["variant"]])
+        ax.set_xlabel(text.x)
+        ax.set_ylabel(text.y)
         ax.set_yscale("log")
-        ax.set_title("Speed vs accuracy\n" + figure_caption(results))
+        ax.set_title(text.title + "\n" + figure_caption(results))
         ax.grid(True, which="major", alpha=0.3)
         handles = [Line2D([], [], color="#555555", marker=markers[b], linestyle="none",
                           label=f"batch {b}") for b in batches if b in markers]
@@ -485,6 +556,34 @@ def accuracy_speed_figure(results: list[dict[str, Any]], out: str | os.PathLike[
         path = save_figure(fig, Path(out))
     return {"points": points, "path": str(path), "figure": fig,
             "legend": [t.get_text() for t in legend.get_texts()]}
+
+
+def speculative_speedup_data(results: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The speed-up-against-k lines: per variant and batch size, measured and predicted
+    (each with k and speedup lists), the variants and batch sizes in order, and the k values
+    of each batch size; None when no result carries `metrics.speculative`."""
+    from infbench.results.speculative import spec_rows
+
+    rows = spec_rows(results)
+    if not rows:
+        return None
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    batches = list(dict.fromkeys(r["batch_size"] for r in rows))
+    batches.sort(key=lambda b: (b is None, b or 0))
+    lines: list[dict[str, Any]] = []
+    for batch in batches:
+        for variant in variants:
+            pts = [r for r in rows if r["variant"] == variant and r["batch_size"] == batch
+                   and r["num_tokens"] is not None]
+            for kind in ("measured", "predicted"):
+                xy = [(r["num_tokens"], r[f"speedup_{kind}"]) for r in pts
+                      if r[f"speedup_{kind}"] is not None]
+                if xy:
+                    lines.append({"variant": variant, "batch_size": batch, "kind": kind,
+                                  "k": [x for x, _ in xy], "speedup": [y for _, y in xy]})
+    ks = {b: sorted({r["num_tokens"] for r in rows
+                     if r["batch_size"] == b and r["num_tokens"] is not None}) for b in batches}
+    return {"variants": variants, "batch_sizes": batches, "lines": lines, "ks": ks}
 
 
 def speculative_figure(results: list[dict[str, Any]], out: str | os.PathLike[str],
@@ -496,43 +595,29 @@ def speculative_figure(results: list[dict[str, Any]], out: str | os.PathLike[str
     from matplotlib.lines import Line2D
 
     from infbench.plots.analytic import figure_style, new_figure, save_figure
-    from infbench.results.speculative import spec_rows
 
-    rows = spec_rows(results)
-    if not rows:
+    data = speculative_speedup_data(results)
+    if data is None:
         return None
-    variants = list(dict.fromkeys(r["variant"] for r in rows))
-    batches = list(dict.fromkeys(r["batch_size"] for r in rows))
-    batches.sort(key=lambda b: (b is None, b or 0))
-    lines: list[dict[str, Any]] = []
+    variants, batches, lines = data["variants"], data["batch_sizes"], data["lines"]
+    text = FIGURE_TEXT["speculative_speedup"]
     with figure_style(size):
         fig = new_figure(size)
         axes = fig.subplots(1, len(batches), sharey=True, squeeze=False)[0]
         colours = dict(zip(variants, _run_colours(len(variants)), strict=True))
         for ax, batch in zip(axes, batches, strict=True):
             ax.axhline(1.0, color="#888888", linewidth=0.8, zorder=0)
-            for variant in variants:
-                pts = [r for r in rows if r["variant"] == variant and r["batch_size"] == batch
-                       and r["num_tokens"] is not None]
-                for kind, key, style in (("measured", "speedup_measured", "-"),
-                                         ("predicted", "speedup_predicted", "--")):
-                    xy = [(r["num_tokens"], r[key]) for r in pts if r[key] is not None]
-                    if not xy:
-                        continue
-                    ks, ys = [x for x, _ in xy], [y for _, y in xy]
-                    lines.append({"variant": variant, "batch_size": batch, "kind": kind,
-                                  "k": ks, "speedup": ys})
-                    ax.plot(ks, ys, linestyle=style, marker="o" if kind == "measured" else "",
-                            color=colours[variant])
-            ks_here = sorted({r["num_tokens"] for r in rows
-                              if r["batch_size"] == batch and r["num_tokens"] is not None})
-            if ks_here:
-                ax.set_xticks(ks_here)
+            for line in (x for x in lines if x["batch_size"] == batch):
+                measured = line["kind"] == "measured"
+                ax.plot(line["k"], line["speedup"], linestyle="-" if measured else "--",
+                        marker="o" if measured else "", color=colours[line["variant"]])
+            if data["ks"][batch]:
+                ax.set_xticks(data["ks"][batch])
             ax.set_title("batch ?" if batch is None else f"batch {batch}", fontsize="small")
-            ax.set_xlabel("draft tokens k")
+            ax.set_xlabel(text.x)
             ax.grid(True, which="major", alpha=0.3)
-        axes[0].set_ylabel("speed-up over plain decode")
-        fig.suptitle("Speculative decoding speed-up\n" + figure_caption(results))
+        axes[0].set_ylabel(text.y)
+        fig.suptitle(text.title + "\n" + figure_caption(results))
         handles = [Line2D([], [], color=colours[v], linestyle="-", label=v)
                    for v in variants]
         handles += [Line2D([], [], color="#555555", marker="o", linestyle="-",
