@@ -1,72 +1,214 @@
-"""The analytic prediction for a measured scenario point, under the metric names.
+"""The analytic prediction of a scenario point: the one path that prices a point.
 
-`bench.run_point` stores this next to the measured metrics, so `infbench
-report` can print measured, predicted and error % side by side.  Static and
-offline workloads are predicted (static as waves of batch_size requests, offline as waves
-of `max_num_seqs`, or of workload.max_concurrency when lower); dataset workloads, whose
-lengths vary per request, are not; Poisson traffic depends on queueing the roofline
-does not model, so it is left unpredicted rather than guessed.
+`infbench predict` (a scenario file, or the document its flags build), the prediction
+`infbench run` and the client record next to their measurements (`predict_point`, read back
+by `report`, `compare` and the plots) all come through `price`, so one point gets the same
+numbers everywhere.  A point's prediction prices (docs/roofline.md has the page):
+
+- the workload as it runs: kind static in waves of `batch_size`, offline in waves of
+  `max_concurrency` (all requests when unset), each wave capped at `engine.max_num_seqs`, the
+  waves back to back.  Poisson arrivals depend on queueing the roofline does not model, and
+  dataset workloads vary their lengths per request: neither is predicted, rather than guessed;
+- the model as it runs (preset or checkpoint, overrides, attention, prune), the dtype and
+  `model.quant` (with `PricingOptions.kv_bits`, an analytic-only width);
+- `speculative:` when its method is not none: g = num_tokens draft tokens accepted at the
+  scenario's `acceptance`, drafts at `draft_cost_ratio` of a target step;
+- `parallel:`: tp / pp / ep shards and their collectives; each of the replicas serves a copy
+  of the workload (batch_size and the requests are per replica, as the roofline's batch);
+- the hardware entry or calibrated profile (its measured rates and its flags), the operator
+  overlap (auto: none on an engine-calibrated profile, full on a datasheet) and the reserve.
 
 The names mean what the measured metrics mean (docs/results.md#metric-definitions):
-`ttft_s`, `tpot_s` = (E2E - TTFT) / (gen_len - 1) and `e2e_s` of one request of the
-first wave; `output_tokens_per_s` and `total_tokens_per_s` end to end (tokens / the
-predicted wall time of the whole workload, prefill included); `decode_tokens_per_s`
-the decode-only rate (batch / decode step time), which has no measured twin.
-
-`profile_flags` carries the flags of a calibrated profile (`HardwareSpec.profile_flags`,
-[] when it has none) so that `run` and `report` can say a prediction rests on doubtful
-figures; datasheet entries leave it out.
+`ttft_s`, `tpot_s` = (E2E - TTFT) / (gen_len - 1) and `e2e_s` of one request of the first
+wave; `output_tokens_per_s` and `total_tokens_per_s` end to end (tokens / the predicted wall
+time of the whole workload, prefill included); `decode_tokens_per_s` the decode-only rate
+(batch / decode time per token), which has no measured twin.  `profile_flags` carries the
+flags of a calibrated profile (`HardwareSpec.profile_flags`, [] when it has none) so that
+`run` and `report` can say a prediction rests on doubtful figures; datasheet entries leave
+it out.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
-from infbench.core.config import ModelConfig
-from infbench.hardware.spec import CURVE_KEY, HardwareSpec
-from infbench.roofline.analysis import predict, prediction_dict, quantized_rates
+from infbench.core.config import ModelConfig, QuantConfig
+from infbench.core.errors import UserError
+from infbench.core.parallel import SINGLE, ParallelConfig
+from infbench.hardware.spec import CURVE_KEY, HardwareSpec, MemoryReserve, get_hardware
+from infbench.measure.model_shapes import model_configs, point_where
+from infbench.roofline.analysis import (
+    DEFAULT_RESERVE,
+    Prediction,
+    SpecConfig,
+    check_context,
+    predict,
+    prediction_dict,
+    quantized_rates,
+)
+
+if TYPE_CHECKING:  # annotations only: predict's flag-only path never loads the scenario schema
+    from infbench.scenario.point import ScenarioPoint, WorkloadPoint
 
 
-def predict_point(point: Any, cfg: ModelConfig, hw: HardwareSpec) -> dict[str, Any]:
+@dataclass(frozen=True)
+class PricingOptions:
+    """The analytic-only knobs of `infbench predict`; the defaults are what `run` records."""
+
+    speculative: SpecConfig | None = None  # replaces the point's speculative section
+    overlap: str = "auto"  # one of roofline.analysis.OVERLAP_CHOICES
+    reserve: MemoryReserve = DEFAULT_RESERVE
+    kv_bits: int | None = None  # bits per cached K/V value, replacing model.quant's
+
+
+@dataclass(frozen=True)
+class PricedWorkload:
+    """What is priced: `batch` identical requests at once per replica, `num_sequences` of
+    them per replica run in waves of `batch`, back to back."""
+
+    batch: int
+    num_sequences: int
+    prompt_len: int
+    gen_len: int
+    dtype: str
+    quant: QuantConfig
+    speculative: SpecConfig | None = None
+    parallel: ParallelConfig = SINGLE
+
+    @property
+    def waves(self) -> int:
+        return math.ceil(self.num_sequences / self.batch)
+
+
+@dataclass(frozen=True)
+class PointPrice:
+    """A point's prediction, or why it has none (`prediction` None, `note` the reason)."""
+
+    hardware: str
+    prediction: Prediction | None = None
+    workload: PricedWorkload | None = None
+    note: str = ""  # not predicted: why; predicted: what the numbers leave out ("; "-joined)
+    profile_flags: tuple[str, ...] | None = None  # a calibrated profile's; None: a datasheet
+
+    def to_dict(self) -> dict[str, Any]:
+        """The prediction under the result schema's keys (`results.schema.Prediction`)."""
+        p, w = self.prediction, self.workload
+        if p is None or w is None:
+            return {"hardware": self.hardware, "note": self.note}
+        d = prediction_dict(p)  # ttft_s, tpot_s, e2e_s, decode_tokens_per_s of one wave
+        num_sequences = w.num_sequences * w.parallel.replicas
+        wall = w.waves * p.e2e_s  # waves run back to back
+        d.update({
+            "hardware": self.hardware,
+            "output_tokens_per_s": num_sequences * w.gen_len / wall,
+            "total_tokens_per_s": num_sequences * (w.prompt_len + w.gen_len) / wall,
+            "waves": w.waves,
+            "overlap": p.overlap,
+        })
+        if self.profile_flags is not None:
+            d["profile_flags"] = list(self.profile_flags)
+        if self.note:
+            d["note"] = self.note
+        return d
+
+
+def with_kv_bits(quant: QuantConfig, kv_bits: int | None) -> QuantConfig:
+    """`quant` with its cache width replaced by `kv_bits` (None: unchanged)."""
+    return quant if kv_bits is None else replace(quant, kv_bits=kv_bits)
+
+
+def point_speculative(point: ScenarioPoint) -> SpecConfig | None:
+    """The roofline's speculative config of the point's `speculative:` section (None: off)."""
+    s = point.speculative
+    return SpecConfig(s.num_tokens, s.acceptance, s.draft_cost_ratio) if s.enabled else None
+
+
+def unpredicted(workload: WorkloadPoint) -> str:
+    """Why the roofline does not price this workload; '' when it does."""
+    if workload.kind == "poisson":
+        return "not predicted: Poisson arrivals (queueing)"
+    if workload.kind == "trace" or workload.dataset is not None:
+        return ("not predicted: prompt and output lengths from a dataset (the roofline "
+                "prices one shape)")
+    return ""
+
+
+def point_workload(point: ScenarioPoint,
+                   options: PricingOptions = PricingOptions()) -> PricedWorkload:
+    """The waves a static or offline point runs, with its dtype, quant, speculative and
+    parallel sections (and the options that replace them)."""
     w = point.workload
-    if w.kind == "poisson":
-        return {"hardware": hw.name, "note": "not predicted: Poisson arrivals (queueing)"}
-    if w.kind == "trace" or w.dataset is not None:
-        return {"hardware": hw.name, "note": "not predicted: prompt and output lengths from a "
-                "dataset (the roofline prices one shape)"}
-    n = w.num_prompts * w.samples_per_prompt
+    num_sequences = w.num_prompts * w.samples_per_prompt
     # static runs batch_size at a time (a client cap); offline is capped by the engine only
-    at_once = w.batch_size * w.samples_per_prompt if w.kind == "static" else n
+    at_once = w.batch_size * w.samples_per_prompt if w.kind == "static" else num_sequences
     if w.max_concurrency is not None:
         at_once = min(at_once, w.max_concurrency * w.samples_per_prompt)
-    batch = min(at_once, point.engine.max_num_seqs)
-    waves = math.ceil(n / batch)
-    p = predict(cfg, hw, batch=batch, prompt_len=w.prompt_len, gen_len=w.gen_len,
-                dtype=point.dtype, quant=point.quant_config())
-    d = prediction_dict(p)  # ttft_s, tpot_s, e2e_s, decode_tokens_per_s of one wave
-    wall = waves * p.e2e_s  # waves run back to back
-    d.update({
-        "hardware": hw.name,
-        "output_tokens_per_s": n * w.gen_len / wall,
-        "total_tokens_per_s": n * (w.prompt_len + w.gen_len) / wall,
-        "waves": waves,
-        "overlap": p.overlap,
-    })
-    if hw.extra:  # a calibrated profile (datasheet entries have no calibration details)
-        d["profile_flags"] = hw.profile_flags
+    return PricedWorkload(
+        batch=min(at_once, point.engine.max_num_seqs), num_sequences=num_sequences,
+        prompt_len=w.prompt_len, gen_len=w.gen_len, dtype=point.dtype,
+        quant=with_kv_bits(point.quant_config(), options.kv_bits),
+        speculative=options.speculative or point_speculative(point), parallel=point.parallel)
+
+
+def price(cfg: ModelConfig, hw: HardwareSpec, workload: PricedWorkload, *,
+          overlap: str = "auto", reserve: MemoryReserve = DEFAULT_RESERVE) -> PointPrice:
+    """Price `workload` of `cfg` on `hw`: the roofline prediction of one wave, the waves,
+    the profile's flags and what the numbers leave out."""
+    w = workload
+    p = predict(cfg, hw, batch=w.batch, prompt_len=w.prompt_len, gen_len=w.gen_len,
+                dtype=w.dtype, quant=w.quant, speculative=w.speculative, parallel=w.parallel,
+                overlap=overlap, reserve=reserve)
     notes = []
-    quant = point.quant_config()
-    if quant.method == "llm_int8":  # its outlier count is known after loading
+    if w.quant.method == "llm_int8":  # its outlier count is known after loading
         notes.append("llm_int8 priced as int8: the outlier columns it keeps in the model dtype "
                      "(chosen on calibration text) are not in the predicted weight bytes; the "
                      "measured weight_bytes count them")
-    if (quant.weights != "none" and CURVE_KEY in hw.extra
-            and not quantized_rates(cfg, hw, quant, batch)):
-        notes.append(f"quantized projections priced at the {point.dtype} matmul curve of "
+    if (w.quant.weights != "none" and CURVE_KEY in hw.extra
+            and not quantized_rates(cfg, hw, w.quant, w.batch)):
+        notes.append(f"quantized projections priced at the {w.dtype} matmul curve of "
                      f"profile {hw.name!r}: it has no curve of the kernels these weights run "
                      "(calibrate measures int8 and int4 with float activations on the C++ "
                      "backend), so their smaller weight reads are not credited")
-    if notes:
-        d["note"] = "; ".join(notes)
-    return d
+    # a calibrated profile has extra details; a datasheet entry has none and no flags
+    flags = tuple(hw.profile_flags) if hw.extra else None
+    return PointPrice(hw.name, p, w, "; ".join(notes), flags)
+
+
+def price_point(point: ScenarioPoint, cfg: ModelConfig, hw: HardwareSpec,
+                options: PricingOptions = PricingOptions()) -> PointPrice:
+    """Price one scenario point of model shape `cfg` on `hw`; an analytic refusal (tp that
+    does not divide the heads, speculative with pp > 1, ...) is a UserError naming the point."""
+    reason = unpredicted(point.workload)
+    if reason:
+        return PointPrice(hw.name, note=reason)
+    try:
+        return price(cfg, hw, point_workload(point, options), overlap=options.overlap,
+                     reserve=options.reserve)
+    except UserError as exc:
+        raise UserError(f"{point.source}: {point_where(point)}{exc}") from None
+
+
+def price_points(points: list[ScenarioPoint],
+                 options: PricingOptions = PricingOptions()) -> list[PointPrice]:
+    """`infbench predict`'s points: each model shape read once, each context checked against
+    the model's (`run` leaves that to the engine), each point priced on its hardware."""
+    prices = []
+    for point, cfg in zip(points, model_configs(points), strict=True):
+        try:
+            check_context(cfg, point.workload.prompt_len, point.workload.gen_len)
+        except UserError as exc:
+            raise UserError(f"{point.source}: {point_where(point)}{exc}") from None
+        prices.append(price_point(point, cfg, get_hardware(point.hardware), options))
+    return prices
+
+
+def predict_point(point: ScenarioPoint, cfg: ModelConfig, hw: HardwareSpec) -> dict[str, Any]:
+    """The prediction `run` and the client record beside a measured point (`cfg`: the shape
+    that ran).  A combination the roofline refuses is recorded as not predicted, with the
+    reason, so a finished measurement is still written."""
+    try:
+        return price_point(point, cfg, hw).to_dict()
+    except UserError as exc:
+        return {"hardware": hw.name, "note": f"not predicted: {exc}"}

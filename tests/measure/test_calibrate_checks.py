@@ -20,6 +20,8 @@ from cli_helpers import run_cli, tiny_scenario
 
 from infbench.core.config import ModelConfig, QuantConfig
 from infbench.core.errors import UserError
+from infbench.core.parallel import ParallelConfig
+from infbench.core.speculative import SpeculativeConfig
 from infbench.hardware import checks as checks
 from infbench.hardware.spec import HARDWARE, get_hardware, load_profile, profile_path
 from infbench.measure import calibrate as cal
@@ -279,7 +281,8 @@ def _point(hardware: str = "cpu") -> Any:
                                batch_size=2, max_concurrency=None, prompt_len=32, gen_len=8)
     return SimpleNamespace(workload=workload, engine=SimpleNamespace(max_num_seqs=8),
                            dtype="float32", hardware=hardware,
-                           quant_config=lambda: QuantConfig())
+                           quant_config=lambda: QuantConfig(),
+                           speculative=SpeculativeConfig(), parallel=ParallelConfig())
 
 
 def test_a_prediction_carries_the_profile_flags(tmp_path, monkeypatch):
