@@ -1,6 +1,7 @@
 """`infbench predict | kv | roofline | models | hardware`: the analytic model on the command line.
 
-Everything here is parsing and printing; the numbers come from `infbench.roofline`.
+Everything here is parsing and printing; the numbers come from `infbench.measure.prediction`
+(a point's price, the same `run` records) over `infbench.roofline`.
 No torch anywhere on these paths, so the commands start in a fraction of a second.
 `--json` prints JSON (and only JSON) on stdout.
 """
@@ -16,7 +17,17 @@ from typing import Any
 import typer
 
 from infbench.commands import _options as opt
+from infbench.core.config import MAX_BATCH
 from infbench.core.errors import UserError
+from infbench.measure.model_shapes import base_config, model_configs
+from infbench.measure.prediction import (
+    PointPrice,
+    PricedWorkload,
+    PricingOptions,
+    price,
+    price_points,
+)
+from infbench.roofline.analysis import OVERLAP_CHOICES, Prediction
 
 DEFAULT_MODEL = "llama2-13b"
 DEFAULT_HARDWARE = "h100-sxm"
@@ -57,7 +68,6 @@ def check_positive(flag: str, value: int | None) -> None:
 
 
 COMMAND_LINE = "command line"  # the source named in errors about flags and --set
-OVERLAP_MODES = ("auto", "full", "none")  # as infbench.roofline.analysis.OVERLAP_CHOICES
 OVERLAP_HELP = ("How a step's operators share the roofline: full (one roofline over the "
                 "step) | none (the sum of each operator's own roofline) | auto (the default: "
                 "none on a profile from `infbench calibrate`, full on datasheet hardware).")
@@ -124,7 +134,8 @@ def model_document(command: str, model: str, sets: list[str] | None, *,
                    hardware: str | None = None, dtype: str | None = None,
                    quant: dict[str, Any] | None = None,
                    workload: dict[str, Any] | None = None,
-                   parallel: dict[str, Any] | None = None) -> dict[str, Any]:
+                   parallel: dict[str, Any] | None = None,
+                   engine: dict[str, Any] | None = None) -> dict[str, Any]:
     """Flags + `--set` -> a scenario-shaped document (validated by the scenario schema).
 
     `--model` becomes `model: {preset|path|gguf: ...}` exactly as in a scenario file, and
@@ -145,6 +156,8 @@ def model_document(command: str, model: str, sets: list[str] | None, *,
         doc["dtype"] = dtype
     if parallel:
         doc["parallel"] = dict(parallel)
+    if engine:
+        doc["engine"] = dict(engine)
     apply_sets(doc, sets or [], COMMAND_LINE)
     return doc
 
@@ -218,47 +231,6 @@ def apply_attention_flags(doc: dict[str, Any], attention: str | None,
     return points_of(doc)
 
 
-# Checkpoint configs already read, by source and file stamp: GGUF metadata takes seconds, and
-# one command may need the same model's shape several times (attention flags, sweeps).
-_BASE_CONFIGS: dict[str, Any] = {}
-
-
-def base_config(source: dict[str, str]) -> Any:
-    """The ModelConfig of a preset, an HF directory or a GGUF file, before any override."""
-    from infbench.checkpoint import metadata as configs
-    from infbench.core.config import ModelConfig
-
-    kind, value = next(iter(source.items()))
-    path = Path(value)
-    stamp = (path.stat().st_mtime_ns, path.stat().st_size) if kind != "preset" and \
-        path.exists() else None
-    key = json.dumps([source, stamp], sort_keys=True)
-    if key not in _BASE_CONFIGS:
-        if kind == "preset":
-            _BASE_CONFIGS[key] = ModelConfig.from_name(value)
-        elif kind == "path":
-            _BASE_CONFIGS[key] = configs.config_from_hf_dir(value)
-        else:
-            _BASE_CONFIGS[key] = configs.config_from_gguf(configs.resolve_gguf(value))
-    return _BASE_CONFIGS[key]
-
-
-def model_configs(points: list[Any]) -> list[Any]:
-    """Each point's ModelConfig (as `ScenarioPoint.model_config`), each checkpoint read once."""
-    configs = []
-    for point in points:
-        changes = point.model.changes() if point.model is not None else {}
-        try:
-            base = base_config(point.model_source())
-            cfg = base.with_overrides(**changes) if changes else base
-            prune = point.prune_config()  # model.prune: the pruned shape is the one that runs
-            configs.append(prune.pruned_shape(cfg) if prune.active else cfg)
-        except UserError as exc:  # as ScenarioPoint.model_config words it
-            where = f"point {point.index} ({point.label}): " if point.swept else ""
-            raise UserError(f"{point.source}: {where}{exc}") from None
-    return configs
-
-
 def build_quant(quant: str | None, group_size: int | None, kv_dtype: str | None,
                 source: dict[str, str] | None = None, kv_bits: int | None = None) -> Any:
     """The QuantConfig of the flags; `--quant native` reads the model's GGUF tensor types."""
@@ -271,13 +243,6 @@ def build_quant(quant: str | None, group_size: int | None, kv_dtype: str | None,
     return native_quant(qcfg, source) if source is not None else qcfg
 
 
-def with_kv_bits(qcfg: Any, kv_bits: int | None) -> Any:
-    """A scenario point's QuantConfig with `--kv-bits` applied (the flag is analytic only)."""
-    from dataclasses import replace
-
-    return qcfg if kv_bits is None else replace(qcfg, kv_bits=kv_bits)
-
-
 def build_spec(tokens: int | None, acceptance: float | None, ratio: float | None) -> Any:
     from infbench.roofline.analysis import SpecConfig
 
@@ -286,59 +251,6 @@ def build_spec(tokens: int | None, acceptance: float | None, ratio: float | None
     if tokens is None or acceptance is None:
         raise UserError("speculative decoding needs both --spec-tokens and --spec-acceptance")
     return SpecConfig(tokens, acceptance, ratio or 0.0)
-
-
-def _spec_from_scenario(spec: Any) -> Any:
-    from infbench.roofline.analysis import SpecConfig
-
-    if spec is None or isinstance(spec, SpecConfig):
-        return spec
-    if (spec.get("method") if isinstance(spec, dict) else getattr(spec, "method", None)) == "none":
-        return None
-
-    def field(*names: str) -> Any:
-        for name in names:
-            value = spec.get(name) if isinstance(spec, dict) else getattr(spec, name, None)
-            if value is not None:
-                return value
-        return None
-
-    tokens = field("num_tokens", "num_speculative_tokens")
-    acceptance = field("acceptance", "acceptance_rate")
-    if tokens is None or acceptance is None:
-        print("note: the scenario's speculative settings give no acceptance rate; "
-              "predicting without speculation", file=sys.stderr)
-        return None
-    return SpecConfig(int(tokens), float(acceptance), float(field("draft_cost_ratio") or 0.0))
-
-
-def point_predictions(points: list[Any], speculative: Any = None, overlap: str = "auto",
-                      reserve: Any = None, kv_bits: int | None = None) -> list[Any]:
-    """One prediction per scenario point (a file's, or the document built from the flags)."""
-    from infbench.hardware.spec import MemoryReserve, get_hardware
-    from infbench.roofline.analysis import check_context, predict
-
-    predictions = []
-    for point, cfg in zip(points, model_configs(points), strict=True):
-        try:
-            check_context(cfg, point.workload.prompt_len, point.workload.gen_len)
-        except UserError as exc:  # named like model_configs names a point
-            where = f"point {point.index} ({point.label}): " if point.swept else ""
-            raise UserError(f"{point.source}: {where}{exc}") from None
-        hw = get_hardware(point.hardware)
-        dtype = point.dtype
-        if dtype == "auto":  # the engine's choice (core.device.auto_dtype)
-            from infbench.core.device import auto_dtype
-
-            dtype = auto_dtype("cpu" if hw.kind == "cpu" else "cuda")[0]
-        w = point.workload
-        predictions.append(predict(
-            cfg, hw, batch=w.batch_size, prompt_len=w.prompt_len,
-            gen_len=w.gen_len, dtype=dtype, quant=with_kv_bits(point.quant_config(), kv_bits),
-            speculative=speculative or _spec_from_scenario(point.speculative),
-            parallel=point.parallel, overlap=overlap, reserve=reserve or MemoryReserve(),
-        ))
-    return predictions
 
 
 def _one_or_list(sizes: list[int]) -> int | list[int]:
@@ -375,21 +287,26 @@ def make_console(min_width: int = 120) -> Any:
     return Console(width=max(width, min_width))
 
 
-def _devices(p: Any) -> str:
+def _devices(p: Prediction) -> str:
     par = p.parallel
     return f"{par.tp}x{par.pp}" + (f" x{par.replicas}" if par.replicas > 1 else "")
 
 
-def print_predictions(predictions: list[Any], show_ops: bool,
+def print_predictions(prices: list[PointPrice], show_ops: bool,
                       labels: list[str] | None = None) -> None:
     from rich.table import Table
 
     # 11 columns, 12 with the sweep labels: wide enough that none is cropped or squeezed away
     console = make_console(160)
     table = Table(title="Roofline prediction (ms; GB; bound: prefill/decode)",
-                  caption="decode tok/s = batch / TPOT (decode steps only); "
-                          "e2e tok/s = batch x gen / E2E (prefill included, as in run)")
-    show_labels = bool(labels and any(labels))
+                  caption="decode tok/s = batch / TPOT (decode steps only); e2e tok/s = "
+                          "requests x gen / wall time (waves of batch back to back, prefill "
+                          "included, as in run)")
+    labels = labels or [""] * len(prices)
+    priced = [(label, pp, pp.prediction) for label, pp in zip(labels, prices, strict=True)
+              if pp.prediction is not None]
+    predictions = [p for _, _, p in priced]
+    show_labels = any(labels)
     show_devices = any(not p.parallel.trivial for p in predictions)
     if show_labels:
         table.add_column("point", overflow="fold", min_width=12, max_width=26)
@@ -398,55 +315,76 @@ def print_predictions(predictions: list[Any], show_ops: bool,
     for col in cols:
         left = col in ("model", "hardware")
         table.add_column(col, justify="left" if left else "right", no_wrap=True)
-    for i, p in enumerate(predictions):
+    for label, pp, p in priced:
         memory = fmt_gb(p.memory_bytes) if p.fits else f"[red]{fmt_gb(p.memory_bytes)}[/red]"
         decodes = p.gen_len > 1  # --gen 1: the one token comes from the prefill
         table.add_row(
-            *([labels[i]] if show_labels and labels else []),
+            *([label] if show_labels else []),
             p.model, p.hardware, *([_devices(p)] if show_devices else []), str(p.batch),
             f"{p.prompt_len}/{p.gen_len}", memory, str(p.max_batch), fmt_ms(p.ttft_s),
             fmt_ms(p.time_per_token_s) if decodes else "-",
             f"{p.tokens_per_s:,.0f}" if decodes else "-",
-            f"{p.batch * p.parallel.replicas * p.gen_len / p.e2e_s:,.0f}",
+            f"{pp.to_dict()['output_tokens_per_s']:,.0f}",
             f"{p.prefill.bound[0]}/{p.decode.bound[0] if decodes else '-'}",
         )
-    console.print(table)
-    for p in predictions:
-        if not p.fits:
-            per = " per device" if p.parallel.devices_per_replica > 1 else ""
-            console.print(
-                f"[red]{p.model} b={p.batch} needs {fmt_gb(p.memory_bytes)} GB{per} + "
-                f"{fmt_gb(p.workspace_bytes)} GB workspace; {p.hardware} has "
-                f"{fmt_gb(p.usable_memory_bytes)} GB usable of "
-                f"{fmt_gb(p.memory_capacity_bytes)} GB[/red]")
-        if not p.parallel.trivial:
-            par = p.parallel
-            comm = p.decode_comm
-            console.print(
-                f"{p.model} b={p.batch} on {par.devices} x {p.hardware} (tp {par.tp}, pp "
-                f"{par.pp}, ep {par.ep}, replicas {par.replicas}): decode communication "
-                f"{fmt_ms(comm.total_s)} ms of {fmt_ms(p.decode.time_s)} ms per step"
-                + (f", pipeline bubble {p.pipeline_bubble:.0%}" if par.pp > 1 else ""),
-                highlight=False)
-        if p.speculative is not None:
-            s = p.speculative
-            console.print(
-                f"{p.model} b={p.batch}: speculative g={s.config.num_tokens} "
-                f"a={s.config.acceptance}: {s.expected_tokens_per_step:.2f} tokens/step, "
-                f"{fmt_ms(s.step_time_s)} ms/step, {s.speedup:.2f}x over plain decode"
-            )
-    if not show_ops:
-        return
-    for p in predictions:
-        ops = Table(title=f"{p.model} on {p.hardware}, batch {p.batch}: per operator "
-                          "(decode: mean step)")
-        for col in ("stage", "op", "FLOPs", "bytes", "FLOP/B", "time (ms)", "bound"):
-            ops.add_column(col, justify="left" if col in ("stage", "op") else "right")
-        for stage in (p.prefill, p.decode) if p.gen_len > 1 else (p.prefill,):
-            for op in stage.ops:
-                ops.add_row(stage.stage, op.cost.name, fmt_si(op.cost.flops), fmt_si(op.cost.bytes),
-                            f"{op.cost.intensity:.3g}", fmt_ms(op.time_s), op.bound)
-        console.print(ops)
+    if priced:
+        console.print(table)
+    for label, pp in zip(labels, prices, strict=True):
+        if pp.prediction is None:
+            console.print(f"{label or 'point'}: {pp.note}", highlight=False)
+    for _, pp, p in priced:
+        _print_details(console, pp, p)
+    if show_ops:
+        for p in predictions:
+            _print_ops(console, p)
+
+
+def _print_details(console: Any, pp: PointPrice, p: Prediction) -> None:
+    """The lines under the table: memory that does not fit, waves, parallel, speculative."""
+    if not p.fits:
+        per = " per device" if p.parallel.devices_per_replica > 1 else ""
+        console.print(
+            f"[red]{p.model} b={p.batch} needs {fmt_gb(p.memory_bytes)} GB{per} + "
+            f"{fmt_gb(p.workspace_bytes)} GB workspace; {p.hardware} has "
+            f"{fmt_gb(p.usable_memory_bytes)} GB usable of "
+            f"{fmt_gb(p.memory_capacity_bytes)} GB[/red]")
+    w = pp.workload
+    if w is not None and w.waves > 1:
+        console.print(f"{p.model} b={p.batch}: {w.num_sequences} requests in {w.waves} waves "
+                      f"of {p.batch}, back to back (e2e tok/s over all of them)",
+                      highlight=False)
+    if not p.parallel.trivial:
+        par = p.parallel
+        comm = p.decode_comm
+        console.print(
+            f"{p.model} b={p.batch} on {par.devices} x {p.hardware} (tp {par.tp}, pp "
+            f"{par.pp}, ep {par.ep}, replicas {par.replicas}): decode communication "
+            f"{fmt_ms(comm.total_s)} ms of {fmt_ms(p.decode.time_s)} ms per step"
+            + (f", pipeline bubble {p.pipeline_bubble:.0%}" if par.pp > 1 else ""),
+            highlight=False)
+    if p.speculative is not None:
+        s = p.speculative
+        console.print(
+            f"{p.model} b={p.batch}: speculative g={s.config.num_tokens} "
+            f"a={s.config.acceptance}: {s.expected_tokens_per_step:.2f} tokens/step, "
+            f"{fmt_ms(s.step_time_s)} ms/step, {s.speedup:.2f}x over plain decode"
+        )
+    if pp.note:
+        console.print(f"note: {p.model} b={p.batch}: {pp.note}", highlight=False)
+
+
+def _print_ops(console: Any, p: Prediction) -> None:
+    from rich.table import Table
+
+    ops = Table(title=f"{p.model} on {p.hardware}, batch {p.batch}: per operator "
+                      "(decode: mean step)")
+    for col in ("stage", "op", "FLOPs", "bytes", "FLOP/B", "time (ms)", "bound"):
+        ops.add_column(col, justify="left" if col in ("stage", "op") else "right")
+    for stage in (p.prefill, p.decode) if p.gen_len > 1 else (p.prefill,):
+        for op in stage.ops:
+            ops.add_row(stage.stage, op.cost.name, fmt_si(op.cost.flops), fmt_si(op.cost.bytes),
+                        f"{op.cost.intensity:.3g}", fmt_ms(op.time_s), op.bound)
+    console.print(ops)
 
 
 def register(app: typer.Typer) -> None:
@@ -514,7 +452,7 @@ def predict_command(
     microbatches: int | None = typer.Option(
         None, callback=opt.positive_int, help="Pipeline micro-batches (default: pp)."),
     overlap: str | None = typer.Option(
-        None, callback=opt.one_of(OVERLAP_MODES), help=OVERLAP_HELP),
+        None, callback=opt.one_of(OVERLAP_CHOICES), help=OVERLAP_HELP),
     kv_bits: int | None = typer.Option(None, callback=opt.positive_int, help=KV_BITS_HELP),
     mem_util: float | None = typer.Option(None, callback=check_mem_util, help=MEM_UTIL_HELP),
     workspace_tokens: int | None = typer.Option(
@@ -541,19 +479,14 @@ def predict_command(
                             "decoding; allowed with it: --model, --hardware, --batch, --prompt, "
                             "--gen, --dtype, --block-length, --prefix-cache, --json")
         source = opt.model_source(model or DEFAULT_MODEL)
-        run_predict_diffusion(source, base_config, hardware or DEFAULT_HARDWARE,
+        run_predict_diffusion(source, hardware or DEFAULT_HARDWARE,
                               parse_sizes(batch or "1", "--batch"), prompt or 128, gen or 256,
                               parse_sizes(diffusion_steps, "--diffusion-steps"), block_length,
                               prefix_cache, dtype or "bfloat16", as_json)
         return
     if block_length is not None or prefix_cache:
         raise UserError("--block-length and --prefix-cache need --diffusion-steps")
-    from infbench.hardware.spec import get_hardware
-    from infbench.roofline.analysis import check_context, predict
-
     reserve = memory_reserve(mem_util, workspace_tokens)
-    overlap = overlap or "auto"
-
     model_flags = dict(kv_heads=kv_heads, window=window, global_every=global_every,
                        cla_group=cla_group, kv_lora_rank=kv_lora_rank, q_lora_rank=q_lora_rank,
                        feature_map=feature_map, feature_dim=feature_dim, d_state=d_state,
@@ -567,71 +500,87 @@ def predict_command(
         used = [k.replace("_", "-") for k, v in flags.items() if v not in (None, [], ())]
         if used:
             raise UserError(f"{scenario}: the scenario defines the points; drop --{used[0]}")
-        from infbench.scenario.schema import load_scenario
+        _predict_scenario(scenario, PricingOptions(None, overlap or "auto", reserve, kv_bits),
+                          as_json, ops)
+        return
+    source = opt.model_source(model or DEFAULT_MODEL)
+    prompt_len, gen_len, note = default_lengths(base_config(source), prompt, gen)
+    if window is not None and window > prompt_len + gen_len:
+        raise UserError(f"--window {window} is larger than the context "
+                        f"(--prompt + --gen = {prompt_len + gen_len})")
+    from infbench.hardware.spec import get_hardware
 
-        points = load_scenario(scenario).points()
-        if any(getattr(p, "decoding", None) for p in points):
-            raise UserError(f"{scenario}: decoding.kind diffusion points are priced by "
-                            "`infbench predict --diffusion-steps` (and next to `run`'s "
-                            "measurements), not by predict SCENARIO")
-        predictions = point_predictions(points, None, overlap, reserve, kv_bits)
-        labels = [point.label for point in points]
-    else:
-        prompt_len, gen_len, note = default_lengths(
-            base_config(opt.model_source(model or DEFAULT_MODEL)), prompt, gen)
-        if window is not None and window > prompt_len + gen_len:
-            raise UserError(f"--window {window} is larger than the context "
-                            f"(--prompt + --gen = {prompt_len + gen_len})")
-        hw = get_hardware(hardware or DEFAULT_HARDWARE)  # unknown: the table's allowed list
-        spec = build_spec(spec_tokens, spec_acceptance, spec_draft_ratio)
-        if not set_:
-            # Flags only: each was checked against the same allowed values as the scenario
-            # schema (commands/_options.py), so the schema (pydantic, ~150 ms) is not loaded.
-            source = opt.model_source(model or DEFAULT_MODEL)
-            cfg = base_config(source)
-            values = attention_values(cfg, attention, model_flags)
-            cfg = cfg.with_overrides(attention=values) if values else cfg
-            qcfg = build_quant(quant, group_size, kv_dtype, source, kv_bits)
-            par = parallel_config(tp, pp, ep, replicas, microbatches)
-            check_context(cfg, prompt_len, gen_len)
-            predictions = [predict(cfg, hw, batch=b, prompt_len=prompt_len, gen_len=gen_len,
-                                   dtype=dtype or "bfloat16", quant=qcfg, speculative=spec,
-                                   parallel=par, overlap=overlap, reserve=reserve)
-                           for b in parse_sizes(batch or "1", "--batch")]
-            if note:
-                print(note, file=sys.stderr)
-            _emit(predictions, [""] * len(predictions), [source] * len(predictions), as_json,
-                  ops)
-            return
-        doc = model_document(
-            "predict", model or DEFAULT_MODEL, set_, hardware=hardware or DEFAULT_HARDWARE,
-            dtype=dtype or "bfloat16",
-            quant={"weights": quant, "group_size": group_size, "kv": kv_dtype},
-            workload={"batch_size": _one_or_list(parse_sizes(batch or "1", "--batch")),
-                      "prompt_len": prompt_len, "gen_len": gen_len},
-            parallel=parallel_flags(tp, pp, ep, replicas, microbatches))
-        points = apply_attention_flags(doc, attention, model_flags)
-        predictions = point_predictions(points, spec, overlap, reserve, kv_bits)
+    hw = get_hardware(hardware or DEFAULT_HARDWARE)  # unknown: the table's allowed list
+    options = PricingOptions(build_spec(spec_tokens, spec_acceptance, spec_draft_ratio),
+                             overlap or "auto", reserve, kv_bits)
+    sizes = parse_sizes(batch or "1", "--batch")
+    if not set_:
+        # Flags only: each was checked against the same allowed values as the scenario
+        # schema (commands/_options.py), so the schema (pydantic, ~150 ms) is not loaded.
+        # One batch of each size at once: a point of as many requests as its batch.
+        from infbench.roofline.analysis import check_context
+
+        cfg = base_config(source)
+        values = attention_values(cfg, attention, model_flags)
+        cfg = cfg.with_overrides(attention=values) if values else cfg
+        qcfg = build_quant(quant, group_size, kv_dtype, source, kv_bits)
+        par = parallel_config(tp, pp, ep, replicas, microbatches)
+        check_context(cfg, prompt_len, gen_len)
+        prices = [price(cfg, hw, PricedWorkload(b, b, prompt_len, gen_len, dtype or "bfloat16",
+                                                qcfg, options.speculative, par),
+                        overlap=options.overlap, reserve=options.reserve) for b in sizes]
         if note:
             print(note, file=sys.stderr)
-        swept = any(item.startswith("sweep.") for item in set_)
-        labels = [point.label if swept else "" for point in points]
-    _emit(predictions, labels, [point.model_source() for point in points], as_json, ops)
+        _emit(prices, [""] * len(prices), [source] * len(prices), as_json, ops)
+        return
+    doc = model_document(
+        "predict", model or DEFAULT_MODEL, set_, hardware=hardware or DEFAULT_HARDWARE,
+        dtype=dtype or "bfloat16",
+        quant={"weights": quant, "group_size": group_size, "kv": kv_dtype},
+        workload={"batch_size": _one_or_list(sizes), "prompt_len": prompt_len,
+                  "gen_len": gen_len},
+        parallel=parallel_flags(tp, pp, ep, replicas, microbatches),
+        # --batch is the batch at once, as without --set: no engine cap unless --set sets one
+        engine={"max_num_seqs": MAX_BATCH})
+    points = apply_attention_flags(doc, attention, model_flags)
+    prices = price_points(points, options)
+    if note:
+        print(note, file=sys.stderr)
+    swept = any(item.startswith("sweep.") for item in set_)
+    _emit(prices, [point.label if swept else "" for point in points],
+          [point.model_source() for point in points], as_json, ops)
 
 
-def _emit(predictions: list[Any], labels: list[str], models: list[dict[str, str]],
+def _predict_scenario(path: Path, options: PricingOptions, as_json: bool, ops: bool) -> None:
+    """`infbench predict SCENARIO`: each point priced as `run` records its prediction."""
+    from infbench.scenario.schema import load_scenario
+
+    points = load_scenario(path).points()
+    if any(p.decoding is not None for p in points):
+        raise UserError(f"{path}: decoding.kind diffusion points are priced by "
+                        "`infbench predict --diffusion-steps` (and next to `run`'s "
+                        "measurements), not by predict SCENARIO")
+    _emit(price_points(points, options), [point.label for point in points],
+          [point.model_source() for point in points], as_json, ops)
+
+
+def _emit(prices: list[PointPrice], labels: list[str], models: list[dict[str, str]],
           as_json: bool, ops: bool) -> None:
     """Print the table or the JSON rows, naming where each model's shapes came from."""
     for model_dict in {json.dumps(m, sort_keys=True): m for m in models}.values():
         note_source(model_dict)
-    if as_json:
-        from infbench.roofline.analysis import deployment_dict
+    if not as_json:
+        print_predictions(prices, ops, labels)
+        return
+    from infbench.roofline.analysis import deployment_dict
 
-        rows = [{**p.to_dict(), **deployment_dict(p)} for p in predictions]
-        for row, label, model in zip(rows, labels, models, strict=True):
-            row["model_source"] = source_label(model)
-            if label:  # scenario points carry their sweep label
-                row["point"] = label
-        emit_json(rows)
-    else:
-        print_predictions(predictions, ops, labels)
+    rows = []
+    for pp, label, model in zip(prices, labels, models, strict=True):
+        row = pp.to_dict()  # the keys and values `run` records as the result's prediction
+        if pp.prediction is not None:
+            row.update(deployment_dict(pp.prediction))
+        row["model_source"] = source_label(model)
+        if label:  # scenario points carry their sweep label
+            row["point"] = label
+        rows.append(row)
+    emit_json(rows)

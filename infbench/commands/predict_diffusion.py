@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
-from typing import Any
+
+from infbench.core.config import ModelConfig
+from infbench.measure.model_shapes import base_config
 
 
-def diffusion_config(source: dict[str, str], base_config: Callable[[dict[str, str]], Any]) -> Any:
+def diffusion_config(source: dict[str, str]) -> ModelConfig:
     """The ModelConfig of a LLaDA directory, else `base_config`'s (preset, HF dir, GGUF)."""
     from infbench.checkpoint.llada import is_llada_dir, read_llada_config
 
@@ -23,15 +24,14 @@ def diffusion_config(source: dict[str, str], base_config: Callable[[dict[str, st
     return base_config(source)
 
 
-def run_predict_diffusion(source: dict[str, str], base_config: Callable[[dict[str, str]], Any],
-                          hardware: str, batches: list[int],
+def run_predict_diffusion(source: dict[str, str], hardware: str, batches: list[int],
                           prompt_len: int, gen_len: int, steps: list[int],
                           block_length: int | None, prefix_cache: bool, dtype: str,
                           as_json: bool) -> None:
     from infbench.hardware.spec import get_hardware
     from infbench.roofline.diffusion import diffusion_dict, predict_diffusion
 
-    cfg = diffusion_config(source, base_config)
+    cfg = diffusion_config(source)
     hw = get_hardware(hardware)
     preds = [predict_diffusion(cfg, hw, batch=b, prompt_len=prompt_len, gen_len=gen_len,
                                steps=s, block_length=block_length, prefix_cache=prefix_cache,

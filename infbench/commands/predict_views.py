@@ -18,10 +18,8 @@ from infbench.commands.predict import (
     KV_BITS_HELP,
     MEM_UTIL_HELP,
     OVERLAP_HELP,
-    OVERLAP_MODES,
     SET_HELP,
     WORKSPACE_HELP,
-    base_config,
     build_quant,
     check_mem_util,
     check_positive,
@@ -31,17 +29,18 @@ from infbench.commands.predict import (
     fmt_si,
     make_console,
     memory_reserve,
-    model_configs,
     model_document,
     note_source,
     parallel_config,
     parallel_flags,
     parse_sizes,
     points_of,
-    with_kv_bits,
 )
 from infbench.core.errors import UserError
+from infbench.measure.model_shapes import base_config, model_configs
+from infbench.measure.prediction import with_kv_bits
 from infbench.plots.analytic import check_size
+from infbench.roofline.analysis import OVERLAP_CHOICES
 
 SIZE_HELP = "column (3.5 in wide, 300 dpi, for a paper) | slide (16:9)."
 
@@ -171,7 +170,8 @@ def roofline_command(
     pp: int | None = typer.Option(None, callback=opt.positive_int, help="Pipeline stages."),
     ep: int | None = typer.Option(None, callback=opt.positive_int,
                                   help="Expert parallel degree within tp."),
-    overlap: str = typer.Option("auto", callback=opt.one_of(OVERLAP_MODES), help=OVERLAP_HELP),
+    overlap: str = typer.Option("auto", callback=opt.one_of(OVERLAP_CHOICES),
+                                help=OVERLAP_HELP),
     set_: list[str] | None = typer.Option(None, "--set", help=SET_HELP),
     out: Path = typer.Option(Path("roofline.png"), callback=opt.output_file,
                              help="Figure to write (.png, .svg or .pdf)."),
