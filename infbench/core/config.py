@@ -17,17 +17,24 @@ import dataclasses
 import math
 import numbers
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 from infbench.core.errors import ConfigError
+from infbench.core.formats import (
+    INT4_GROUP_SIZES,
+    WEIGHT_QUANT,
+    WeightQuant,
+)
 from infbench.core.gguf_types import TOP_LEVEL, format_bits
 
-# Allowed values, defined once: each Literal types the scenario schema (scenario/schema.py), and
-# its tuple feeds the dataclass checks, the CLI validators (commands/_options.py) and help texts.
+# Allowed values, defined once: each Literal types a field of the configs below and so the
+# scenario sections derived from them (scenario/), and its tuple feeds the dataclass checks, the
+# CLI validators (commands/_options.py) and help texts.  Weight formats: core/formats.py.  A
+# field reads `Annotated[str, TheLiteral]`: Python callers pass plain strings (__post_init__
+# refuses others by name) and the derived section validates against the Literal.
 Dtype = Literal["float32", "float16", "bfloat16"]
 AttentionKind = Literal["mha", "gqa", "mqa", "mla", "cla", "sliding", "linear", "ssm"]
 FeatureMap = Literal["elu", "relu", "favor", "taylor"]
-WeightQuant = Literal["none", "int8", "int4", "native"]
 QuantMethod = Literal["rtn", "awq", "llm_int8"]
 HeadQuant = Literal["model", "int8"]
 ActivationQuant = Literal["float", "int8"]
@@ -38,11 +45,9 @@ ModelWeights = Literal["auto", "real", "random"]
 DTYPES: tuple[str, ...] = get_args(Dtype)
 ATTENTION_KINDS: tuple[str, ...] = get_args(AttentionKind)
 FEATURE_MAPS: tuple[str, ...] = get_args(FeatureMap)
-WEIGHT_QUANT: tuple[str, ...] = get_args(WeightQuant)
 QUANT_METHODS: tuple[str, ...] = get_args(QuantMethod)
 HEAD_QUANT: tuple[str, ...] = get_args(HeadQuant)
 ACTIVATION_QUANT: tuple[str, ...] = get_args(ActivationQuant)
-INT4_GROUP_SIZES: tuple[int, ...] = (32, 64, 128)
 KV_QUANT: tuple[str, ...] = get_args(KvQuant)
 BACKENDS: tuple[str, ...] = get_args(Backend)
 DEVICES: tuple[str, ...] = get_args(Device)
@@ -52,8 +57,20 @@ are installed, else seeded random ones; real: the released or checkpoint weights
 there are none; random: always seeded random weights (shapes only)."""
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 assert tuple(DTYPE_BYTES) == DTYPES
-# Mixer kinds of a resolved layer.
-MIXERS = ("attention", "mla", "linear", "ssm")
+# The mixer of a resolved layer (LayerSpec.mixer), and the one mapping from attention.kind to
+# it.  The two vocabularies differ on purpose: attention.kind names a KV scheme (and the
+# attention-free mixers linear and ssm), LayerSpec.mixer the layer class and its cache layout.
+# Mixer "attention" is softmax attention in every KV scheme that caches K and V per head (mha,
+# gqa, mqa, cla, sliding, and the attention layers of a linear/ssm hybrid); mla caches a latent.
+# The engine's mixer registry (model/transformer.MIXERS) and the cost model key on these names.
+Mixer = Literal["attention", "mla", "linear", "ssm"]
+MIXERS: tuple[str, ...] = get_args(Mixer)
+SOFTMAX_MIXER: Mixer = "attention"
+KIND_MIXER: dict[str, Mixer] = {
+    "mha": "attention", "gqa": "attention", "mqa": "attention", "mla": "mla",
+    "cla": "attention", "sliding": "attention", "linear": "linear", "ssm": "ssm",
+}
+assert tuple(KIND_MIXER) == ATTENTION_KINDS
 # ModelConfig.arch values whose blocks are Gemma's (docs/architectures.md).
 GEMMA_ARCHS = ("gemma2", "gemma3")
 
@@ -125,7 +142,7 @@ class AttentionConfig:
         layer instead (Jamba's 1 attention : 7 Mamba is attn_every=8).
     """
 
-    kind: str = "gqa"
+    kind: Annotated[str, AttentionKind] = "gqa"
     kv_heads: int | None = None
     window: int | None = None
     global_every: int | None = None
@@ -135,7 +152,7 @@ class AttentionConfig:
     qk_rope_head_dim: int = 64
     qk_nope_head_dim: int = 128
     v_head_dim: int = 128
-    feature_map: str = "elu"
+    feature_map: Annotated[str, FeatureMap] = "elu"
     feature_dim: int | None = None
     d_state: int = 16
     d_conv: int = 4
@@ -245,47 +262,44 @@ class MoEConfig:
 
 @dataclass(frozen=True)
 class QuantConfig:
-    """Weight quantization and KV-cache dtype (`model.quant`); the stored formats are
-    described in `kernels/quant_format.py`.
+    """Weight quantization and KV-cache dtype (`model.quant`; the scenario's QuantSection is
+    derived from these fields and their docstrings); the stored formats are described in
+    `kernels/quant_format.py` and named in `core/formats.py`."""
 
-    weights: none | int8 (symmetric, one fp16 scale per output channel) | int4 (groups of
-      `group_size` input columns, an fp16 scale and an fp16 minimum per group: Q4_1's
-      layout) | native (a GGUF file's own Q4_0/Q4_1/Q8_0/Q4_K/Q6_K tensors, run without a
-      float copy: the decoder projections, and the token embedding / LM head when the file
-      stores them in one of those types).
-    method: how int8/int4 weights are chosen: rtn (round to nearest) | awq (int4 with
-      activation-aware per-input-channel scales) | llm_int8 (int8 with the input columns
-      whose activations pass `outlier_threshold` kept in the model dtype).
-    calibration_tokens: tokens of calibration text that awq / llm_int8 measure on.
-    head: the LM head: model (the model dtype, as AWQ/GPTQ checkpoints keep it) | int8 (one
-      fp16 scale per vocabulary row, as llama.cpp stores output.weight; a tied head gets its
-      own int8 copy and the input embedding stays in the model dtype for the row gather).
-      Under native weights a head the file stores quantized keeps the file's format.
-    kv: none (the model dtype) | int8 | fp8 (one byte per value plus a float32 scale per
-      token per KV head, `kernels/kv_quant.py`; fp8 is e4m3 and needs a CUDA GPU).
-    kv_bits: analytic only: a cache of this many bits per value (1..32; below 16 with the
-      same float32 row scales as int8), e.g. 6 for DeepSeek-V2's deployed cache.
-    activations: what the quantized projections multiply: float (the activations as they
-      are: the exact product with the dequantized weights) | int8 (each 32-column block of
-      an activation row rounded to int8 with one scale, as llama.cpp does; batch-1 decode
-      then runs integer dot products on CPUs with AVX512-VNNI, `kernels/csrc/linear_q8act.cpp`,
-      and every other path multiplies the same rounded values in float).
-    native_mix: with native weights, (roofline operator, stored format, weights) of the GGUF
-      file's projections, and "embed" / "lm_head" rows for a quantized token embedding or
-      head (`core/gguf_types.native_mix`); not a scenario key: filled in from the file
-      (`checkpoint_config.native_quant`).  Empty: priced in the model dtype.
-    """
-
-    weights: str = "none"
+    weights: Annotated[str, WeightQuant] = "none"
+    """One of core/formats.WEIGHT_FORMATS (the scenario's text lists them).  native: the
+    decoder projections, and the token embedding / LM head when the file stores them in one
+    of those types, run without a float copy."""
     group_size: int = 128
-    kv: str = "none"
-    method: str = "rtn"
+    """int4: input columns per group (32, 64 or 128)."""
+    kv: Annotated[str, KvQuant] = "none"
+    """KV cache: none (model dtype) | int8 | fp8: one byte per value plus a float32 scale per
+    token per KV head (`kernels/kv_quant.py`; fp8 is e4m3 and needs a CUDA GPU)."""
+    method: Annotated[str, QuantMethod] = "rtn"
+    """How int8/int4 weights are chosen: rtn (round to nearest) | awq (int4 with
+    activation-aware per-input-channel scales) | llm_int8 (int8 with the input columns whose
+    activations pass `outlier_threshold` kept in the model dtype)."""
     outlier_threshold: float = 6.0
+    """llm_int8: activation magnitude above which an input column stays in the model dtype."""
     calibration_tokens: int = 1024
-    head: str = "model"
-    activations: str = "float"
+    """awq / llm_int8: calibration tokens (held-out from the eval text's test split)."""
+    head: Annotated[str, HeadQuant] = "model"
+    """The LM head: model (the model dtype, as AWQ/GPTQ checkpoints keep it) | int8 (one fp16
+    scale per vocabulary row, as llama.cpp stores output.weight; a tied head gets its own int8
+    copy, the embedding gather stays in the model dtype).  Under native weights a head the
+    file stores quantized keeps the file's format."""
+    activations: Annotated[str, ActivationQuant] = "float"
+    """What quantized projections multiply: float (exact) | int8 (each 32-column block of an
+    activation row rounded to int8 with one scale, llama.cpp's arithmetic; batch-1 decode runs
+    integer dot products on CPUs with AVX512-VNNI, `kernels/csrc/linear_q8act.cpp`)."""
     native_mix: tuple[tuple[str, str, int], ...] = ()
+    """Not a scenario key: with native weights, (roofline operator, stored format, weights) of
+    the GGUF file's projections, and "embed" / "lm_head" rows for a quantized token embedding
+    or head (`core/gguf_types.native_mix`), filled in from the file
+    (`checkpoint.metadata.native_quant`).  Empty: priced in the model dtype."""
     kv_bits: int | None = None
+    """Not a scenario key (analytic only): a cache of this many bits per value (1..32; below
+    16 with the same float32 row scales as int8), e.g. 6 for DeepSeek-V2's deployed cache."""
 
     def __post_init__(self) -> None:
         _choice("quant", "weights", self.weights, WEIGHT_QUANT)
@@ -316,7 +330,8 @@ class QuantConfig:
                                   "allowed with llm_int8: float")
             if self.weights == "none" and self.head != "int8":
                 raise ConfigError("quant.activations=int8 rounds the inputs of quantized "
-                                  "projections: it needs quant.weights int8|int4|native or "
+                                  "projections: it needs quant.weights "
+                                  f"{'|'.join(w for w in WEIGHT_QUANT if w != 'none')} or "
                                   "quant.head: int8")
         if self.method != "rtn" and self.weights in ("none", "native"):
             raise ConfigError(f"quant.method={self.method!r} quantizes weights; allowed with "
@@ -380,7 +395,7 @@ class LayerSpec:
     """One resolved layer: the cost model and the engine iterate over these."""
 
     index: int
-    mixer: str  # attention | mla | linear | ssm
+    mixer: Mixer  # see KIND_MIXER: attention (softmax) | mla | linear | ssm
     window: int | None = None  # attention only: None is full causal attention
     owns_kv: bool = True  # CLA: only the first layer of a group writes KV
     kv_source: int = -1  # CLA: index of the layer whose KV this layer reads
@@ -388,7 +403,7 @@ class LayerSpec:
 
     @property
     def has_kv_cache(self) -> bool:
-        return self.mixer in ("attention", "mla") and self.owns_kv
+        return self.mixer in (SOFTMAX_MIXER, "mla") and self.owns_kv
 
 
 @dataclass(frozen=True)
@@ -516,25 +531,23 @@ class ModelConfig:
         """Resolve the attention settings into one LayerSpec per layer."""
         a, n = self.attention, self.num_layers
         specs: list[LayerSpec] = []
+        mixer = KIND_MIXER[a.kind]
         for i in range(n):
             if a.kind in ("linear", "ssm"):
                 # Jamba puts the attention layer in the middle of each block of attn_every.
                 is_attn = a.attn_every is not None and i % a.attn_every == a.attn_every // 2
-                mixer = "attention" if is_attn else a.kind
-                specs.append(LayerSpec(i, mixer, kv_source=i))
-            elif a.kind == "mla":
-                specs.append(LayerSpec(i, "mla", kv_source=i))
+                specs.append(LayerSpec(i, SOFTMAX_MIXER if is_attn else mixer, kv_source=i))
             elif a.kind == "cla":
                 owner = i - i % a.cla_group
-                specs.append(LayerSpec(i, "attention", owns_kv=owner == i, kv_source=owner))
+                specs.append(LayerSpec(i, mixer, owns_kv=owner == i, kv_source=owner))
             elif a.kind == "sliding":
                 is_global = a.global_every is not None and (i + 1) % a.global_every == 0
-                specs.append(LayerSpec(i, "attention", None if is_global else a.window, True, i))
-            else:
-                specs.append(LayerSpec(i, "attention", kv_source=i))
+                specs.append(LayerSpec(i, mixer, None if is_global else a.window, True, i))
+            else:  # mha, gqa, mqa, mla: one mixer on every layer
+                specs.append(LayerSpec(i, mixer, kv_source=i))
         if self.attn_logit_softcap is not None:
             cap = self.attn_logit_softcap
-            specs = [dataclasses.replace(s, softcap=cap) if s.mixer == "attention" else s
+            specs = [dataclasses.replace(s, softcap=cap) if s.mixer == SOFTMAX_MIXER else s
                      for s in specs]
         return tuple(specs)
 
@@ -623,8 +636,13 @@ class PruneConfig:
     intermediate channels."""
 
     layers: int = 0
+    """Whole decoder layers to drop, the least important first (importance measured on
+    calibration text)."""
     mlp_fraction: float = 0.0
+    """Fraction of every MLP's intermediate width to remove, the channels with the smallest
+    activation magnitude on calibration text first."""
     calibration_tokens: int = 1024
+    """Calibration tokens (from the eval text's calibration split)."""
 
     def __post_init__(self) -> None:
         check_count("prune", "layers", self.layers, MAX_LAYERS, minimum=0)
@@ -680,13 +698,14 @@ class EngineConfig:
     block_size: int = 16
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
-    backend: str = "auto"  # auto | cpu | torch | triton
-    # KV memory budget: bytes if > 1, else a fraction of the device memory left after weights.
+    backend: Annotated[str, Backend] = "auto"
     kv_cache_memory: float = 0.9
+    """KV budget: bytes if > 1, else a fraction of the memory left after the weights."""
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     cuda_graphs: bool = False
-    num_threads: int | None = None  # CPU: torch intra-op threads (None: torch's default)
+    num_threads: int | None = None
+    """CPU: torch intra-op threads (unset: torch's default)."""
 
     def __post_init__(self) -> None:
         _choice("engine", "backend", self.backend, BACKENDS)
@@ -849,5 +868,5 @@ FAMILY_PRESETS: dict[str, ModelConfig] = {
 PRESETS.update(FAMILY_PRESETS)
 
 # Presets that name a released model -> the weights file `model.loader` reads for it (a name
-# `checkpoint_config.resolve_gguf` knows).  Other presets always get seeded random weights.
+# `checkpoint.metadata.resolve_gguf` knows).  Other presets always get seeded random weights.
 REAL_WEIGHTS: dict[str, str] = {"smollm2-135m": "smollm2-135m"}

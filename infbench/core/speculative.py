@@ -1,5 +1,6 @@
-"""Speculative decoding settings: the methods, defined once, and the frozen config the engine,
-the analytic model and the gate read (the scenario's `speculative:` section documents the keys)."""
+"""Speculative decoding settings: the proposers, defined once, and the frozen config the engine,
+the analytic model and the gate read (the scenario's `speculative:` section is derived from its
+fields and their docstrings, scenario/engine.py)."""
 
 from __future__ import annotations
 
@@ -7,26 +8,45 @@ import typing
 from dataclasses import dataclass
 from typing import Literal
 
+from infbench.core.formats import DraftQuant, Int4GroupSize
+
 SpeculativeMethod = Literal["none", "ngram", "draft", "medusa", "eagle"]
 SPECULATIVE_METHODS: tuple[str, ...] = typing.get_args(SpeculativeMethod)
 # The methods whose proposer is a trained head checkpoint (`infbench train-draft`).
-HEAD_METHODS: tuple[str, ...] = ("medusa", "eagle")
+HeadMethod = Literal["medusa", "eagle"]
+HEAD_METHODS: tuple[str, ...] = typing.get_args(HeadMethod)
+assert set(HEAD_METHODS) <= set(SPECULATIVE_METHODS)
 
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    """The scenario's `speculative` section (SpeculativeSection documents the keys)."""
+    """The scenario's `speculative` section, resolved (draft_cost_ratio filled in)."""
 
-    method: str = "none"  # one of SPECULATIVE_METHODS
+    method: SpeculativeMethod = "none"
+    """ngram: prompt lookup; draft: a draft model (by default the target itself, cut by
+    draft_layers or quantized by draft_quant); medusa / eagle: heads trained by
+    `infbench train-draft` (checkpoint in `heads`)."""
     num_tokens: int = 4
-    acceptance: float = 0.7  # predict only
-    draft_cost_ratio: float = 0.0  # predict only
+    """Draft tokens proposed per step (k)."""
+    acceptance: float = 0.7
+    """`infbench predict` only: per-token acceptance probability a (a run measures it)."""
+    draft_cost_ratio: float = 0.0
+    """`infbench predict` only: cost of one draft step relative to one target step
+    (default: ngram 0, draft 0.1; a run measures it)."""
     draft_model: str | None = None
+    """method draft: a preset, HF directory or .gguf sharing the target's vocabulary;
+    unset: the target's own weights."""
     draft_layers: int | None = None
-    draft_quant: str = "none"
-    draft_group_size: int = 64
+    """method draft: keep only the draft's first N layers (the layer-skipping self-draft
+    when the draft is the target)."""
+    draft_quant: DraftQuant = "none"
+    """method draft: quantize the draft's projections (int4 in groups of draft_group_size)
+    and its LM head (int8): the quantized target as its own draft."""
+    draft_group_size: Int4GroupSize = 64
     heads: str | None = None
+    """method medusa / eagle: the head checkpoint written by `infbench train-draft`."""
     ngram_max: int = 4
+    """method ngram: the longest suffix looked up."""
     ngram_min: int = 1
 
     @property
