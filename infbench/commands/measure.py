@@ -142,6 +142,9 @@ def report(
                                     help="Also write the table as CSV."),
     as_json: bool = typer.Option(False, "--json",
                                  help="Print the rows as JSON on stdout instead of a table."),
+    html: Path | None = typer.Option(None, "--html", callback=opt.output_file,
+                                     help="Also write one self-contained HTML page (tables "
+                                          "and interactive figures, no network) to FILE."),
 ) -> None:
     """Measured vs predicted TTFT, TPOT and throughput, with the prediction's error %.
 
@@ -210,6 +213,10 @@ def report(
         write_markdown(df, markdown)
     if csv is not None:
         write_csv(df, csv)
+    if html is not None:
+        from infbench.plots.html.page import write_run_report
+
+        _wrote(html, write_run_report(loaded, html))
 
 
 def compare(
@@ -224,6 +231,9 @@ def compare(
                                   "torch_reference"),
     as_json: bool = typer.Option(False, "--json",
                                  help="Print the verdict as JSON on stdout (same exit codes)."),
+    html: Path | None = typer.Option(None, "--html", callback=opt.output_file,
+                                     help="Also write the comparison as one self-contained "
+                                          "HTML page to FILE (same exit codes)."),
 ) -> None:
     """Compare two runs; exit 1 if the metric regressed beyond the threshold, 2 on bad input."""
     from rich.console import Console
@@ -240,8 +250,9 @@ def compare(
         raise UserError(f"--normalize: unknown value {normalize!r}; "
                         f"allowed: {', '.join(NORMALIZE_MODES)}")
     threshold = parse_threshold(max_regression)
-    result = compare_many(load_results([baseline]), load_results([new]), metric=metric,
-                          max_regression=threshold, normalize=normalize)
+    baselines, news = load_results([baseline]), load_results([new])
+    result = compare_many(baselines, news, metric=metric, max_regression=threshold,
+                          normalize=normalize)
     if as_json:
         _print_json({"metric": result.metric, "normalize": result.normalize,
                      "max_regression": result.max_regression, "passed": result.passed,
@@ -250,6 +261,10 @@ def compare(
                      "notes": result.notes})
     else:
         print_gate(result, Console())
+    if html is not None:  # written whatever the verdict: a failed gate is worth a look
+        from infbench.plots.html.page import write_compare_report
+
+        _wrote(html, write_compare_report(baselines, news, result, html))
     if not result.passed:
         raise typer.Exit(1)
 
@@ -318,6 +333,11 @@ def plots(
         return
     for path in paths.values():
         print(path)
+
+
+def _wrote(path: Path, size: int) -> None:
+    """One line on stderr (stdout keeps the table or the JSON)."""
+    print(f"wrote {path} ({size / 1e6:.1f} MB, self-contained HTML)", file=sys.stderr)
 
 
 def _print_json(doc: Any) -> None:
