@@ -222,6 +222,128 @@ class PagedAttentionContext:
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
+@dataclass(slots=True)
+class _StepLayout:
+    """Where each scheduled sequence's tokens sit in the step's flat (T,) batch (host side).
+
+    Decodes first, in scheduled order (the stable partition sorted(key=is_prefill) gives),
+    then the prefill chunks.  A speculative verification (a decode plus its k drafts) runs
+    as k + 1 decode rows of its sequence, row i attending over the context up to its own
+    position: the same kernels, in the same order, as k + 1 plain decode steps, so greedy
+    speculation emits exactly the tokens plain decoding would (in bf16 as well).
+    """
+
+    decodes: list[ScheduledSeq]  # served by decode rows: plain decodes, then verifications
+    prefills: list[ScheduledSeq]
+    order: list[ScheduledSeq]  # (B,) decodes + prefills
+    has_specs: bool  # a verification is in the step
+    ids: list[int]  # (T,) the token computed at each row
+    starts: np.ndarray  # (B,) int64 first position computed
+    lens: np.ndarray  # (B,) int64 tokens computed
+    seq_cu: np.ndarray  # (B + 1,) int64 offsets of each sequence's tokens
+    positions: np.ndarray  # (T,) int64
+    token_seq: np.ndarray | None  # (T,) sequence of each token; None: one token each
+    decode_seq: np.ndarray | None  # (num_decode_rows,) sequence of each decode row; None: one each
+
+    @property
+    def num_decode_seqs(self) -> int:
+        return len(self.decodes)
+
+    @property
+    def num_decode_rows(self) -> int:
+        return int(self.seq_cu[len(self.decodes)])
+
+
+def _step_token_ids(decodes: list[ScheduledSeq], prefills: list[ScheduledSeq],
+                    has_specs: bool) -> list[int]:
+    """(T,) token ids: each decode's last sampled token (and its drafts), then the chunks."""
+    # A decode computes the token it sampled last step: output_ids[-1], read in place.
+    if not has_specs:
+        ids = [s.seq.output_ids[-1] for s in decodes]
+    else:
+        ids = []
+        for s in decodes:
+            ids.append(s.seq.output_ids[-1])
+            if s.spec_tokens:
+                ids.extend(s.spec_tokens)
+    for s in prefills:
+        seq, start, n = s.seq, s.start_pos, s.num_new_tokens
+        if n == 1:  # one token, read in place: no token_ids list needed
+            num_prompt = len(seq.prompt_ids)
+            ids.append(seq.prompt_ids[start] if start < num_prompt
+                       else seq.output_ids[start - num_prompt])
+        else:
+            ids.extend(seq.token_ids[start:start + n])
+    return ids
+
+
+def _step_layout(out: SchedulerOutput) -> _StepLayout:
+    """The step's order, token ids, lengths, offsets and positions (numpy, no tensors)."""
+    decodes = [s for s in out.scheduled if not s.is_prefill and not s.spec_tokens]
+    specs = [s for s in out.scheduled if s.spec_tokens]
+    prefills = [s for s in out.scheduled if s.is_prefill]
+    if specs:
+        decodes += specs  # plain decodes, then verifications: all served by decode rows
+    order = decodes + prefills if prefills else decodes
+    nd, num_seqs = len(decodes), len(order)  # nd: sequences served by decode rows
+    ids = _step_token_ids(decodes, prefills, bool(specs))
+    starts = np.array([s.start_pos for s in order], dtype=np.int64)
+    # Decodes compute one token each; only verifications and prefill chunks need
+    # their lengths read.
+    lens = np.ones(num_seqs, dtype=np.int64)
+    if specs:
+        lens[:nd] = [s.num_new_tokens for s in decodes]
+    if prefills:
+        lens[nd:] = [s.num_new_tokens for s in prefills]
+    seq_cu = np.zeros(num_seqs + 1, dtype=np.int64)
+    np.cumsum(lens, out=seq_cu[1:])
+    num_tokens = int(seq_cu[-1])
+    if num_tokens == num_seqs:  # every sequence computes one token
+        positions, token_seq = starts, None
+    else:
+        token_seq = np.repeat(np.arange(num_seqs), lens)  # (T,) sequence of each token
+        positions = np.arange(num_tokens) + np.repeat(starts - seq_cu[:-1], lens)
+    # The sequence of each decode row (a verification has several).
+    decode_seq = None if not specs or token_seq is None else token_seq[:int(seq_cu[nd])]
+    return _StepLayout(decodes, prefills, order, bool(specs), ids, starts, lens, seq_cu,
+                       positions, token_seq, decode_seq)
+
+
+def _logits_rows(lay: _StepLayout) -> tuple[list[int], list[int], list[ScheduledSeq]]:
+    """(rows that need logits, logits rows per sampled sequence, the sampled sequences).
+
+    Every decode's one token, every row of a verification, and the last token of each
+    prefill chunk that completes its sequence; the counts only with a verification.
+    """
+    nd = lay.num_decode_seqs
+    sampled = lay.decodes + [s for s in lay.prefills if s.num_samples > 0]
+    logits_rows = list(range(lay.num_decode_rows))
+    logits_counts = lay.lens[:nd].tolist() if lay.has_specs else []
+    if lay.prefills:
+        done = [int(lay.seq_cu[nd + b + 1]) - 1 for b, s in enumerate(lay.prefills)
+                if s.num_samples > 0]
+        logits_rows += done
+        if lay.has_specs:
+            logits_counts += [1] * len(done)
+    return logits_rows, logits_counts, sampled
+
+
+def _i32(x: np.ndarray, dev: torch.device) -> torch.Tensor:
+    return torch.from_numpy(x.astype(np.int32)).to(dev)
+
+
+def _i64(x: np.ndarray, dev: torch.device) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(x, dtype=np.int64)).to(dev)
+
+
+def _table_tensor(rows: np.ndarray, lengths: np.ndarray, array: np.ndarray,
+                  dev: torch.device) -> torch.Tensor:
+    """(len(rows), their widest table) int32; no rows gives shape (0,)."""
+    if not len(rows):
+        return torch.zeros(0, dtype=torch.int32, device=dev)
+    return torch.from_numpy(array[rows, : int(lengths.max()) or 1]).to(dev)
+
+
 class ModelRunner:
     """Owns the step's tensors; the model and the KV pool are shared across runs."""
 
@@ -246,89 +368,50 @@ class ModelRunner:
 
         Per-sequence Python is a handful of list comprehensions over attributes: a step at
         batch 256 has ~1 us per sequence for all of the host loop, so no per-sequence
-        function call or numpy call is affordable.  Block tables come from the persistent
-        rows (`TableRows`, written only where a table changed), and positions, slot
-        mapping and padded tables are numpy gathers over them, so a decode step costs the
-        same whatever the context length.
+        function call or numpy call is affordable (a few calls per step are).  Block
+        tables come from the persistent rows (`TableRows`, written only where a table
+        changed), and positions, slot mapping and padded tables are numpy gathers over
+        them, so a decode step costs the same whatever the context length.
         """
-        bs = self.kv.block_size
-        # Decodes first, in scheduled order: the stable partition sorted(key=is_prefill) gives.
-        # A speculative verification (a decode plus its k drafts) runs as k + 1 decode rows
-        # of its sequence, row i attending over the context up to its own position: the
-        # same kernels, in the same order, as k + 1 plain decode steps, so greedy
-        # speculation emits exactly the tokens plain decoding would (in bf16 as well).
-        decodes = [s for s in out.scheduled if not s.is_prefill and not s.spec_tokens]
-        specs = [s for s in out.scheduled if s.spec_tokens]
-        prefills = [s for s in out.scheduled if s.is_prefill]
-        if specs:
-            decodes += specs  # plain decodes, then verifications: all served by decode rows
-        order = decodes + prefills if prefills else decodes
-        nd, num_seqs = len(decodes), len(order)  # nd: sequences served by decode rows
-        seqs = [s.seq for s in order]
-        # A decode computes the token it sampled last step: output_ids[-1], read in place.
-        ids = [s.seq.output_ids[-1] for s in decodes]
-        if specs:
-            ids = []
-            for s in decodes:
-                ids.append(s.seq.output_ids[-1])
-                if s.spec_tokens:
-                    ids.extend(s.spec_tokens)
-        for s in prefills:
-            seq, start, n = s.seq, s.start_pos, s.num_new_tokens
-            if n == 1:  # one token, read in place: no token_ids list needed
-                num_prompt = len(seq.prompt_ids)
-                ids.append(seq.prompt_ids[start] if start < num_prompt
-                           else seq.output_ids[start - num_prompt])
-            else:
-                ids.extend(seq.token_ids[start:start + n])
-        starts = np.array([s.start_pos for s in order], dtype=np.int64)
-        # Decodes compute one token each; only verifications and prefill chunks need
-        # their lengths read.
-        lens = np.ones(num_seqs, dtype=np.int64)
-        if specs:
-            lens[:nd] = [s.num_new_tokens for s in decodes]
-        if prefills:
-            lens[nd:] = [s.num_new_tokens for s in prefills]
-        seq_cu = np.zeros(num_seqs + 1, dtype=np.int64)
-        np.cumsum(lens, out=seq_cu[1:])
-        num_tokens = int(seq_cu[-1])
-        num_decode_rows = int(seq_cu[nd])
-        ends = starts + lens  # context length of each sequence after this step
-        # Rows that need logits: every decode's one token, every row of a verification,
-        # and the last token of each prefill chunk that completes its sequence.
-        sampled = decodes + [s for s in prefills if s.num_samples > 0]
-        logits_rows = list(range(num_decode_rows))
-        logits_counts = lens[:nd].tolist() if specs else []
-        if prefills:
-            done = [int(seq_cu[nd + b + 1]) - 1 for b, s in enumerate(prefills)
-                    if s.num_samples > 0]
-            logits_rows += done
-            if specs:
-                logits_counts += [1] * len(done)
-        if num_tokens == num_seqs:  # every sequence computes one token
-            positions, token_seq = starts, None
-        else:
-            token_seq = np.repeat(np.arange(num_seqs), lens)  # (T,) sequence of each token
-            positions = np.arange(num_tokens) + np.repeat(starts - seq_cu[:-1], lens)
-        block_col, block_off = np.divmod(positions, bs)
-        dev = self.device
+        lay = _step_layout(out)
+        nd, dev = lay.num_decode_seqs, self.device
+        logits_rows, logits_counts, sampled = _logits_rows(lay)
+        paged = self._paged_tables(lay)
+        pre_cu = lay.seq_cu[nd:] - lay.seq_cu[nd]  # (num_prefill_seqs + 1,) prefill offsets
+        # Without a state pool every sequence's state_slot is -1: no need to read them.
+        state_slots = (np.full(len(lay.order), -1, dtype=np.int64) if self.states is None
+                       else np.array([s.seq.state_slot for s in lay.order], dtype=np.int64))
+        ends = lay.starts + lay.lens  # context length of each sequence after this step
+        # A decode row's context: up to and including its own position.
+        decode_lens = (ends[:nd] if lay.decode_seq is None
+                       else lay.positions[:lay.num_decode_rows] + 1)
+        return StepInputs(
+            input_ids=torch.from_numpy(np.array(lay.ids, dtype=np.int64)).to(dev),
+            positions=_i64(lay.positions, dev),
+            slot_mapping=paged[0][0],
+            num_decode=lay.num_decode_rows,
+            decode_tables=paged[0][1],
+            decode_context_lens=_i32(decode_lens, dev),
+            prefill_cu_seqlens=_i32(pre_cu, dev),
+            prefill_tables=paged[0][2],
+            prefill_context_lens=_i32(ends[nd:], dev),
+            logits_rows=logits_rows,
+            sampled_seqs=sampled,
+            logits_counts=logits_counts,
+            order=lay.order,
+            num_decode_seqs=nd,
+            seq_cu_seqlens=_i64(lay.seq_cu, dev),
+            seq_start_pos=_i64(lay.starts, dev),
+            state_slots=_i64(state_slots, dev),
+            groups=paged[1:],
+        )
 
-        def i32(x: np.ndarray) -> torch.Tensor:
-            return torch.from_numpy(x.astype(np.int32)).to(dev)
-
-        def i64(x: np.ndarray) -> torch.Tensor:
-            return torch.from_numpy(np.ascontiguousarray(x, dtype=np.int64)).to(dev)
-
-        def table_tensor(rows: np.ndarray, lengths: np.ndarray, array: np.ndarray
-                         ) -> torch.Tensor:
-            """(len(rows), their widest table) int32; no rows gives shape (0,)."""
-            if not len(rows):
-                return torch.zeros(0, dtype=torch.int32, device=dev)
-            return torch.from_numpy(array[rows, : int(lengths.max()) or 1]).to(dev)
-
-        # The sequence of each decode row (a verification has several).
-        decode_seq = None if not specs or token_seq is None else token_seq[:num_decode_rows]
-        # Per KV group: the slot of every token, and the decode and prefill block tables.
+    def _paged_tables(self, lay: _StepLayout
+                      ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Per KV group: the slot of every token, and the decode and prefill block tables."""
+        bs, dev, nd = self.kv.block_size, self.device, lay.num_decode_seqs
+        block_col, block_off = np.divmod(lay.positions, bs)
+        seqs = [s.seq for s in lay.order]
         seq_ids = [seq.seq_id for seq in seqs]
         paged: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         for g, table_rows in enumerate(self._table_rows()):
@@ -336,39 +419,14 @@ class ModelRunner:
                             else [seq.group_tables[g] for seq in seqs])
             rows, lengths = table_rows.gather(seq_ids, group_tables)
             array = table_rows.array  # (rows, max_blocks) int32
-            token_rows = rows if token_seq is None else rows[token_seq]  # (T,)
+            token_rows = rows if lay.token_seq is None else rows[lay.token_seq]  # (T,)
             slots = array[token_rows, block_col].astype(np.int64) * bs + block_off  # (T,)
-            dec_rows, dec_lengths = ((rows[:nd], lengths[:nd]) if decode_seq is None
-                                     else (rows[decode_seq], lengths[decode_seq]))
+            dec_rows, dec_lengths = ((rows[:nd], lengths[:nd]) if lay.decode_seq is None
+                                     else (rows[lay.decode_seq], lengths[lay.decode_seq]))
             paged.append((torch.from_numpy(slots).to(dev),
-                          table_tensor(dec_rows, dec_lengths, array),
-                          table_tensor(rows[nd:], lengths[nd:], array)))
-        pre_cu = seq_cu[nd:] - seq_cu[nd]  # (num_prefill_seqs + 1,) offsets in the prefill part
-        # Without a state pool every sequence's state_slot is -1: no need to read them.
-        state_slots = (np.full(num_seqs, -1, dtype=np.int64) if self.states is None
-                       else np.array([seq.state_slot for seq in seqs], dtype=np.int64))
-        # A decode row's context: up to and including its own position.
-        decode_lens = ends[:nd] if decode_seq is None else positions[:num_decode_rows] + 1
-        return StepInputs(
-            input_ids=torch.from_numpy(np.array(ids, dtype=np.int64)).to(dev),
-            positions=i64(positions),
-            slot_mapping=paged[0][0],
-            num_decode=num_decode_rows,
-            decode_tables=paged[0][1],
-            decode_context_lens=i32(decode_lens),
-            prefill_cu_seqlens=i32(pre_cu),
-            prefill_tables=paged[0][2],
-            prefill_context_lens=i32(ends[nd:]),
-            logits_rows=logits_rows,
-            sampled_seqs=sampled,
-            logits_counts=logits_counts,
-            order=order,
-            num_decode_seqs=nd,
-            seq_cu_seqlens=i64(seq_cu),
-            seq_start_pos=i64(starts),
-            state_slots=i64(state_slots),
-            groups=paged[1:],
-        )
+                          _table_tensor(dec_rows, dec_lengths, array, dev),
+                          _table_tensor(rows[nd:], lengths[nd:], array, dev)))
+        return paged
 
     def _table_rows(self) -> list[TableRows]:
         """The persistent block-table rows, one `TableRows` per KV group (made on first use)."""
