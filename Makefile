@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test lint docs bench bench-peers bench-gpu lock clean
+.PHONY: setup browser run test lint docs bench bench-peers bench-gpu lock clean
 
 # The CPU install path installs exactly the versions in requirements-cpu.lock (every
 # dependency, transitive ones included), then infbench itself without resolving again.
@@ -18,6 +18,13 @@ $(STAMP): pyproject.toml requirements-cpu.lock
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+# Headless Chromium from the Debian packages, for the HTML report's browser test
+# (tests/report_html; it skips, saying why, where no chromium is installed). Needs root.
+browser:
+	command -v chromium >/dev/null || { apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+		chromium >/dev/null; }
 
 run: $(STAMP)
 	$(BIN)/infbench run scenarios/quickstart.yaml
