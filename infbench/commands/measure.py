@@ -31,7 +31,9 @@ def calibrate(
     device: str = typer.Option("auto", "--device", callback=opt.non_empty,
                                help="auto | cpu | cuda"),
     quick: bool = typer.Option(False, "--quick", help="Small buffers and few repeats (seconds)."),
-    name: str = typer.Option("local", "--name", help="Profile name: `hardware: NAME`."),
+    name: str = typer.Option("local", "--name",
+                             help="Profile name: `hardware: NAME` (lower-case letters, "
+                                  "digits, . _ -; at most 64 characters)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """Measure this machine's bandwidth and FLOP/s and save them as a hardware profile.
@@ -40,11 +42,18 @@ def calibrate(
     spread by more than 20%; a figure still spread that far, or figures that disagree, are
     saved as flags (one `warning:` line each on stderr); figures that contradict each other
     beyond repair (a GEMV under a quarter of the streaming read) exit 2 with nothing saved."""
+    from infbench.core.io import check_output_file
+    from infbench.hardware.spec import check_profile_name, profile_path
     from infbench.measure.calibrate import calibrate as run_calibration
     from infbench.measure.calibrate import save_profile
 
-    if not name or "/" in name or name.startswith("."):
-        raise UserError(f"--name: {name!r} is not a usable profile name; use e.g. local")
+    # The name and the profile store before the measurement (a minute), not after it.
+    check_profile_name(name)
+    try:
+        check_output_file(profile_path(name), "--name")
+    except UserError as exc:
+        raise UserError(f"calibrate: {exc}; set INFBENCH_HOME to a writable directory for "
+                        "the profile store") from None
     spec = run_calibration(device=device, quick=quick, name=name)
     path = save_profile(spec, name)
     extra = spec.extra
@@ -129,7 +138,9 @@ def calibrate(
     console = Console()
     console.print(table)
     flagged = len(spec.profile_flags)
-    console.print(f"saved {path}; use `hardware: {name}` in a scenario"
+    auto = "; `hardware: auto`, a CPU scenario's default, takes it on this machine" if (
+        extra["device"] == "cpu" and not quick) else ""
+    console.print(f"saved {path}; use `hardware: {name}` in a scenario{auto}"
                   + (f" ({flagged} flag{'s' * (flagged != 1)}: see the warnings)"
                      if flagged else ""))
 

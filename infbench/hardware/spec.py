@@ -9,6 +9,11 @@ never stored: h100-sxm bf16 is 989.4e12 / 3.35e12 = 295.
 
 `hardware: local` names a profile measured by `infbench calibrate` and stored as
 JSON (see `profile_path`); any other name may also be a path to such a file.
+`hardware: auto`, the default on a CPU, is this machine (`machine_profile`): the newest
+full profile `infbench calibrate` measured on it, else the quick read-bandwidth probe `run`
+takes once per machine (`measure.machine`), both found by the machine's identity
+(`hardware.machine`); only where neither exists yet (an analytic command on a new machine)
+is it the built-in `cpu` entry, another machine's figures, and its description says so.
 
 One rule for every spec, built-in or loaded: `HardwareSpec.__post_init__` refuses a
 peak, bandwidth or capacity that is not a finite number > 0, a dtype outside
@@ -28,6 +33,7 @@ import json
 import math
 import numbers
 import os
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -35,6 +41,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from infbench.core.errors import ConfigError, UserError
 from infbench.core.io import read_text
 from infbench.hardware.checks import check_profile, merge_flags
+from infbench.hardware.machine import Machine, this_machine
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -473,12 +480,15 @@ def nvml_device_name(index: int = 0) -> str | None:
     return name.decode() if isinstance(name, bytes) else str(name)
 
 
+AUTO = "auto"  # this machine: its calibrated profile, else its bandwidth probe
+
+
 def default_hardware(device: str) -> str:
-    """The hardware entry for a scenario with no `hardware:`: `cpu` on a CPU; on CUDA the
-    table entry of the GPU NVML names.  Never a silent guess: a GPU without an entry, or no
-    GPU NVML can see, is a UserError that says what to set."""
+    """The hardware entry for a scenario with no `hardware:`: `auto` (this machine) on a
+    CPU; on CUDA the table entry of the GPU NVML names.  Never a silent guess: a GPU without
+    an entry, or no GPU NVML can see, is a UserError that says what to set."""
     if device == "cpu":
-        return "cpu"
+        return AUTO
     name = nvml_device_name()
     if name is None:
         raise UserError(
@@ -522,13 +532,86 @@ NO_RESERVE = MemoryReserve(1.0, 0)
 
 
 def profile_dir() -> Path:
-    """Where calibrated profiles live ($INFBENCH_HOME/hardware, default ~/.cache/infbench)."""
-    home = os.environ.get("INFBENCH_HOME") or Path.home() / ".cache" / "infbench"
-    return Path(home) / "hardware"
+    """Where calibrated profiles and bandwidth probes live: $INFBENCH_HOME/hardware, else
+    $XDG_CACHE_HOME/infbench/hardware, else ~/.cache/infbench/hardware."""
+    home = os.environ.get("INFBENCH_HOME")
+    if home:
+        return Path(home) / "hardware"
+    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(cache) / "infbench" / "hardware"
 
 
 def profile_path(name: str = "local") -> Path:
     return profile_dir() / f"{name}.json"
+
+
+MAX_PROFILE_NAME = 64
+_PROFILE_NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
+
+
+def check_profile_name(name: str) -> str:
+    """A name `infbench calibrate --name` may save a profile under: what `hardware: NAME`
+    finds again (names are matched in lower case; the table's entries and `auto` come
+    first, so a profile under one of those names would never be read).  UserError
+    otherwise."""
+    allowed = (f"allowed: lower-case letters, digits, '.', '_' and '-', starting with a "
+               f"letter or digit, at most {MAX_PROFILE_NAME} characters; e.g. local")
+    shown = name if len(name) <= 40 else f"{name[:30]}...({len(name)} characters)"
+    if not _PROFILE_NAME.fullmatch(name) or len(name) > MAX_PROFILE_NAME \
+            or name.endswith(".json"):
+        raise UserError(f"--name {shown!r}: not a usable profile name; {allowed}")
+    if name in HARDWARE or name == AUTO:
+        raise UserError(f"--name {name!r}: a built-in hardware name, which `hardware: {name}` "
+                        "resolves before any profile; choose another, e.g. local")
+    return name
+
+
+def probe_path(machine: Machine | None = None) -> Path:
+    """Where this machine's read-bandwidth probe is cached (`measure.machine`)."""
+    return profile_dir() / f"probe-{(machine or this_machine()).key}.json"
+
+
+def _stored_machine(path: Path) -> tuple[str | None, str | None, bool]:
+    """(extra.machine, extra.device, extra.quick) of a stored profile, without validating it:
+    the other profiles in the store are not this command's business."""
+    try:
+        extra = json.loads(path.read_text(encoding="utf-8")).get("extra") or {}
+        return extra.get("machine"), extra.get("device"), bool(extra.get("quick"))
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return None, None, False
+
+
+def machine_profile(machine: Machine | None = None) -> HardwareSpec | None:
+    """This machine's profile: the newest full (not --quick) CPU profile `infbench calibrate`
+    saved on it, else its cached read-bandwidth probe, else None."""
+    machine = machine or this_machine()
+    store = profile_dir()
+    try:
+        files = sorted(store.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    except OSError:  # no store yet, or a file gone while sorting
+        return None
+    probe = probe_path(machine)
+    for path in files:
+        key, device, quick = _stored_machine(path)
+        if path != probe and key == machine.key and device == "cpu" and not quick:
+            return load_profile(path)
+    if probe.is_file():
+        try:
+            return load_profile(probe)
+        except UserError:  # a damaged cache is no measurement: probed again, replaced
+            return None
+    return None
+
+
+def _fallback_cpu() -> HardwareSpec:
+    """`hardware: auto` before this machine was measured: the `cpu` entry, saying whose."""
+    import dataclasses
+
+    entry = HARDWARE["cpu"]
+    return dataclasses.replace(
+        entry, description=f"{entry.description}: not this machine (hardware auto: no "
+                           "calibrated profile or bandwidth probe of it yet; `infbench run` "
+                           "probes it, `infbench calibrate` measures it)")
 
 
 # The profile schema lives in a function: pydantic costs ~150 ms to import, and the
@@ -597,6 +680,9 @@ def profile_schema() -> tuple[type[BaseModel], type[BaseModel]]:
         spread_limit: Annotated[float, Field(gt=0, allow_inf_nan=False, strict=True)] | None = None
         max_rounds: Annotated[int, Field(ge=1, strict=True)] | None = None
         flags: list[str] | None = None
+        machine: str | None = None  # hardware.machine.Machine.key of the calibrated machine
+        machine_description: str | None = None
+        probe: bool | None = None  # a quick read-bandwidth probe (measure.machine), no more
 
         @field_validator("matmul_flops_by_tokens")
         @classmethod
@@ -733,10 +819,13 @@ def load_profile(path: Path) -> HardwareSpec:
 
 
 def get_hardware(name: str) -> HardwareSpec:
-    """A table entry, `local` (the calibrated profile) or a path to a profile JSON."""
+    """A table entry, `auto` (this machine, see `machine_profile`), `local` (the calibrated
+    profile) or a path to a profile JSON."""
     key = name.lower()
     if key in HARDWARE:
         return HARDWARE[key]
+    if key == AUTO:
+        return machine_profile() or _fallback_cpu()
     if key == "local" or (profile_dir() / f"{key}.json").exists():
         path = profile_path(key)
         if not path.exists():
@@ -749,5 +838,6 @@ def get_hardware(name: str) -> HardwareSpec:
             raise UserError(f"hardware profile {name} does not exist")
         return load_profile(Path(name))
     raise UserError(
-        f"unknown hardware {name!r}; allowed: {', '.join(HARDWARE)}, local, or a profile .json"
+        f"unknown hardware {name!r}; allowed: {', '.join(HARDWARE)}, auto, local, or a "
+        "profile .json"
     )

@@ -142,12 +142,12 @@ def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None
 
     from infbench.engine.engine import Engine, KVSizing
     from infbench.engine.kv_cache import kv_quant_refusal
-    from infbench.hardware.spec import get_hardware
     from infbench.measure import accuracy as accuracy_mod
     from infbench.measure import metrics as metrics_mod
     from infbench.measure import speculative as spec_mod
     from infbench.measure.calibrate import measure_reference_bandwidth
     from infbench.measure.goodput import goodput_metrics
+    from infbench.measure.machine import resolve_hardware
     from infbench.measure.moe_routing import routing_metrics
     from infbench.measure.prediction import predict_point
     from infbench.measure.traffic import annotate_steps, stage_traffic
@@ -225,7 +225,7 @@ def run_point(point: Any, *, cache: ModelCache | None = None, device: str | None
             engine.set_speculation(False)
             engine.run(requests, realtime_arrivals=False, max_concurrency=concurrency)
             engine.set_speculation(True)
-    hw = get_hardware(point.hardware)
+    hw = resolve_hardware(point.hardware, dev)  # `auto`: this machine, probed once
     runs: list[dict[str, Any]] = []
     last_steps: list[StepRecord] = []
     ref_before = None

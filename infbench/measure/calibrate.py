@@ -40,6 +40,7 @@ from infbench.hardware.checks import (
     check_profile,
     measure_figure,
 )
+from infbench.hardware.machine import this_machine
 from infbench.hardware.spec import HardwareSpec, profile_path
 from infbench.measure.timing import time_op
 from infbench.model.dtypes import TORCH_DTYPES
@@ -172,9 +173,13 @@ def calibrate(device: str = "cpu", quick: bool = False,
     peaks = {d: max(f.value for f in v.values()) for d, v in per_size.items()}
     threads = torch.get_num_threads()
     desc = device_description(device)
+    machine = this_machine()
     extra: dict[str, Any] = {
         "device": device,
         "quick": quick,
+        # `hardware: auto` finds this profile again on this machine (hardware.machine)
+        "machine": machine.key,
+        "machine_description": machine.describe(),
         "read_bytes_per_s": read,
         "copy_bytes_per_s": figures["copy_bytes_per_s"].value,
         "gemv_bytes_per_s": figures["gemv_bytes_per_s"].value,

@@ -142,8 +142,8 @@ def run_diffusion_point(point: Any, *, cache: Any, device: str | None = None,
     import torch
 
     from infbench.engine.diffusion import DiffusionPlan, diffusion_generate
-    from infbench.hardware.spec import get_hardware
     from infbench.measure import metrics as metrics_mod
+    from infbench.measure.machine import resolve_hardware
     from infbench.results import store as results_mod
 
     phase = on_phase or (lambda _msg: None)
@@ -169,7 +169,7 @@ def run_diffusion_point(point: Any, *, cache: Any, device: str | None = None,
     for i in range(point.measure.warmup):
         phase(f"warm-up {i + 1}/{point.measure.warmup}")
         diffusion_generate(lm, prompts, plan, **kw)  # type: ignore[arg-type]
-    hw = get_hardware(point.hardware)
+    hw = resolve_hardware(point.hardware, dev)  # `auto`: this machine, probed once
     runs, rows = [], []
     out = None
     for i in range(point.measure.repeats):

@@ -267,6 +267,7 @@ def noise(runs: Sequence[Mapping[str, Any]], *, reference_bytes_per_s: float | N
                 f"{name} varies by {value:.1%} over {len(nums)} repeats (stdev/mean > "
                 f"{MAX_CV:.0%}): the machine is noisy; add repeats or gate with "
                 "normalize: reference")
+    deviation = None
     if reference_bytes_per_s and hardware_bandwidth:
         deviation = reference_bytes_per_s / hardware_bandwidth - 1
         if abs(deviation) > MAX_REFERENCE_DEVIATION:
@@ -276,4 +277,40 @@ def noise(runs: Sequence[Mapping[str, Any]], *, reference_bytes_per_s: float | N
                 f"{hardware_name!r} ({hardware_bandwidth / 1e9:.3g} GB/s): the profile does not "
                 "describe this machine as it runs now, so MBU and predictions are off; "
                 "choose the matching hardware or run `infbench calibrate` (hardware: local)")
+    if hardware_bandwidth:
+        warnings += mbu_reasons(runs, hardware_bandwidth, hardware_name, reference_bytes_per_s,
+                                deviation is not None and deviation > MAX_REFERENCE_DEVIATION)
     return {"cv": cv, "warnings": warnings}
+
+
+def mbu_reasons(runs: Sequence[Mapping[str, Any]], hardware_bandwidth: float,
+                hardware_name: str, reference_bytes_per_s: float | None = None,
+                is_foreign: bool = False) -> list[str]:
+    """One warning per stage whose MBU (median over the repeats) is above 100%, saying why:
+    a profile of another machine (`is_foreign`: the same-run reference read well above the
+    profile's bandwidth; MBU against that reference is given beside it), or bytes moved
+    faster than the profile's peak (a cache held part of them, or the peak is a plain
+    read slower than the engine's own kernels stream).  A result never shows MBU above
+    100% without its reason."""
+    out = []
+    for stage in ("prefill", "decode", "mixed"):
+        values = [_lookup(r, f"{stage}.mbu") for r in runs]
+        nums = [v for v in values if v is not None]
+        if not nums or statistics.median(nums) <= 1.0:
+            continue
+        mbu = statistics.median(nums)
+        peak = f"hardware {hardware_name!r}'s {hardware_bandwidth / 1e9:.3g} GB/s"
+        if is_foreign and reference_bytes_per_s:
+            against = mbu * hardware_bandwidth / reference_bytes_per_s
+            out.append(f"{stage} MBU {mbu:.0%} is above 100% because {peak} is not this "
+                       "machine's bandwidth: against the same-run reference read of "
+                       f"{reference_bytes_per_s / 1e9:.3g} GB/s it is {against:.0%}; use "
+                       "`hardware: auto` (this machine) or run `infbench calibrate`")
+        else:
+            out.append(f"{stage} MBU {mbu:.0%} is above 100%: the {stage} steps moved the "
+                       f"bytes the cost model counts faster than {peak}, so part of them "
+                       "came from a cache (weights or KV that fit the last-level cache) or "
+                       "the peak is a plain read slower than the engine's kernels stream; "
+                       "`infbench calibrate` measures the engine's own GEMV rate and takes "
+                       "the higher")
+    return out

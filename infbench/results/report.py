@@ -122,7 +122,7 @@ def run_table(results: list[dict[str, Any]], title: str | None = None) -> Table:
             _fmt(_scaled(metric(r, "ttft_s.p99"), 1e3)),
             _fmt(_scaled(metric(r, "tpot_s.p50"), 1e3)),
             _fmt(_scaled(metric(r, "itl_s.p99"), 1e3)),
-            _fmt(_scaled(metric(r, "decode.mbu"), 100)),
+            _fmt(_scaled(metric(r, "decode.mbu"), 100)) + _over(metric(r, "decode.mbu")),
             _fmt(_scaled(metric(r, "peak_kv_bytes"), 1e-6), 2),
             _fmt(metric(r, "prediction.output_tokens_per_s")),
         ])
@@ -137,7 +137,19 @@ def run_table(results: list[dict[str, Any]], title: str | None = None) -> Table:
                          min_width=max((len(row[i]) for row in rows), default=1))
     for row in rows:
         table.add_row(*row)
+    if any(row[7].endswith(OVER_MARK) for row in rows):
+        table.caption = OVER_CAPTION
     return table
+
+
+OVER_MARK = " *"
+OVER_CAPTION = ("* decode MBU above 100%: the reason is in the note printed for the point and "
+                "in the result's metrics.noise.warnings")
+
+
+def _over(mbu: float | None) -> str:
+    """The mark beside an MBU above 100%, whose reason `measure.metrics.mbu_reasons` gave."""
+    return OVER_MARK if mbu is not None and mbu > 1.0 else ""
 
 
 def accuracy_table(results: list[dict[str, Any]]) -> Table | None:
@@ -316,8 +328,11 @@ def report_table(df: pd.DataFrame) -> Table:
             *(_triple(rec[f"{k}_measured"], rec[f"{k}_predicted"], rec[f"{e}_error_pct"])
               for k, e in (("ttft_ms", "ttft"), ("tpot_ms", "tpot"),
                            ("decode_step_ms", "decode_step"), ("output_tok_s", "output_tok_s"))),
-            _compact(rec["decode_mbu_pct"]), _compact(rec["decode_mfu_pct"]),
+            _compact(rec["decode_mbu_pct"]) + _over(_scaled(rec["decode_mbu_pct"], 0.01)),
+            _compact(rec["decode_mfu_pct"]),
             *(_accuracy_pair(rec) if with_accuracy else ()))
+        if _over(_scaled(rec["decode_mbu_pct"], 0.01)):
+            table.caption = OVER_CAPTION
     return table
 
 
