@@ -91,7 +91,8 @@ model:
     assert cfg.num_layers == 2 and cfg.kv_heads == 4 and cfg.hidden_size == 4096
     quant = point.quant_config()
     assert (quant.weights, quant.group_size, quant.kv) == ("int4", 64, "fp8")
-    assert point.model is not None and point.model.attention == {"kind": "gqa", "kv_heads": 4}
+    assert point.model is not None
+    assert point.model.changes()["attention"] == {"kind": "gqa", "kv_heads": 4}
 
 
 # ------------------------------------------------------------------ error messages

@@ -15,6 +15,7 @@ import typer
 from infbench.checkpoint.metadata import model_source
 from infbench.commands import _options as opt
 from infbench.core.errors import UserError
+from infbench.core.formats import DRAFT_QUANT
 from infbench.core.speculative import SPECULATIVE_METHODS
 
 
@@ -261,8 +262,8 @@ def _spec_method(value: str) -> str:
 
 
 def _draft_quant(value: str) -> str:
-    if value not in ("none", "int8", "int4"):
-        raise typer.BadParameter(f"{value!r}; allowed: none, int8, int4")
+    if value not in DRAFT_QUANT:
+        raise typer.BadParameter(f"{value!r}; allowed: {', '.join(DRAFT_QUANT)}")
     return value
 
 
@@ -390,7 +391,6 @@ def _spec_config(method: str, k: int, draft_model: str | None, draft_layers: int
     """The generate flags as a scenario's speculative section (its checks, its errors)."""
     from pydantic import ValidationError
 
-    from infbench.core.speculative import SpeculativeConfig
     from infbench.scenario.schema import SpeculativeSection
 
     if method == "none":
@@ -408,9 +408,7 @@ def _spec_config(method: str, k: int, draft_model: str | None, draft_layers: int
         first = exc.errors()[0]
         raise UserError(f"--speculative {method}: {first['msg'].removeprefix('Value error, ')}"
                         ) from None
-    return SpeculativeConfig(sec.method, sec.num_tokens, draft_model=sec.draft_model,
-                             draft_layers=sec.draft_layers, draft_quant=sec.draft_quant,
-                             draft_group_size=sec.draft_group_size, heads=sec.heads)
+    return sec.config()
 
 
 def schema(

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from infbench.scenario.point import SloConfig
+from infbench.scenario.measure import SloSection
 
 
 def request_latencies_ms(row: Mapping[str, Any]) -> dict[str, float] | None:
@@ -33,7 +33,7 @@ def request_latencies_ms(row: Mapping[str, Any]) -> dict[str, float] | None:
     return {"ttft_ms": ttft, "tpot_ms": tpot, "e2e_ms": e2e}
 
 
-def meets_slo(row: Mapping[str, Any], slo: SloConfig) -> bool:
+def meets_slo(row: Mapping[str, Any], slo: SloSection) -> bool:
     """Whether one request met every objective of `slo` that is set."""
     latencies = request_latencies_ms(row)
     if latencies is None:
@@ -42,7 +42,7 @@ def meets_slo(row: Mapping[str, Any], slo: SloConfig) -> bool:
                for key in ("ttft_ms", "tpot_ms", "e2e_ms"))
 
 
-def goodput_metrics(rows: Sequence[Mapping[str, Any]], slo: SloConfig,
+def goodput_metrics(rows: Sequence[Mapping[str, Any]], slo: SloSection,
                     wall_s: float, num_failed: int = 0) -> dict[str, Any]:
     """`goodput_requests_per_s`, `slo_attainment` and `num_slo_met` of one run.
     `num_failed` requests that never finished (a server's errors) meet no SLO: they count

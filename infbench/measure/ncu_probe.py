@@ -19,7 +19,7 @@ from pathlib import Path
 def main(argv: list[str]) -> int:
     import torch
 
-    from infbench.core.config import EngineConfig, QuantConfig
+    from infbench.core.config import EngineConfig
     from infbench.engine.engine import Engine, KVSizing
     from infbench.engine.request import Request, SamplingParams
     from infbench.hardware.spec import get_hardware
@@ -59,7 +59,7 @@ def main(argv: list[str]) -> int:
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStop()
     hw = get_hardware("h100-sxm")
-    quant = QuantConfig(**model.quant)
+    quant = model.quant_config()
     costs = annotate_steps(steps, loaded.config, point["dtype"], quant, hw)
     out.write_text(json.dumps({"bytes": sum(c["bytes"] for c in costs),
                                "flops": sum(c["flops"] for c in costs)}))

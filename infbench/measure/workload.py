@@ -38,7 +38,7 @@ import numpy as np
 from infbench.core.errors import ConfigError, UserError
 from infbench.engine.request import Request, SamplingParams
 from infbench.measure import datasets
-from infbench.scenario.point import WorkloadPoint
+from infbench.scenario.workload import WorkloadPoint
 
 _NUM_STREAMS = 5  # prompt lengths, output lengths, arrivals, prompt tokens, sampling seeds
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,8 +37,8 @@ from infbench.core.errors import ResultSchemaError, UserError
 from infbench.core.speculative import SpeculativeConfig
 from infbench.results.accessor import section_metric, split_name, with_default_statistic
 from infbench.results.schema import upgrade
-from infbench.scenario.point import NORMALIZE_MODES
-from infbench.scenario.schema import parse_fraction
+from infbench.scenario.measure import NORMALIZE_MODES, GateSection
+from infbench.scenario.values import parse_fraction
 
 # Scenario keys that may differ between runs of the same benchmark.
 VOLATILE_SCENARIO_KEYS = frozenset({"gate", "measure", "source", "out", "out_dir"})
@@ -376,13 +377,14 @@ def print_gate(result: GateResult, console: Any) -> None:
     console.print(f"gate {verdict} (exit {result.exit_code})")
 
 
-def _field(gate: Any, name: str, default: Any) -> Any:
-    if isinstance(gate, dict):
+def _field(gate: GateSection | Mapping[str, Any], name: str, default: Any) -> Any:
+    if isinstance(gate, Mapping):
         return gate.get(name, default)
     return getattr(gate, name, default)
 
 
-def gate_from_scenario(gate: Any, results: list[dict[str, Any]], console: Any) -> int:
+def gate_from_scenario(gate: GateSection | Mapping[str, Any], results: list[dict[str, Any]],
+                       console: Any) -> int:
     """Run a scenario's `gate:` block against the fresh results; print; return the exit code."""
     baseline = _field(gate, "baseline", None)
     if not baseline:

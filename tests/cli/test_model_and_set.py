@@ -23,8 +23,9 @@ from infbench.checkpoint.metadata import resolve_gguf
 from infbench.commands import _options as opt
 from infbench.core import config
 from infbench.core.errors import UserError
-from infbench.scenario import point as scenario_point
+from infbench.scenario import measure as scenario_measure
 from infbench.scenario import schema as scenario
+from infbench.scenario import workload as scenario_workload
 
 REPO = Path(__file__).resolve().parents[2]
 HF_CONFIG = {
@@ -209,8 +210,8 @@ def test_scenario_points_and_v1_results_say_which_weights_run(tmp_path: Path) ->
     (("QuantSection", "weights"), config.WEIGHT_QUANT),
     (("QuantSection", "kv"), config.KV_QUANT),
     (("EngineSection", "backend"), config.BACKENDS),
-    (("WorkloadSection", "prompt_len_dist"), scenario_point.LENGTH_DISTS),
-    (("GateSection", "normalize"), scenario_point.NORMALIZE_MODES),
+    (("WorkloadSection", "prompt_len_dist"), scenario_workload.LENGTH_DISTS),
+    (("GateSection", "normalize"), scenario_measure.NORMALIZE_MODES),
     (("ModelSection", "weights"), config.MODEL_WEIGHTS),
 ])
 def test_schema_uses_the_one_list(schema_path: tuple[str, str],

@@ -9,7 +9,7 @@ import pytest
 
 from infbench.core.errors import ConfigError
 from infbench.measure.workload import arrival_times, generate_requests
-from infbench.scenario.point import DatasetConfig, WorkloadPoint
+from infbench.scenario.workload import DatasetSection, WorkloadPoint
 
 
 @pytest.mark.parametrize("burstiness", [0.25, 1.0, 4.0])
@@ -44,7 +44,7 @@ def test_trace_replay_follows_the_timestamps(tmp_path) -> None:
     lines += [f"{t},{5 + i},{1 + i}" for i, t in enumerate(stamps)]
     trace.write_text("\n".join(lines) + "\n")
     point = WorkloadPoint(kind="trace", num_requests=7,
-                          dataset=DatasetConfig("trace", str(trace), time_scale=0.5))
+                          dataset=DatasetSection(kind="trace", path=str(trace), time_scale=0.5))
     reqs = generate_requests(point, vocab_size=100)
     assert [r.arrival_s for r in reqs] == pytest.approx([(t - 10.0) * 0.5 for t in stamps])
     assert [len(r.prompt_ids) for r in reqs] == [5 + i for i in range(7)]
@@ -59,7 +59,7 @@ def test_trace_replay_follows_the_timestamps(tmp_path) -> None:
 
 
 def test_packaged_azure_trace_replays_with_poisson_or_offline_arrivals() -> None:
-    cfg = DatasetConfig("trace", "infbench:samples/azure_trace_small.csv")
+    cfg = DatasetSection(kind="trace", path="infbench:samples/azure_trace_small.csv")
     replay = generate_requests(WorkloadPoint(kind="trace", num_requests=20, dataset=cfg), 500)
     arrivals = [r.arrival_s for r in replay]
     assert arrivals[0] == 0.0 and arrivals == sorted(arrivals) and arrivals[-1] > 0

@@ -10,8 +10,8 @@ import pytest
 from infbench.core.errors import UserError
 from infbench.measure.datasets import load_dataset, sample_names
 from infbench.measure.workload import generate_requests, request_lengths
-from infbench.scenario.point import DatasetConfig, WorkloadPoint
 from infbench.scenario.schema import scenario_from_document
+from infbench.scenario.workload import DatasetSection, WorkloadPoint
 
 
 class WordTokenizer:
@@ -42,7 +42,8 @@ def test_the_samples_ship_and_load() -> None:
 def test_sharegpt_requests_take_the_reference_reply_length_and_are_seeded() -> None:
     tok = WordTokenizer()
     point = WorkloadPoint(kind="offline", num_requests=40,
-                          dataset=DatasetConfig("sharegpt", "infbench:samples/sharegpt_small.json"))
+                          dataset=DatasetSection(kind="sharegpt",
+                                                 path="infbench:samples/sharegpt_small.json"))
     reqs = generate_requests(point, vocab_size=5000, tokenizer=tok)
     share = load_dataset("sharegpt", "infbench:samples/sharegpt_small.json")
     by_prompt = {tuple(tok.encode(e.prompt or "")): e for e in share}
@@ -60,7 +61,8 @@ def test_sharegpt_requests_take_the_reference_reply_length_and_are_seeded() -> N
 
 def test_jsonl_output_len_defaults_to_gen_len_and_lengths_estimate_words() -> None:
     point = WorkloadPoint(kind="offline", num_requests=32, gen_len=5,
-                          dataset=DatasetConfig("jsonl", "infbench:samples/prompts_small.jsonl"))
+                          dataset=DatasetSection(kind="jsonl",
+                                                 path="infbench:samples/prompts_small.jsonl"))
     reqs = generate_requests(point, vocab_size=5000, tokenizer=WordTokenizer())
     entries = {e.prompt: e for e in load_dataset("jsonl", point.dataset.path)}  # type: ignore
     outs = sorted(e.output_len or 5 for e in entries.values())
@@ -72,7 +74,8 @@ def test_jsonl_output_len_defaults_to_gen_len_and_lengths_estimate_words() -> No
 
 def test_text_dataset_without_a_tokenizer_is_one_line() -> None:
     point = WorkloadPoint(kind="offline", num_requests=2,
-                          dataset=DatasetConfig("jsonl", "infbench:samples/prompts_small.jsonl"))
+                          dataset=DatasetSection(kind="jsonl",
+                                                 path="infbench:samples/prompts_small.jsonl"))
     with pytest.raises(UserError, match=r"^workload.dataset: jsonl prompts are text and need "
                                         r"the model's tokenizer.*allowed without one: kind trace"):
         generate_requests(point, vocab_size=100)
@@ -130,7 +133,8 @@ def test_missing_file_and_bad_keys_are_refused_at_load(tmp_path: Path) -> None:
         scenario_from_document(doc, "s.yaml").points()
     trace = tmp_path / "t.csv"
     trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n0,4,2\n1,4,2\n")
-    short = WorkloadPoint(kind="trace", num_requests=3, dataset=DatasetConfig("trace", str(trace)))
+    short = WorkloadPoint(kind="trace", num_requests=3,
+                          dataset=DatasetSection(kind="trace", path=str(trace)))
     with pytest.raises(UserError, match=r"workload.num_requests: 3 requests from a trace of 2 "
                                         r"rows; allowed: at most 2"):
         generate_requests(short, vocab_size=100)

@@ -10,7 +10,7 @@ import pytest
 
 from infbench.measure.goodput import goodput_metrics, meets_slo, request_latencies_ms
 from infbench.results.goodput import max_rate_line, max_rate_summaries
-from infbench.scenario.point import SloConfig
+from infbench.scenario.measure import SloSection
 
 
 def row(arrival: float, first: float | None, finish: float | None, n: int) -> dict[str, Any]:
@@ -38,15 +38,15 @@ def test_goodput_counts_requests_meeting_every_given_objective() -> None:
         row(1.0, 1.05, 1.05, 1),   # ttft 50, tpot 0
         row(1.0, None, None, 0),   # no token: never good
     ]
-    slo = SloConfig(ttft_ms=200, tpot_ms=150)
+    slo = SloSection(ttft_ms=200, tpot_ms=150)
     assert [meets_slo(r, slo) for r in rows] == [True, False, False, True, False]
     out = goodput_metrics(rows, slo, wall_s=4.0)
     assert out == {"goodput_requests_per_s": 0.5, "slo_attainment": 0.4, "num_slo_met": 2}
     # Only the objectives given count: e2e alone, 1500 ms.
-    e2e = goodput_metrics(rows, SloConfig(e2e_ms=1500), wall_s=2.0)
+    e2e = goodput_metrics(rows, SloSection(e2e_ms=1500), wall_s=2.0)
     assert e2e["num_slo_met"] == 3 and e2e["goodput_requests_per_s"] == 1.5
     # A value equal to the objective meets it.
-    assert meets_slo(row(0.0, 0.25, 0.25, 1), SloConfig(ttft_ms=250))
+    assert meets_slo(row(0.0, 0.25, 0.25, 1), SloSection(ttft_ms=250))
     with pytest.raises(ValueError):
         goodput_metrics(rows, slo, wall_s=0.0)
 

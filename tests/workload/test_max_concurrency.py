@@ -9,7 +9,7 @@ from engine_helpers import make_engine, random_requests
 from infbench.engine.request import Request
 from infbench.measure.bench import client_concurrency
 from infbench.model.loader import load_model
-from infbench.scenario.point import WorkloadPoint
+from infbench.scenario.workload import WorkloadPoint
 
 
 @pytest.fixture(scope="module")
