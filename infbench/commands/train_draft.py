@@ -20,8 +20,8 @@ import typer
 
 from infbench.commands import _options as opt
 from infbench.core.errors import UserError
+from infbench.core.speculative import HEAD_METHODS
 
-DRAFT_METHODS = ("medusa", "eagle")  # model/draft_train.METHODS (not imported: torch)
 DEFAULT_HEADS = 4
 DEFAULT_SEQUENCES = 56  # DraftTrainConfig's defaults (not imported: torch)
 HELDOUT = 8
@@ -39,8 +39,8 @@ def default_out(method: str, model_name: str) -> Path:
 
 
 def train_draft(
-    method: str = typer.Option(..., "--method", callback=opt.one_of(DRAFT_METHODS),
-                               help=f"Draft heads to train: {opt.choices(DRAFT_METHODS)}."),
+    method: str = typer.Option(..., "--method", callback=opt.one_of(HEAD_METHODS),
+                               help=f"Draft heads to train: {opt.choices(HEAD_METHODS)}."),
     model: str = typer.Option(..., "--model", callback=opt.non_empty,
                               help=f"{opt.MODEL_HELP} It needs a tokenizer."),
     steps: int = typer.Option(..., "--steps", callback=opt.positive_int,

@@ -7,11 +7,11 @@ parameters (q/k/v into `qkv_proj`, gate/up into `gate_up_proj`); every
 parameter row must be written exactly as the checkpoint shapes say, or loading
 stops with a `UserError`.
 
-With `quant.weights: native` the projections a GGUF file stores as Q4_0/Q4_1/Q8_0/Q4_K/
-Q6_K are swapped for `QuantLinear`s while still on the meta device and filled from the
-file's blocks (`model/gguf_blocks.py`): no float copy of them ever exists.  The same holds
-for `token_embd` (a `QuantEmbedding`, whose table is also the tied LM head) and `output`
-(a `QuantLinear` LM head) stored in one of those types.
+With `quant.weights: native` the projections a GGUF file stores in one of the types of
+`core/gguf_types.NATIVE_FORMATS` are swapped for `QuantLinear`s while still on the meta
+device and filled from the file's blocks (`model/gguf_blocks.py`): no float copy of them
+ever exists.  The same holds for `token_embd` (a `QuantEmbedding`, whose table is also the
+tied LM head) and `output` (a `QuantLinear` LM head) stored in one of those types.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from infbench.core.config import (
 )
 from infbench.core.device import available_memory_bytes
 from infbench.core.errors import ConfigError, DamagedFileError, DoesNotFitError, UserError
+from infbench.core.formats import QUANTIZED_WEIGHTS
 from infbench.core.gguf_types import (
     FLOAT,
     TOP_LEVEL,
@@ -120,13 +121,14 @@ def load_model(
     if native:
         native_gguf_file(source, weights, overrides)  # a one-line error without a GGUF
     loaded = _load(source, dtype, device, seed, overrides, weights, native)
-    if loaded.config.moe is not None and quant is not None and quant.weights in ("int8", "int4"):
+    quantizes = quant is not None and quant.weights in QUANTIZED_WEIGHTS
+    if loaded.config.moe is not None and quant is not None and quantizes:
         raise ConfigError(f"quant.weights={quant.weights}: the routed experts of an MoE model "
                           f"are not quantized in the engine (model {loaded.config.name!r}); "
                           "allowed for MoE models: none")
     if prune is not None and prune.active:
         apply_prune(loaded, prune, seed)
-    if quant is not None and quant.weights in ("int8", "int4"):
+    if quant is not None and quantizes:
         if quant.method == "rtn":
             detail = f"x{quantize_model(loaded.model, quant)}"
         else:  # awq / llm_int8: measured on calibration text first

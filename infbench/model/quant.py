@@ -26,6 +26,7 @@ from torch import nn
 
 from infbench.core.config import QuantConfig
 from infbench.core.errors import ConfigError
+from infbench.core.formats import QUANTIZED_WEIGHTS
 from infbench.model.gguf_blocks import map_rows
 from kernels.cpu_linear import gemm
 from kernels.cpu_quant_linear import MAX_ROWS as CPU_MAX_ROWS
@@ -233,7 +234,7 @@ def quantize_model(model: nn.Module, quant: QuantConfig,
                    quantizer: Quantizer | None = None) -> int:
     """Replace the projections of `model` by QuantLinear (RTN unless `quantizer` is given);
     returns how many.  `quant.weights` none/native does nothing here."""
-    if quant.weights not in ("int8", "int4"):
+    if quant.weights not in QUANTIZED_WEIGHTS:
         return 0
     make = quantizer or rtn
     count = 0
