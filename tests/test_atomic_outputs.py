@@ -74,7 +74,7 @@ def test_a_non_empty_directory_needs_overwrite(tmp_path: Path) -> None:
     assert _entries(target) == ["keep"]
 
 
-def test_stale_temporaries_of_a_killed_write_are_removed_by_the_next(tmp_path: Path) -> None:
+def test_stale_temporaries_of_a_killed_write_are_removed_by_the_next_start(tmp_path: Path) -> None:
     target = tmp_path / "heads.safetensors"
     target.write_text("previous")
     killed = tmp_path / f".heads.safetensors.{DEAD_PID}.abcd1234.tmp"
@@ -84,6 +84,7 @@ def test_stale_temporaries_of_a_killed_write_are_removed_by_the_next(tmp_path: P
     for path in (killed, legacy, live, other):
         path.write_text("half a file")
     assert io.stale_temps(target) == sorted([killed, legacy])
+    assert io.check_output_file(target) == sorted([killed, legacy])
     io.write_text_atomic(target, "new")
     assert target.read_text() == "new"
     assert _entries(tmp_path) == sorted([target.name, live.name, other.name])

@@ -14,10 +14,12 @@ or a directory) and, where a directory cannot be swapped in one step, `.NAME.PID
 the previous one while it is moved aside.  A process killed mid-write (SIGKILL, a power
 cut) leaves them behind; `remove_stale_temps` removes those whose process is gone (and
 puts a moved-aside previous directory back when the new one never arrived), and every
-write and every `check_output_*` runs it, so the next start into the same target cleans up
-and nothing half-written is ever loaded.  Long jobs call `check_output_file` /
-`check_output_dir` before their work: an unusable path is refused in a second, not after
-the hours it would have taken to produce the output.
+`check_output_*` (so every `atomic_directory`) runs it, so the next start into the same
+target cleans up and nothing half-written is ever loaded.  A plain file write does not scan
+its directory (a run directory of 10,000 points would pay for it on every write): long jobs
+check their outputs first, and a run directory removes its own (`results/rundir.py`).
+Long jobs call `check_output_file` / `check_output_dir` before their work: an unusable path
+is refused in a second, not after the hours it would have taken to produce the output.
 """
 
 from __future__ import annotations
@@ -63,7 +65,6 @@ def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> None:
         raise UserError(f"{target}: is a directory; give a file path to write")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        remove_stale_temps(target)
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=_temp_prefix(target), suffix=".tmp")
     except (NotADirectoryError, FileExistsError) as exc:
         raise UserError(f"{target}: cannot write: a parent of it is a file") from exc

@@ -29,7 +29,7 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from infbench.core.io import write_json_atomic
+from infbench.core.io import remove_stale_temps, write_json_atomic
 from infbench.hardware.checks import MAX_ROUNDS, SPREAD_LIMIT, Figure, check_profile
 from infbench.hardware.machine import Machine, this_machine
 from infbench.hardware.spec import (
@@ -143,6 +143,7 @@ def resolve_hardware(name: str, device: str) -> HardwareSpec:
                     "again")
         else:
             path = probe_path(machine)
+            remove_stale_temps(path)  # a probe killed while it was being cached
             write_json_atomic(path, asdict(spec), sort_keys=True)
             kept = f"cached in {path}"
         note = (f"hardware auto: no calibrated profile of this machine ({machine.describe()}); "
