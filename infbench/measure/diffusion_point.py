@@ -14,13 +14,23 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
+from infbench.core.config import ModelConfig, QuantConfig
 from infbench.core.device import resolve_device
 from infbench.core.errors import UserError
+from infbench.hardware.spec import HardwareSpec
+from infbench.measure.model_cache import ModelCache
+from infbench.scenario.point import ScenarioPoint
+
+if TYPE_CHECKING:  # torch: imported where a diffusion point runs
+    from infbench.engine.diffusion import DiffusionStep
+    from infbench.model.diffusion import DiffusionLM
 
 
-def _load(point: Any, dev: str, cache: Any) -> tuple[Any, str, str, int]:
+def _load(point: ScenarioPoint, dev: str,
+          cache: ModelCache) -> tuple[DiffusionLM, str, str, int]:
     """(DiffusionLM, source label, weights label, weight bytes) of the point's model."""
     from infbench.checkpoint.llada import is_llada_dir
     from infbench.model.diffusion import DiffusionLM, load_llada
@@ -41,6 +51,7 @@ def _load(point: Any, dev: str, cache: Any) -> tuple[Any, str, str, int]:
                 weights))
     loaded = cache.get(key, lambda: load_model(source, dtype=point.dtype, device=dev, seed=seed,
                                                overrides=overrides, weights=weights))
+    assert mask is not None  # DecodingSection.resolved: only a LLaDA directory has its own
     lm = DiffusionLM(loaded.model.eval(), loaded.config, mask, loaded.source)
     return lm, loaded.source, loaded.weights, loaded.weight_bytes
 
@@ -55,8 +66,8 @@ def _peak_memory_bytes(device: str) -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: KiB
 
 
-def _step_rows(steps: list[Any], cfg: Any, batch: int, point: Any, hw: Any,
-               quant: Any) -> list[dict[str, Any]]:
+def _step_rows(steps: list[DiffusionStep], cfg: ModelConfig, batch: int, point: ScenarioPoint,
+               hw: HardwareSpec, quant: QuantConfig) -> list[dict[str, Any]]:
     """The stored step rows: shape, time and the counting rules' FLOPs and bytes."""
     from infbench.roofline.diffusion import DiffusionStepShape, diffusion_step_costs
     from infbench.roofline.ops import total
@@ -84,8 +95,8 @@ def _step_rows(steps: list[Any], cfg: Any, batch: int, point: Any, hw: Any,
     return rows
 
 
-def _repeat_metrics(rows: list[dict[str, Any]], wall_s: float, point: Any, hw: Any,
-                    weight_bytes: int, peak_bytes: int) -> dict[str, Any]:
+def _repeat_metrics(rows: list[dict[str, Any]], wall_s: float, point: ScenarioPoint,
+                    hw: HardwareSpec, weight_bytes: int, peak_bytes: int) -> dict[str, Any]:
     from infbench.measure import metrics as metrics_mod
 
     wl = point.workload
@@ -112,10 +123,12 @@ def _repeat_metrics(rows: list[dict[str, Any]], wall_s: float, point: Any, hw: A
     }
 
 
-def _prediction(point: Any, cfg: Any, hw: Any, quant: Any) -> tuple[dict[str, Any], Any]:
+def _prediction(point: ScenarioPoint, cfg: ModelConfig, hw: HardwareSpec,
+                quant: QuantConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     from infbench.roofline.diffusion import diffusion_dict, predict_diffusion
 
     d, wl = point.decoding, point.workload
+    assert d is not None  # a diffusion point
     p = predict_diffusion(cfg, hw, batch=wl.batch_size, prompt_len=wl.prompt_len,
                           gen_len=wl.gen_len, steps=d.steps, block_length=d.block_length,
                           prefix_cache=d.prefix_cache, dtype=point.dtype, quant=quant)
@@ -136,8 +149,8 @@ def _prediction(point: Any, cfg: Any, hw: Any, quant: Any) -> tuple[dict[str, An
     return pred, diffusion_dict(p)
 
 
-def run_diffusion_point(point: Any, *, cache: Any, device: str | None = None,
-                        on_phase: Any = None) -> dict[str, Any]:
+def run_diffusion_point(point: ScenarioPoint, *, cache: ModelCache, device: str | None = None,
+                        on_phase: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Measure one diffusion point and return its result dict (`bench.run_point`'s shape)."""
     import torch
 

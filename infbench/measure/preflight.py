@@ -22,26 +22,29 @@ cache and recurrent state; activations are not in it.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
+from infbench.core.config import ModelConfig
 from infbench.core.device import available_memory_bytes, resolve_device
 from infbench.core.errors import UserError
 from infbench.measure.workload import request_lengths
 from infbench.results.gate import gated_values, load_results, parse_threshold, scenario_difference
 from infbench.results.rundir import check_writable, normalized_points
 from infbench.roofline.shapes import kv_cache_bytes, state_bytes_per_seq, weight_bytes
+from infbench.scenario.measure import GateSection
+from infbench.scenario.point import ScenarioPoint
 
 
-def preflight(points: list[Any], out_dir: Path, device: str | None = None) -> list[str]:
+def preflight(points: list[ScenarioPoint], out_dir: Path,
+              device: str | None = None) -> list[str]:
     """Raise a UserError for the first problem found; return notes worth printing."""
     check_writable(out_dir)
     notes: list[str] = []
     free: dict[str, int] = {}
-    configs: dict[str, Any] = {}  # a GGUF's config takes seconds to read: once per model
+    configs: dict[str, ModelConfig] = {}  # a GGUF's config takes seconds to read: once each
     for point in points:
-        if getattr(point, "target", None) is not None:  # a server: its model is not here
+        if point.target is not None:  # a server: its model is not here
             check_host_memory(point, request_lengths(point.workload))
             continue
         key = repr(point.model)
@@ -58,7 +61,7 @@ def preflight(points: list[Any], out_dir: Path, device: str | None = None) -> li
     return notes
 
 
-def _where(point: Any) -> str:
+def _where(point: ScenarioPoint) -> str:
     return f"{point.source}: point {point.index} ({point.label})"
 
 
@@ -82,7 +85,7 @@ HOST_BYTES_PER_SEQUENCE = 2_000
 HOST_BYTES_PER_TOKEN = 40
 
 
-def check_host_memory(point: Any, lengths: tuple[np.ndarray, np.ndarray]) -> None:
+def check_host_memory(point: ScenarioPoint, lengths: tuple[np.ndarray, np.ndarray]) -> None:
     """The workload's requests themselves must fit in host memory (a batch of millions of
     requests is valid YAML but would be OOM-killed while the requests are built)."""
     prompt_lens, gen_lens = lengths
@@ -98,7 +101,7 @@ def check_host_memory(point: Any, lengths: tuple[np.ndarray, np.ndarray]) -> Non
             "workload.batch_size / workload.num_requests; nothing was measured")
 
 
-def check_context(point: Any, cfg: Any, longest: tuple[int, int]) -> None:
+def check_context(point: ScenarioPoint, cfg: ModelConfig, longest: tuple[int, int]) -> None:
     prompt, gen = longest
     if prompt + gen > cfg.max_seq_len:
         w = point.workload
@@ -116,8 +119,8 @@ def free_memory_bytes(device: str) -> int:
     return available_memory_bytes(torch.device(device))
 
 
-def check_memory(point: Any, cfg: Any, longest: tuple[int, int], device: str | None,
-                 free: dict[str, int]) -> list[str]:
+def check_memory(point: ScenarioPoint, cfg: ModelConfig, longest: tuple[int, int],
+                 device: str | None, free: dict[str, int]) -> list[str]:
     key = "--device" if device else f"{point.source}: device"
     dev = resolve_device(device or point.device, key)
     if dev not in free:
@@ -151,7 +154,7 @@ def check_memory(point: Any, cfg: Any, longest: tuple[int, int], device: str | N
     return []
 
 
-def check_gate(gate: Any, points: list[Any]) -> None:
+def check_gate(gate: GateSection, points: list[ScenarioPoint]) -> None:
     """The gate's baseline exists, is readable, carries the metric and ran these points."""
     if not gate.baseline:
         raise UserError("gate.baseline: no baseline result file given; set gate.baseline to a "
