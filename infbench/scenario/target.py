@@ -47,9 +47,10 @@ def redact_url(url: str) -> str:
 
 
 class TargetSection(BaseModel):
-    """An OpenAI-compatible server (vLLM, SGLang, TGI, llama.cpp's server, `infbench serve`)."""
+    """An OpenAI-compatible server (vLLM, SGLang, TGI, llama.cpp's server, `infbench serve`);
+    frozen: the point holds it as validated (`ScenarioPoint.target`)."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=True)
 
     kind: TargetKind
     """openai: an OpenAI-compatible HTTP server, streamed over SSE."""
