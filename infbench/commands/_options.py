@@ -163,6 +163,18 @@ def non_empty(value: str | None) -> str | None:
     return value
 
 
+def utf8_text(value: str | None) -> str | None:
+    """Text that must be valid UTF-8: undecodable bytes in argv reach Python as surrogate
+    escapes, which no tokenizer takes."""
+    if value is not None:
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise typer.BadParameter(f"not valid UTF-8 (bytes {value[exc.start:exc.end]!a} at "
+                                     f"character {exc.start})") from None
+    return value
+
+
 def output_file(value: Path | None) -> Path | None:
     """A file the command will write: not an existing directory (`--csv .`).  A path that
     cannot even be looked at (a name too long) passes here: the command's

@@ -275,7 +275,8 @@ def generate(
     random_weights: bool = typer.Option(
         False, "--random-weights", help="Seeded random weights with the model's shapes "
                                         "(model.weights: random in a scenario)."),
-    prompt: str | None = typer.Option(None, "--prompt", help="Prompt text."),
+    prompt: str | None = typer.Option(None, "--prompt", callback=opt.utf8_text,
+                                      help="Prompt text."),
     prompt_ids: str | None = typer.Option(
         None, "--prompt-ids", callback=opt.token_id_list, help="Token ids: 1,2,3"),
     max_tokens: int = typer.Option(64, "--max-tokens", callback=opt.positive_int,

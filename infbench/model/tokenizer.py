@@ -212,7 +212,15 @@ class Tokenizer:
 
     # ------------------------------------------------------------------- use
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Token ids; add_special_tokens adds BOS/EOS where the tokenizer is configured to."""
+        """Token ids; add_special_tokens adds BOS/EOS where the tokenizer is configured to.
+
+        Text that is not valid Unicode (a lone surrogate: JSON's "\\ud800", or undecodable
+        bytes that Python's argv decoding keeps as surrogate escapes) is a UserError."""
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise UserError(f"text is not valid UTF-8: {text[exc.start:exc.end]!a} at character "
+                            f"{exc.start}") from None
         return list(self.backend.encode(text, add_special_tokens=add_special_tokens).ids)
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
