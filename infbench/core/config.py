@@ -683,10 +683,6 @@ class PruneConfig:
                                   intermediate_size=self.mlp_width(cfg.intermediate_size))
 
 
-def make_prune(values: dict[str, Any]) -> PruneConfig:
-    return _make(PruneConfig, "prune", values)  # type: ignore[no-any-return]
-
-
 def make_quant(values: dict[str, Any]) -> QuantConfig:
     return _make(QuantConfig, "quant", values)  # type: ignore[no-any-return]
 
