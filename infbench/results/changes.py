@@ -32,8 +32,9 @@ def metric_changes(baselines: list[dict[str, Any]], news: list[dict[str, Any]],
 
     Each row: point, metric, gated, baseline, new, change_pct, better_pct (the change with
     the sign flipped for lower-is-better metrics, so up is better), status, source (where
-    the values came from), baseline_range / new_range (text) and noise_pct (both sides'
-    ranges over the repeats, relative to the baseline)."""
+    the values came from), baseline_range / new_range ((min, max) over the repeats, None
+    each when there is one value) and noise_pct (both sides' ranges added, relative to the
+    baseline)."""
     by_key = {(r.get("name"), r.get("label")): r for r in baselines}
     new_by_key = {(r.get("name"), r.get("label")): r for r in news}
     rows: list[dict[str, Any]] = []
@@ -57,7 +58,7 @@ def metric_changes(baselines: list[dict[str, Any]], news: list[dict[str, Any]],
                 "baseline": row.baseline, "new": row.new, "change_pct": row.change_pct,
                 "better_pct": -row.change_pct if row.is_lower_better else row.change_pct,
                 "status": row.status, "source": row.source,
-                "baseline_range": _range_text(ranges[0]), "new_range": _range_text(ranges[1]),
+                "baseline_range": ranges[0], "new_range": ranges[1],
                 "noise_pct": (sum(noise) / abs(row.baseline) * 100) if noise and row.baseline
                 else None})
     notes = ([f"not in both runs, not compared: {', '.join(skipped)}"] if skipped else [])
@@ -80,8 +81,3 @@ def _side_ranges(baselines: dict[Any, dict[str, Any]], news: dict[Any, dict[str,
             span = _range(values) or (None, None)
         out.append(span)
     return out
-
-
-def _range_text(span: tuple[float | None, float | None]) -> str:
-    lo, hi = span
-    return "-" if lo is None or hi is None else f"{lo:.4g}–{hi:.4g}"

@@ -48,6 +48,7 @@ SYMBOLS = {"s": "square", "o": "circle", "^": "triangle-up", "D": "diamond"}
 STAGE_SYMBOLS = {"prefill": "square", "decode": "circle", "diffusion": "triangle-up"}
 STAGE_COLOURS = {"prefill": "#D55E00", "decode": "#0072B2", "diffusion": "#009E73"}
 DASHES = {"-": "solid", "--": "dash", ":": "dot", "-.": "dashdot"}
+MAX_LABELLED = 8  # a series with more points is labelled on hover only
 
 
 @dataclass(frozen=True)
@@ -117,10 +118,11 @@ def latency_throughput(results: list[dict[str, Any]]) -> Figure | None:
                     continue
                 marker, line = METRIC_STYLES[metric]
                 measured = kind == "measured"
+                labelled = measured and len(xy) <= MAX_LABELLED  # else hover only
                 fig.add_trace(go.Scatter(
                     x=[d["x"] for d in xy], y=[d[key] for d in xy],
-                    mode="lines+markers+text" if measured else "lines+markers",
-                    text=[d["swept"] for d in xy] if measured else None,
+                    mode="lines+markers+text" if labelled else "lines+markers",
+                    text=[d["swept"] for d in xy] if labelled else None,
                     textposition="bottom right", textfont={"size": 10},
                     name=f"{what} {kind}" + (f" · {name}" if len(names) > 1 else ""),
                     legendgroup=f"{name} {metric}",
@@ -173,8 +175,9 @@ def latency_cdfs(results: list[dict[str, Any]]) -> Figure | None:
         fig.update_xaxes(type="log", row=1, col=col)
         fig.update_yaxes(range=[0, 1.02], tickformat=".0%", row=1, col=col)
     fig.update_yaxes(title_text="fraction at or below", row=1, col=1)
-    return _finish("fig-latency-cdfs", "Click a point in the legend to hide it, double-click "
-                   "to show it alone.", fig)
+    return _finish("fig-latency-cdfs", "Per request (TTFT, TPOT) and per token (ITL) of the "
+                   "last repeat; the table above is the median over the repeats. Click a point "
+                   "in the legend to hide it, double-click to show it alone.", fig)
 
 
 def roofline(results: list[dict[str, Any]]) -> Figure | None:
@@ -358,11 +361,16 @@ def goodput_rate(results: list[dict[str, Any]]) -> Figure | None:
             fig.add_annotation(x=x, y=1.0, yref="y3 domain", xref="x2", showarrow=False,
                                text=f"SLO max rate {_rate(line['max_rate'])} req/s",
                                yanchor="bottom", font={"size": 11})
+    xs = [x for line in data["lines"] for x in line["x"]]
     for metric, name, colour in LATENCY_SERIES:
-        if f"{metric}_ms" in data["slo"]:
-            fig.add_hline(y=data["slo"][f"{metric}_ms"], line={"color": colour, "dash": "dash",
-                                                               "width": 1}, row=1, col=1,
-                          annotation_text=f"{name} objective", annotation_font_size=10)
+        if f"{metric}_ms" in data["slo"]:  # a trace, not a shape: it gets a legend entry
+            objective = data["slo"][f"{metric}_ms"]
+            fig.add_trace(go.Scatter(
+                x=[min(xs), max(xs)], y=[objective, objective], mode="lines",
+                name=f"{name} objective {objective:g} ms",
+                line={"color": colour, "dash": "longdash", "width": 1}, opacity=0.7,
+                hovertemplate=f"{name} objective: {objective:g} ms<extra></extra>"),
+                row=1, col=1)
     fig.add_hline(y=data["target"], line={"color": "#888888", "dash": "dot", "width": 1},
                   row=2, col=1, secondary_y=True)
     fig.update_layout(**_layout(GOODPUT_TEXT["title"], figure_caption(results), height=560))
@@ -557,7 +565,9 @@ def comparison(rows: list[dict[str, Any]], threshold_pct: float) -> Figure | Non
                   line_width=0)
     fig.update_layout(**_layout("Change per metric (up is better)", "new against baseline",
                                 barmode="group"))
-    fig.update_yaxes(title_text="improvement (%)", zeroline=True)
+    # The changes set the scale; an error bar of a noisy metric runs off it (zoom out to see)
+    top = max([abs(r["better_pct"]) for r in rows] + [2 * threshold_pct]) * 1.2
+    fig.update_yaxes(title_text="improvement (%)", zeroline=True, range=[-top, top])
     return _finish("fig-compare", f"Grey band: ±{threshold_pct:g}%, the gate's threshold; "
                    "error bars: the repeats' spread (min..max) of both sides, relative to "
                    "the baseline.", fig)

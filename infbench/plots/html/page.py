@@ -222,7 +222,7 @@ def render(title: str, sections: Sequence[Section],
     from infbench.core.version import __version__
 
     js = (plotly_js or get_plotlyjs)()
-    nav = "".join(f'<a href="#{escape(s.id)}">{escape(s.title)}</a>' for s in sections)
+    nav = "\n".join(f'<a href="#{escape(s.id)}">{escape(s.title)}</a>' for s in sections)
     body = []
     all_figures: dict[str, Any] = {}
     for s in sections:

@@ -286,14 +286,29 @@ def goodput_table(rows: Sequence[dict[str, Any]]) -> str:
                  caption="goodput: requests meeting every objective")
 
 
+def _seconds(metric: str) -> bool:
+    """A latency (ttft_s.p50, e2e_s): shown in ms; rates (_per_s) are not times."""
+    head = metric.split(".")[0]
+    return head.endswith("_s") and not head.endswith("_per_s")
+
+
+def _range(span: tuple[float | None, float | None], scale: float) -> str:
+    lo, hi = span
+    return "-" if lo is None or hi is None else f"{fmt(lo * scale)}–{fmt(hi * scale)}"
+
+
 def change_table(rows: Sequence[dict[str, Any]]) -> str:
     """The comparison's rows: each metric's baseline and new value, their repeats' ranges,
-    the change and the status (the gated metric first)."""
-    out = [[short_label(r["point"]), r["metric"] + (" (gated)" if r["gated"] else ""),
-            r["baseline"], r["baseline_range"], r["new"], r["new_range"],
-            pct(r["change_pct"]), r["source"], r["status"]] for r in rows]
+    the change and the status (the gated metric first); latencies in ms."""
+    out = []
+    for r in rows:
+        scale = 1e3 if _seconds(r["metric"]) else 1.0
+        name = r["metric"] + (" ms" if scale != 1.0 else "") + (" (gated)" if r["gated"] else "")
+        out.append([short_label(r["point"]), name, r["baseline"] * scale,
+                    _range(r["baseline_range"], scale), r["new"] * scale,
+                    _range(r["new_range"], scale), pct(r["change_pct"]), r["source"],
+                    r["status"]])
     return table(("point", "metric", "baseline", "baseline range", "new", "new range",
                   "change", "from", "status"), out, caption="each metric: new against "
                  "baseline (lower is better for latencies, bytes and perplexity)",
                  numeric_from=2, cls="changes")
-
