@@ -134,6 +134,16 @@ def test_the_scenario_key_tables_list_the_allowed_values() -> None:
     assert checked >= 15
 
 
+def test_the_quantization_table_lists_the_allowed_values() -> None:
+    text = (REPO / "docs" / "quantization.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| `model\.(quant\.[a-z_]+)` \| ((?:`[a-z0-9_]+`(?:, )?)+) \|", text,
+                      re.M)
+    assert {key for key, _ in rows} >= {"quant.weights", "quant.method", "quant.kv"}
+    for key, values in rows:
+        assert set(re.findall(r"`([a-z0-9_]+)`", values)) == {
+            str(v) for v in _literals(_field("model." + key))}, key
+
+
 def test_the_quantization_pages_list_the_native_types() -> None:
     native = set(NATIVE_FORMATS)
     for page, pattern in (("scenarios.md", r"`quant.weights` \|.*?GGUF file's ([A-Z0-9_/]+) "),
