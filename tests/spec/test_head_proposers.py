@@ -19,7 +19,7 @@ from test_draft_heads import (
 )
 
 from infbench.core.config import EngineConfig
-from infbench.core.errors import UserError
+from infbench.core.errors import ConfigError, UserError
 from infbench.core.speculative import SpeculativeConfig
 from infbench.engine.engine import Engine, KVSizing
 from infbench.engine.request import SamplingParams
@@ -148,3 +148,24 @@ def test_engine_greedy_speculation_with_heads_equals_plain_greedy(method: str,
                                                              r.sampling.max_tokens)
     drafts = [d for s in out.steps for d in s.spec_drafts]
     assert drafts and max(drafts) <= 3
+
+
+def test_more_draft_tokens_than_medusa_heads_is_refused(tmp_path: Path) -> None:
+    """Head i drafts token i + 1: k above the head count would silently draft fewer."""
+    loaded = load_model({"preset": "tiny"}, dtype="float32", device="cpu", seed=3)
+    heads = random_medusa(loaded.model)
+    path = save_draft_heads(tmp_path / "m.safetensors", heads, loaded.model)
+    cfg = EngineConfig(block_size=4, backend="torch", max_num_seqs=2)
+    requests = random_requests([5], 4, 256, seed=1)
+
+    def create(k: int) -> Engine:
+        return Engine.create(loaded, cfg, "cpu", "float32", seed=0,
+                             speculative=SpeculativeConfig("medusa", k, heads=str(path)),
+                             sizing=KVSizing.for_requests(requests, cfg.block_size),
+                             source={"preset": "tiny"})
+
+    n = heads.num_heads
+    assert create(n) is not None
+    with pytest.raises(ConfigError, match=f"speculative.num_tokens {n + 1} exceeds the {n} "
+                                          "Medusa heads"):
+        create(n + 1)

@@ -56,7 +56,15 @@ def build_proposer(spec: SpeculativeConfig, target: LoadedModel, engine: Any, *,
 
         if spec.heads is None:
             raise ConfigError(f"speculative.method={spec.method!r} needs speculative.heads")
-        return load_head_proposer(spec.method, spec.heads, target.model)  # type: ignore[no-any-return]
+        proposer = load_head_proposer(spec.method, spec.heads, target.model)
+        num_heads = getattr(getattr(proposer, "heads", None), "num_heads", None)
+        if spec.method == "medusa" and num_heads is not None and spec.num_tokens > num_heads:
+            # Medusa head i proposes token i + 1: past the last head there is nothing to draft
+            raise ConfigError(f"speculative.num_tokens {spec.num_tokens} exceeds the "
+                              f"{num_heads} Medusa heads of {spec.heads}; allowed: 1 to "
+                              f"{num_heads} (or train more heads with `infbench train-draft "
+                              "--method medusa --num-heads N`)")
+        return proposer  # type: ignore[no-any-return]
     raise ConfigError(f"speculative.method={spec.method!r}; "
                       f"allowed: {', '.join(SPECULATIVE_METHODS)}")
 
