@@ -39,6 +39,7 @@ from infbench.results.accessor import section_metric, split_name, with_default_s
 from infbench.results.schema import upgrade
 from infbench.scenario.measure import NORMALIZE_MODES, GateSection
 from infbench.scenario.values import parse_fraction
+from infbench.scenario.workload import DEFAULT_MAX_DURATION_S
 
 # Scenario keys that may differ between runs of the same benchmark.
 VOLATILE_SCENARIO_KEYS = frozenset({"gate", "measure", "source", "out", "out_dir"})
@@ -52,7 +53,8 @@ ADDED_SCENARIO_KEYS: dict[str, Any] = {
 ADDED_SCENARIO_KEYS.update({"scenario.workload.burstiness": 1.0,
                             "scenario.workload.max_concurrency": None,
                             "scenario.workload.dataset": None,
-                            "scenario.model.quant.activations": "float"})
+                            "scenario.model.quant.activations": "float",
+                            "scenario.workload.max_duration_s": DEFAULT_MAX_DURATION_S})
 
 
 def _as_recorded(scenario: dict[str, Any]) -> dict[str, Any]:
