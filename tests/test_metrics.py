@@ -151,6 +151,17 @@ def test_aggregate_repeats_takes_medians_and_spreads() -> None:
     assert "ttft_s.mean" not in spread
 
 
+def test_counts_over_an_even_number_of_repeats_stay_integers() -> None:
+    """Two repeats of 10 and 11 decode steps: the result schema wants an integer count."""
+    runs = [{"num_steps": 10, "rate": 1.0}, {"num_steps": 11, "rate": 2.0},
+            {"num_steps": 13, "rate": 3.0}, {"num_steps": 12, "rate": 4.0}]
+    median, _ = aggregate_repeats(runs)
+    assert median["num_steps"] == 11 and isinstance(median["num_steps"], int)
+    assert median["rate"] == 2.5
+    median, _ = aggregate_repeats(runs[:2])
+    assert median["num_steps"] == 10 and isinstance(median["num_steps"], int)
+
+
 def test_aggregate_single_run_and_real_summaries() -> None:
     median, spread = aggregate_repeats([run()])
     assert median == run()

@@ -220,8 +220,10 @@ def _median_tree(items: list[Any]) -> Any:
     numbers = [v for v in items if _is_number(v)]
     if numbers and len(numbers) == len([v for v in items if v is not None]):
         med = float(np.median(np.asarray(numbers, dtype=np.float64)))
-        if all(isinstance(v, (int, np.integer)) for v in numbers) and med.is_integer():
-            return int(med)
+        if all(isinstance(v, (int, np.integer)) for v in numbers):
+            # a count stays a count: between two middle repeats (an even number of them,
+            # e.g. decode steps 10 and 11) the lower one, a value some repeat had
+            return int(med) if med.is_integer() else int(sorted(numbers)[(len(numbers) - 1) // 2])
         return med
     return next((v for v in items if v is not None), None)
 
