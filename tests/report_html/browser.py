@@ -18,6 +18,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -122,7 +123,8 @@ def _start(binary: str, profile: str) -> tuple[subprocess.Popen[str], str]:
     assert proc.stderr is not None
     for line in proc.stderr:  # "DevTools listening on ws://127.0.0.1:PORT/devtools/browser/ID"
         found = re.search(r"DevTools listening on (ws://\S+)", line)
-        if found:
+        if found:  # keep draining stderr: a full pipe would stall the browser
+            threading.Thread(target=proc.stderr.read, daemon=True).start()
             return proc, found.group(1)
     proc.kill()
     raise RuntimeError(f"{binary} exited ({proc.wait()}) without a DevTools endpoint")
