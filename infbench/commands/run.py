@@ -16,7 +16,7 @@ from infbench.checkpoint.metadata import model_source
 from infbench.commands import _options as opt
 from infbench.core.errors import UserError
 from infbench.core.formats import DRAFT_QUANT
-from infbench.core.speculative import SPECULATIVE_METHODS
+from infbench.core.speculative import MAX_SPEC_TOKENS, SPECULATIVE_METHODS
 
 
 def register(app: typer.Typer) -> None:
@@ -261,6 +261,13 @@ def _spec_method(value: str) -> str:
     return value
 
 
+def _spec_tokens(value: int) -> int:
+    opt.positive_int(value)
+    if value > MAX_SPEC_TOKENS:
+        raise typer.BadParameter(f"must be <= {MAX_SPEC_TOKENS} (got {value})")
+    return value
+
+
 def _draft_quant(value: str) -> str:
     if value not in DRAFT_QUANT:
         raise typer.BadParameter(f"{value!r}; allowed: {', '.join(DRAFT_QUANT)}")
@@ -300,8 +307,8 @@ def generate(
         "none", "--speculative", callback=_spec_method,
         help="Speculative decoding: none, ngram (prompt lookup), draft (a draft model; the "
              "target itself unless --draft-model), medusa or eagle (--draft-heads)."),
-    num_spec: int = typer.Option(4, "--num-speculative-tokens", callback=opt.positive_int,
-                                 help="Draft tokens per step k (>= 1)."),
+    num_spec: int = typer.Option(4, "--num-speculative-tokens", callback=_spec_tokens,
+                                 help=f"Draft tokens per step k (1 .. {MAX_SPEC_TOKENS})."),
     draft_model: str | None = typer.Option(
         None, "--draft-model", help=f"Draft model (--speculative draft). {opt.MODEL_HELP}"),
     draft_layers: int | None = typer.Option(

@@ -16,6 +16,9 @@ SPECULATIVE_METHODS: tuple[str, ...] = typing.get_args(SpeculativeMethod)
 HeadMethod = Literal["medusa", "eagle"]
 HEAD_METHODS: tuple[str, ...] = typing.get_args(HeadMethod)
 assert set(HEAD_METHODS) <= set(SPECULATIVE_METHODS)
+# The most draft tokens per step (k) a scenario or a flag may ask for: each is a verified
+# position of every step, and past a few dozen acceptance makes the rest dead weight.
+MAX_SPEC_TOKENS = 1024
 
 
 @dataclass(frozen=True)

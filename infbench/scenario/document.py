@@ -149,6 +149,8 @@ class Scenario(Section):
     @field_validator("variants")
     @classmethod
     def _variant_keys(cls, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if not value:  # `variants: []` would run as if absent: say so instead
+            raise ValueError("needs at least one variant (remove the key for none)")
         labels: set[str] = set()
         for i, variant in enumerate(value):
             for key, item in variant.items():

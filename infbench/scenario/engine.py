@@ -10,7 +10,7 @@ from typing import Annotated
 from pydantic import Field, model_validator
 
 from infbench.core.config import EngineConfig
-from infbench.core.speculative import HEAD_METHODS, SpeculativeConfig
+from infbench.core.speculative import HEAD_METHODS, MAX_SPEC_TOKENS, SpeculativeConfig
 from infbench.scenario.derive import section_from
 from infbench.scenario.values import MAX_BYTES, Fraction, NonNegFloat, Section
 
@@ -62,5 +62,6 @@ else:
     # depends on the method (_SpeculativeChecks.config resolves it).
     SpeculativeSection = section_from(
         SpeculativeConfig, "SpeculativeSection", base=_SpeculativeChecks, module=__name__,
-        types={"acceptance": Fraction, "draft_cost_ratio": NonNegFloat | None},
+        types={"acceptance": Fraction, "draft_cost_ratio": NonNegFloat | None,
+               "num_tokens": Annotated[int, Field(gt=0, le=MAX_SPEC_TOKENS, strict=True)]},
         defaults={"draft_cost_ratio": None})

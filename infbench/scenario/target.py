@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import os
 import typing
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 TargetKind = Literal["openai"]
 TargetEndpoint = Literal["completions", "chat"]
@@ -78,6 +78,16 @@ class TargetSection(BaseModel):
                                               allow_inf_nan=False)] = DEFAULT_REQUEST_TIMEOUT_S
     """Seconds one request may take from sending to `data: [DONE]`, however often bytes
     (keep-alive comments included) arrive; then it fails with reason `deadline`."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _chat_defaults_to_text(cls, data: Any) -> Any:
+        """endpoint chat sends messages, which are text: prompt_format left unset means text
+        (set to tokens with chat it is refused below, when the scenario loads)."""
+        if isinstance(data, dict) and data.get("endpoint") == "chat" and (
+                "prompt_format" not in data):
+            return {**data, "prompt_format": "text"}
+        return data
 
     @field_validator("base_url")
     @classmethod

@@ -1,0 +1,55 @@
+"""Settings that used to be accepted and then ignored or failed at run time are refused
+when the scenario loads, in one line naming the key (docs/bad-input.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from infbench.core.errors import UserError
+from infbench.scenario.schema import load_scenario
+
+TARGET = """name: t
+target:
+  kind: openai
+  base_url: http://127.0.0.1:9/v1
+  model: m
+  tokenizer: smollm2-135m
+  endpoint: chat
+{extra}workload: {{kind: static, batch_size: 1, prompt_len: 8, gen_len: 4}}
+"""
+
+
+def _load(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    try:
+        load_scenario(path).points()
+    except UserError as exc:
+        return str(exc)
+    return ""
+
+
+def test_empty_variants_are_refused(tmp_path: Path) -> None:
+    msg = _load(tmp_path, "name: v\nmodel: {preset: tiny}\nvariants: []\n")
+    assert msg.endswith("variants: needs at least one variant (remove the key for none)"), msg
+
+
+@pytest.mark.parametrize(("k", "ok"), [(1, True), (1024, True), (1025, False), (5000, False)])
+def test_draft_tokens_are_bounded(tmp_path: Path, k: int, ok: bool) -> None:
+    msg = _load(tmp_path, f"name: s\nmodel: {{preset: tiny}}\n"
+                          f"speculative: {{method: ngram, num_tokens: {k}}}\n")
+    assert (msg == "") == ok, msg
+    if not ok:
+        assert f"speculative.num_tokens: must be <= 1024 (got {k})" in msg
+
+
+def test_chat_target_sends_text_unless_told_tokens(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(TARGET.format(extra=""))
+    target = load_scenario(path).points()[0].target
+    assert target is not None and target.prompt_format == "text"
+    msg = _load(tmp_path, TARGET.format(extra="  prompt_format: tokens\n"))
+    assert msg.endswith("target.prompt_format: endpoint chat takes text messages; allowed with "
+                        "chat: text"), msg
