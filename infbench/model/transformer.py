@@ -6,8 +6,9 @@ them at once and delegates attention to an `AttentionContext` (which knows the
 sequence boundaries and the KV cache).  Parameter names follow vLLM's fused
 layout: `qkv_proj` (q rows, then k, then v) and `gate_up_proj` (gate, then up).
 
-Each layer's mixer comes from `ModelConfig.layers()`; only softmax attention is
-implemented here, the other mixers plug into `MIXERS` when their issues land.
+Each layer's mixer comes from `ModelConfig.layers()`; softmax attention is implemented
+here, MLA, linear attention and the SSM in their own modules, registered in `MIXERS`
+(`_MIXER_MODULES` names where each lives; it is imported on first use).
 """
 
 from __future__ import annotations
