@@ -53,3 +53,19 @@ def test_chat_target_sends_text_unless_told_tokens(tmp_path: Path) -> None:
     msg = _load(tmp_path, TARGET.format(extra="  prompt_format: tokens\n"))
     assert msg.endswith("target.prompt_format: endpoint chat takes text messages; allowed with "
                         "chat: text"), msg
+
+
+def test_int4_without_a_group_takes_the_largest_that_divides(tmp_path: Path) -> None:
+    """SmolLM2's projections read 576 and 1536 columns: 128 does not divide 576, 64 does."""
+    path = tmp_path / "q.yaml"
+    path.write_text("name: q\nmodel: {preset: smollm2-135m, quant: {weights: int4}}\n")
+    point = load_scenario(path).points()[0]
+    assert point.quant_config().group_size == 64
+    assert point.to_dict()["model"]["quant"]["group_size"] == 64  # what ran is recorded
+    assert point.notes and "int4 groups of 64" in point.notes[0]
+    path.write_text("name: q\nmodel: {preset: llama-small, quant: {weights: int4}}\n")
+    point = load_scenario(path).points()[0]
+    assert point.quant_config().group_size == 128 and point.notes == ()
+    path.write_text("name: q\nmodel: {preset: smollm2-135m, quant: {weights: int4, "
+                    "group_size: 32}}\n")
+    assert load_scenario(path).points()[0].quant_config().group_size == 32

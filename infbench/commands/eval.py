@@ -141,18 +141,16 @@ def eval_command(
 
 
 def default_group_size(cfg: Any) -> tuple[int, list[int]]:
-    """(the largest int4 group of INT4_GROUP_SIZES that divides the input width of every
-    projection int4 quantizes, those widths); a UserError when none divides them all."""
-    from infbench.roofline.shapes import layer_weights
+    """`roofline.shapes.largest_int4_group`, or a UserError when no group divides them all."""
+    from infbench.roofline.shapes import largest_int4_group
 
-    widths = sorted({w.in_features for spec in cfg.layers() for w in layer_weights(cfg, spec)
-                     if w.quantized and w.in_features > 1})
-    for group in sorted(INT4_GROUP_SIZES, reverse=True):
-        if all(width % group == 0 for width in widths):
-            return group, widths
-    raise UserError(f"--quant int4: no int4 group size ({', '.join(map(str, INT4_GROUP_SIZES))}) "
-                    f"divides every projection's input width of {cfg.name!r} "
-                    f"({', '.join(map(str, widths))}); use --quant int8")
+    group, widths = largest_int4_group(cfg)
+    if group is None:
+        raise UserError(f"--quant int4: no int4 group size "
+                        f"({', '.join(map(str, INT4_GROUP_SIZES))}) divides every projection's "
+                        f"input width of {cfg.name!r} ({', '.join(map(str, widths))}); use "
+                        "--quant int8")
+    return group, widths
 
 
 def _print_table(doc: dict[str, Any]) -> None:

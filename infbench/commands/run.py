@@ -66,7 +66,8 @@ def run(
     console = Console(stderr=True, width=width)
     for note in preflight(points, out_dir, device):
         console.print(f"note: {note}", highlight=False)
-    for reason in dict.fromkeys(p.dtype_reason for p in points if p.dtype_reason):
+    for reason in dict.fromkeys([p.dtype_reason for p in points if p.dtype_reason]
+                                + [note for p in points for note in p.notes]):
         console.print(f"note: {reason}", highlight=False)
     rundir = RunDir.claim(out_dir, points, scenario_path=str(scenario), device=device,
                           resume=resume, overwrite=overwrite)

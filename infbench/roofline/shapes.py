@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from infbench.core.config import DTYPE_BYTES, LayerSpec, ModelConfig, QuantConfig
 from infbench.core.errors import ConfigError
+from infbench.core.formats import INT4_GROUP_SIZES
 
 
 @dataclass(frozen=True)
@@ -294,3 +295,15 @@ def state_bytes_per_seq(cfg: ModelConfig, dtype: str) -> int:
     """Constant state per sequence over all linear-attention and SSM layers."""
     nbytes = dtype_bytes(dtype)
     return sum(layer_state_bytes(cfg, spec, nbytes) for spec in cfg.layers())
+
+
+def largest_int4_group(cfg: ModelConfig) -> tuple[int | None, list[int]]:
+    """(the largest int4 group of INT4_GROUP_SIZES that divides the input width of every
+    projection int4 quantizes, or None when none does; those widths): the group `eval` and a
+    scenario use when the user gave none (SmolLM2's 576 is 4.5 x 128, so 64 there)."""
+    widths = sorted({w.in_features for spec in cfg.layers() for w in layer_weights(cfg, spec)
+                     if w.quantized and w.in_features > 1})
+    for group in sorted(INT4_GROUP_SIZES, reverse=True):
+        if all(width % group == 0 for width in widths):
+            return group, widths
+    return None, widths

@@ -22,8 +22,10 @@ from infbench.checkpoint.metadata import weights_kind
 from infbench.core.config import Device, Dtype, EngineConfig
 from infbench.core.device import auto_dtype, guess_device
 from infbench.core.errors import ConfigError, UserError
+from infbench.core.formats import INT4_GROUP_SIZES
 from infbench.core.metric_names import LATENCY_METRICS, percentile_key
 from infbench.hardware.spec import default_hardware
+from infbench.roofline.shapes import largest_int4_group
 from infbench.scenario.decoding import DecodingSection
 from infbench.scenario.engine import EngineSection, SpeculativeSection
 from infbench.scenario.errors import format_error
@@ -234,7 +236,7 @@ class Scenario(Section):
                     model.source(), model.weights,
                     model.overrides.model_dump(exclude_unset=True))})
             workload = self._workload(swept)
-            return ScenarioPoint(
+            point = ScenarioPoint(
                 name=self.name,
                 index=index,
                 device=self.device,
@@ -258,6 +260,7 @@ class Scenario(Section):
         except ConfigError as exc:
             where = f" (at {point_label(swept)})" if swept else ""
             raise UserError(f"{self._source}: {exc}{where}") from None
+        return _with_int4_group(point)
 
 
 def validate(data: dict[str, Any], source: str, sweep_keys: Sequence[str] = ()) -> Scenario:
@@ -289,3 +292,22 @@ def set_dotted(data: dict[str, Any], key: str, value: Any, source: str, what: st
 
 def _short(key: str) -> str:
     return key[len("workload."):] if key.startswith("workload.") else key
+
+
+def _with_int4_group(point: ScenarioPoint) -> ScenarioPoint:
+    """int4 weights without model.quant.group_size: the largest group that divides the
+    model's projections (SmolLM2's 576 columns are 4.5 x 128), said in the point's notes.
+    A group the scenario sets is kept, and a bad one is refused by the quantizer as before."""
+    model = point.model
+    if model is None or model.quant_config().weights != "int4" or (
+            "group_size" in model.quant.model_fields_set):
+        return point
+    group, widths = largest_int4_group(point.model_config())
+    if group is None or group == model.quant_config().group_size:
+        return point
+    quant = model.quant.model_copy(update={"group_size": group})
+    note = (f"model.quant.group_size not set: int4 groups of {group}, the largest of "
+            f"{', '.join(map(str, INT4_GROUP_SIZES))} that divides every projection's input "
+            f"width ({', '.join(map(str, widths))})")
+    return dataclasses.replace(point, model=model.model_copy(update={"quant": quant}),
+                               notes=(*point.notes, note))

@@ -46,6 +46,8 @@ class ScenarioPoint:
     swept: dict[str, Any] = field(default_factory=dict)  # swept keys -> values at this point
     source: str = "<scenario>"  # the scenario file, for error messages
     dtype_reason: str = ""  # with dtype: auto, what it resolved to and why (else empty)
+    # other defaults this point resolved from its model, said once by `run` (else empty)
+    notes: tuple[str, ...] = ()
     target: TargetSection | None = None  # the `target:` section: a server measured instead
     parallel: ParallelConfig = ParallelConfig()  # the `parallel:` section
     decoding: DiffusionConfig | None = None  # the `decoding:` section; None: autoregressive
