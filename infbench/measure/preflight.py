@@ -47,6 +47,7 @@ def preflight(points: list[ScenarioPoint], out_dir: Path,
         if point.target is not None:  # a server: its model is not here
             check_host_memory(point, request_lengths(point.workload))
             continue
+        check_single_device(point)
         key = repr(point.model)
         if key not in configs:
             configs[key] = point.model_config()
@@ -59,6 +60,19 @@ def preflight(points: list[ScenarioPoint], out_dir: Path,
     if points and points[0].gate is not None:
         check_gate(points[0].gate, points)
     return notes
+
+
+def check_single_device(point: ScenarioPoint) -> None:
+    """The engine runs on one device: a `parallel:` layout is priced by `predict` (and for a
+    `target:` server, whose layout it is), never measured here as if it ran."""
+    par = point.parallel
+    if par.trivial:
+        return
+    layout = ", ".join(f"{k} {v}" for k, v in (("tp", par.tp), ("pp", par.pp), ("ep", par.ep),
+                                               ("replicas", par.replicas)) if v != 1)
+    raise UserError(f"{_where(point)}: parallel: {layout}: the engine runs on "
+                    "one device, so run measures only parallel degrees of 1; price the layout "
+                    "with `infbench predict` (or measure a server that runs it with target:)")
 
 
 def _where(point: ScenarioPoint) -> str:

@@ -50,3 +50,20 @@ def test_millions_of_requests_are_refused_in_seconds(tmp_path: Path,
 def test_a_normal_batch_passes_the_host_memory_check(tmp_path: Path) -> None:
     point = _points(tmp_path, "{batch_size: 64, prompt_len: 128, gen_len: 32}")[0]
     pf.check_host_memory(point, request_lengths(point.workload))
+
+
+@pytest.mark.parametrize(("layout", "named"), [("{tp: 2}", "tp 2"),
+                                               ("{pp: 2, replicas: 3}", "pp 2, replicas 3")])
+def test_an_engine_point_with_a_parallel_layout_is_refused(tmp_path: Path, layout: str,
+                                                           named: str) -> None:
+    """The engine runs one device: measuring a tp 2 scenario on it would sit beside a
+    prediction of two devices as if it had run there."""
+    path = tmp_path / "p.yaml"
+    path.write_text(f"name: p\nmodel: {{preset: tiny}}\nparallel: {layout}\n"
+                    "workload: {batch_size: 1, prompt_len: 8, gen_len: 4}\n")
+    with pytest.raises(UserError, match=f"point 0 \\(default\\): parallel: {named}: the "
+                                        "engine runs on one device"):
+        pf.preflight(load_scenario(path).points(), tmp_path / "out")
+    path.write_text("name: p\nmodel: {preset: tiny}\nparallel: {tp: 1}\n"
+                    "workload: {batch_size: 1, prompt_len: 8, gen_len: 4}\n")
+    pf.preflight(load_scenario(path).points(), tmp_path / "out")
