@@ -69,3 +69,17 @@ def test_int4_without_a_group_takes_the_largest_that_divides(tmp_path: Path) -> 
     path.write_text("name: q\nmodel: {preset: smollm2-135m, quant: {weights: int4, "
                     "group_size: 32}}\n")
     assert load_scenario(path).points()[0].quant_config().group_size == 32
+
+
+def test_an_exponent_without_a_dot_is_a_number(tmp_path: Path) -> None:
+    """YAML 1.2 reads 1e-9 as a float (PyYAML's YAML 1.1 made it a string), so a rate that
+    low reaches the duration bound instead of 'must be a number'."""
+    body = ("name: r\nmodel: {preset: tiny}\n"
+            "workload: {kind: poisson, rate: RATE, num_requests: 10}\n")
+    msg = _load(tmp_path, body.replace("RATE", "1e-9"))
+    assert "workload.rate: 10 requests at 1e-09/s" in msg and "max_duration_s" in msg, msg
+    assert _load(tmp_path, body.replace("RATE", "2E1")) == ""
+    path = tmp_path / "s.yaml"
+    path.write_text(body.replace("RATE", "5"))
+    point = load_scenario(path, ("workload.rate=4e1",)).points()[0]
+    assert point.workload.rate == 40.0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -66,8 +67,8 @@ def apply_sets(data: dict[str, Any], sets: Sequence[str], source: str) -> None:
         if not sep or not key.strip():
             raise UserError(f"--set {item!r}: expected KEY=VALUE, e.g. workload.batch_size=8")
         try:
-            value = yaml.safe_load(text)
-        except yaml.YAMLError:
+            value = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a safe loader)
+        except (yaml.YAMLError, RecursionError):
             raise UserError(f"--set {item!r}: the value is not valid YAML") from None
         key = key.strip()
         head = key.split(".")[0]
@@ -132,3 +133,8 @@ def _unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any
 
 
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+# YAML 1.2 reads `1e-9` and `2E3` as numbers; PyYAML (YAML 1.1) wants a dot (`1.0e-9`) and
+# read `rate: 1e-9` as the string "1e-9", refused as not a number.
+_UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"),
+    list("-+0123456789"))
