@@ -8,7 +8,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -17,6 +17,9 @@ from infbench.commands import _options as opt
 from infbench.core.errors import UserError
 from infbench.core.formats import DRAFT_QUANT
 from infbench.core.speculative import MAX_SPEC_TOKENS, SPECULATIVE_METHODS
+
+if TYPE_CHECKING:
+    from infbench.scenario.point import ScenarioPoint
 
 
 def register(app: typer.Typer) -> None:
@@ -183,7 +186,7 @@ class _RunProgress:
         if self.bar is not None:
             self.bar.__exit__(*exc)
 
-    def start_point(self, point: Any) -> None:
+    def start_point(self, point: ScenarioPoint) -> None:
         from infbench.measure.bench import client_concurrency
 
         w = point.workload
@@ -219,7 +222,7 @@ class _RunProgress:
         if self.bar is not None:
             self.bar.update(self.task, completed=self.finished_requests)
 
-    def finish_point(self, point: Any, result: dict[str, Any]) -> None:
+    def finish_point(self, point: ScenarioPoint, result: dict[str, Any]) -> None:
         from infbench.results.accessor import metric
 
         self.num_done += 1

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from infbench.core.errors import ConfigError, UserError
+from infbench.core.formats import QUANTIZED_WEIGHTS, QuantizedWeights
 from infbench.core.io import read_text
 from infbench.hardware.checks import check_profile, merge_flags
 from infbench.hardware.machine import Machine, this_machine
@@ -55,7 +56,7 @@ CURVE_KEY = "matmul_flops_by_tokens"
 ATTENTION_KEY = "decode_attention_bytes_per_s"  # the engine's decode attention kernel
 PREFILL_ATTENTION_KEY = "prefill_attention_flops_per_s"  # and its prefill attention kernel
 QUANT_CURVE_KEY = "quant_matmul_flops_by_tokens"  # its int8 / int4 decode projections
-QUANT_FORMATS = ("int8", "int4")
+QUANT_FORMATS = QUANTIZED_WEIGHTS  # the calibrated quantized curves: one per format
 
 
 def _finite(value: object, allow_zero: bool = False) -> bool:
@@ -661,7 +662,7 @@ def profile_schema() -> tuple[type[BaseModel], type[BaseModel]]:
         decode_attention_bytes_per_s: positive | None = None  # type: ignore[valid-type]
         prefill_attention_flops_per_s: positive | None = None  # type: ignore[valid-type]
         quant_matmul_flops_by_tokens: dict[  # type: ignore[valid-type]
-            Literal["int8", "int4"], curve] | None = None
+            QuantizedWeights, curve] | None = None
         engine_backend: Literal["cpu", "torch", "triton"] | None = None
         matmul_stack_bytes: count | None = None  # type: ignore[valid-type]
         attention_stack_bytes: count | None = None  # type: ignore[valid-type]

@@ -35,6 +35,7 @@ from typing import Any
 from infbench.core.errors import DamagedFileError, ResultSchemaError, UserError
 from infbench.results import store as results_mod
 from infbench.results.store import RESULT_KIND, load_result, to_jsonable, write_json_atomic
+from infbench.scenario.point import ScenarioPoint
 
 MANIFEST_NAME = "manifest.json"
 LOCK_NAME = ".lock"
@@ -194,7 +195,7 @@ def result_files(directory: Path) -> list[Path]:
     return [inside(directory, p.file) for p in done]
 
 
-def normalized_points(points: list[Any]) -> list[dict[str, Any]]:
+def normalized_points(points: list[ScenarioPoint]) -> list[dict[str, Any]]:
     """The points as JSON data (as a result file stores them), without what does not change
     a measurement: the scenario file's path and the gate block (judged after the run)."""
     out = []
@@ -282,8 +283,8 @@ class RunDir:
         self._lock_fd: int | None = lock_fd
 
     @classmethod
-    def claim(cls, out_dir: Path, points: list[Any], *, scenario_path: str, device: str | None,
-              resume: bool = False, overwrite: bool = False) -> RunDir:
+    def claim(cls, out_dir: Path, points: list[ScenarioPoint], *, scenario_path: str,
+              device: str | None, resume: bool = False, overwrite: bool = False) -> RunDir:
         """Lock `out_dir` and start (or, with `resume`, continue) a run of `points` there."""
         if resume and overwrite:
             raise UserError("--resume and --overwrite are mutually exclusive; give one")
@@ -304,7 +305,7 @@ class RunDir:
         return run
 
     @staticmethod
-    def _plan(out_dir: Path, points: list[Any], scenario_path: str, device: str | None,
+    def _plan(out_dir: Path, points: list[ScenarioPoint], scenario_path: str, device: str | None,
               resume: bool, overwrite: bool) -> Manifest:
         normalized = normalized_points(points)
         digest = scenario_hash(normalized, device)

@@ -48,6 +48,7 @@ from infbench.core.config import (
     check_real,
 )
 from infbench.core.errors import ConfigError
+from infbench.core.formats import QUANTIZED_WEIGHTS
 from infbench.core.parallel import SINGLE, ParallelConfig
 from infbench.hardware.spec import (
     ATTENTION_KEY,
@@ -168,7 +169,7 @@ def quantized_rates(cfg: ModelConfig, hw: HardwareSpec, quant: QuantConfig | Non
             or quant.activations != "float" or quant.method == "llm_int8"):
         return {}
     out: dict[str, float] = {}
-    if quant.weights in ("int8", "int4"):
+    if quant.weights in QUANTIZED_WEIGHTS:
         rate = hw.quant_rate(quant.weights, num_tokens)
         if rate is not None:
             out = {w.op: rate for spec in cfg.layers() for w in layer_weights(cfg, spec)
