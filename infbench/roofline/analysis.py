@@ -49,6 +49,7 @@ from infbench.core.config import (
 )
 from infbench.core.errors import ConfigError
 from infbench.core.formats import QUANTIZED_WEIGHTS
+from infbench.core.speculative import MAX_SPEC_TOKENS
 from infbench.core.parallel import SINGLE, ParallelConfig
 from infbench.hardware.spec import (
     ATTENTION_KEY,
@@ -86,7 +87,6 @@ OVERLAP_MODES = ("full", "none")  # how a step's operators share the roofline (s
 OVERLAP_CHOICES = ("auto", *OVERLAP_MODES)  # auto: `default_overlap(hw)`
 DEFAULT_RESERVE = MemoryReserve()
 
-MAX_SPEC_TOKENS = 1024  # draft tokens per verification step (the step is priced per offset)
 
 
 @dataclass(frozen=True)
