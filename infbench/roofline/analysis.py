@@ -49,8 +49,8 @@ from infbench.core.config import (
 )
 from infbench.core.errors import ConfigError
 from infbench.core.formats import QUANTIZED_WEIGHTS
-from infbench.core.speculative import MAX_SPEC_TOKENS
 from infbench.core.parallel import SINGLE, ParallelConfig
+from infbench.core.speculative import MAX_SPEC_TOKENS
 from infbench.hardware.spec import (
     ATTENTION_KEY,
     CURVE_KEY,
