@@ -34,6 +34,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from infbench.roofline.analysis import OverlapMode
+
 SCHEMA_VERSION = 2
 RESULT_KIND = "infbench.run"
 UPGRADABLE_VERSIONS = (1,)
@@ -184,6 +186,10 @@ class Metrics(_Closed):
     tpot_s: LatencyStats | None = None
     itl_s: LatencyStats | None = None
     e2e_s: LatencyStats | None = None
+    # a reasoning model's client run: time to the first content token, and the reasoning
+    # tokens among num_output_tokens (absent otherwise; TTFO is then TTFT)
+    ttfo_s: LatencyStats | None = None
+    num_reasoning_tokens: int | None = None
     output_tokens_per_s: Number | None = None
     total_tokens_per_s: Number | None = None
     requests_per_s: Number | None = None
@@ -318,7 +324,7 @@ class Prediction(_Closed):
     profile_flags: list[str] | None = None
     # how the step's operators shared the roofline: full | none (None: written before the
     # choice was recorded, when it was always full)
-    overlap: Literal["full", "none"] | None = None
+    overlap: OverlapMode | None = None
 
 
 class Step(_Closed):
@@ -371,6 +377,10 @@ class RequestRow(_Closed):
     num_cached_prompt_tokens: int = 0
     num_preemptions: int = 0
     finish_reason: str
+    # only on a request that streamed reasoning: its reasoning tokens (the first of
+    # num_output_tokens) and when its first content token came (None: none came)
+    num_reasoning_tokens: int = 0
+    first_output_s: Number | None = None
 
 
 class Hardware(_Closed):

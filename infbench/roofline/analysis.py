@@ -37,7 +37,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, Literal, get_args
 
 from infbench.core.config import (
     MAX_BATCH,
@@ -83,7 +83,8 @@ from infbench.roofline.parallel import (
 )
 from infbench.roofline.shapes import dtype_bytes, layer_weights
 
-OVERLAP_MODES = ("full", "none")  # how a step's operators share the roofline (see module doc)
+OverlapMode = Literal["full", "none"]  # how a step's operators share the roofline (module doc)
+OVERLAP_MODES: tuple[str, ...] = get_args(OverlapMode)
 OVERLAP_CHOICES = ("auto", *OVERLAP_MODES)  # auto: `default_overlap(hw)`
 DEFAULT_RESERVE = MemoryReserve()
 
