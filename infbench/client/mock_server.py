@@ -13,8 +13,11 @@ the usage chunk (the client then counts tokens itself).  `misbehave` names one o
 `MISBEHAVIORS`, a server that gets the protocol wrong in one way (a stream cut short, an
 HTML page, a usage of 1e9 tokens, endless keep-alive comments, ...), for the client's
 failure tests; with `misbehave_every=k` only every k-th request does.  `received` keeps
-the JSON bodies for tests; with `log_sends`, GET /mock/sends lists (seed, chunk index, send
-time) of every chunk written.  Run it standalone with
+the JSON bodies for tests; `reasoning_tokens=r` makes a chat stream a reasoning model's
+(r tokens as `delta.reasoning_content`, or `reasoning_field="reasoning"`, then content, with
+`usage.completion_tokens_details.reasoning_tokens` unless `reasoning_usage=False`);
+`api_key` answers 401 to requests without that bearer token; with `log_sends`, GET
+/mock/sends lists (seed, chunk index, send time) of every chunk written.  Run it standalone with
 `python -m infbench.client.mock_server --port 8000` (`--misbehave NAME` for a bad server).
 """
 
@@ -53,6 +56,14 @@ class MockConfig:
     misbehave: str | None = None  # one of MISBEHAVIORS
     misbehave_every: int = 1  # only every k-th request misbehaves (1: all of them)
     ping_interval_s: float = 0.05  # misbehave "ping_forever": a comment this often
+    # A reasoning model (chat only): the first reasoning_tokens tokens of each request are
+    # sent as delta.<reasoning_field> (reasoning_content, vLLM's, or reasoning), the rest as
+    # delta.content; usage carries completion_tokens_details.reasoning_tokens when
+    # reasoning_usage.
+    reasoning_tokens: int = 0
+    reasoning_field: str = "reasoning_content"
+    reasoning_usage: bool = True
+    api_key: str | None = None  # set: every route but /mock/sends answers 401 without it
 
 
 # Ways to get the protocol wrong (misbehave=NAME), each applied to every misbehaving request.
@@ -90,12 +101,22 @@ def _prompt_tokens(body: dict[str, Any]) -> int:
 def make_app(config: MockConfig) -> web.Application:
     count = [0]
 
-    async def models(_request: web.Request) -> web.Response:
+    def refused(request: web.Request) -> web.Response | None:
+        if config.api_key is None or request.headers.get("Authorization") == \
+                f"Bearer {config.api_key}":
+            return None
+        return web.json_response({"error": {"message": "invalid API key"}}, status=401)
+
+    async def models(request: web.Request) -> web.Response:
+        if (no := refused(request)) is not None:
+            return no
         return web.json_response({"object": "list", "data": [
             {"id": config.model, "object": "model", "owned_by": "infbench-mock",
              "max_model_len": 4096}]})
 
     async def complete(request: web.Request) -> web.StreamResponse:
+        if (no := refused(request)) is not None:
+            return no
         body = await request.json()
         count[0] += 1
         if config.keep_bodies:
@@ -118,12 +139,18 @@ def make_app(config: MockConfig) -> web.Application:
             wait = due - time.perf_counter()
             if wait > 0:
                 await asyncio.sleep(wait)
-            text = "".join(_word(i) for i in range(sent, min(sent + k, n)))
-            sent = min(sent + k, n)
+            # a chunk is all reasoning or all content: it ends where the reasoning does
+            end = min(sent + k, n)
+            is_reasoning = chat and sent < config.reasoning_tokens
+            if is_reasoning:
+                end = min(end, config.reasoning_tokens)
+            text = "".join(_word(i) for i in range(sent, end))
+            sent = end
             finish = "length" if sent == n else None
             choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
             if chat:
-                choice["delta"] = {"content": text}
+                key = config.reasoning_field if is_reasoning else "content"
+                choice["delta"] = {key: text}
             else:
                 choice["text"] = text
             now = time.perf_counter()
@@ -132,8 +159,12 @@ def make_app(config: MockConfig) -> web.Application:
             event = {**base, "choices": [choice], "mock_sent_s": now}
             await resp.write(b"data: " + json.dumps(event).encode() + b"\n\n")
         if config.send_usage and (body.get("stream_options") or {}).get("include_usage"):
-            usage = {"prompt_tokens": _prompt_tokens(body), "completion_tokens": n,
-                     "total_tokens": _prompt_tokens(body) + n}
+            usage: dict[str, Any] = {"prompt_tokens": _prompt_tokens(body),
+                                     "completion_tokens": n,
+                                     "total_tokens": _prompt_tokens(body) + n}
+            if chat and config.reasoning_tokens and config.reasoning_usage:
+                usage["completion_tokens_details"] = {
+                    "reasoning_tokens": min(n, config.reasoning_tokens)}
             await resp.write(b"data: " + json.dumps({**base, "choices": [], "usage": usage})
                              .encode() + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")
@@ -282,8 +313,14 @@ def main() -> None:
                         help="Get the protocol wrong this way (see MISBEHAVIORS).")
     parser.add_argument("--misbehave-every", type=int, default=1,
                         help="Only every k-th request misbehaves.")
+    parser.add_argument("--reasoning-tokens", type=int, default=0,
+                        help="Chat: send each request's first N tokens as reasoning.")
+    parser.add_argument("--reasoning-field", choices=("reasoning_content", "reasoning"),
+                        default="reasoning_content")
     args = parser.parse_args()
-    config = MockConfig(num_tokens=args.num_tokens, tokens_per_chunk=args.tokens_per_chunk,
+    config = MockConfig(reasoning_tokens=args.reasoning_tokens,
+                        reasoning_field=args.reasoning_field, num_tokens=args.num_tokens,
+                        tokens_per_chunk=args.tokens_per_chunk,
                         first_delay_s=args.first_delay_s, token_delay_s=args.token_delay_s,
                         keep_bodies=False, log_sends=args.log_sends,
                         send_usage=not args.no_usage, misbehave=args.misbehave,

@@ -31,7 +31,7 @@ import aiohttp
 from infbench.client.failures import RequestFailed
 from infbench.client.sse import DONE, SSEError, SSEParser
 from infbench.client.stream import Stream
-from infbench.client.tokens import chunk_token_counts, share_total, token_times
+from infbench.client.tokens import chunk_token_counts, split_counts, token_times
 from infbench.engine.records import RequestRecord
 from infbench.engine.request import Request
 from infbench.measure.dataset_reader import JSONLimitError, loads
@@ -146,11 +146,16 @@ def to_record(request_id: str, arrival_s: float, request: Request, stream: Strea
     usage = stream.usage or {}
     completion = usage.get("completion_tokens")
     total = completion if completion is not None else sum(counts)
+    num_reasoning = 0
     if stream.chunks:
-        counts = share_total(counts, total)
+        counts, num_reasoning = split_counts(stream.chunks, counts, completion,
+                                             usage.get("reasoning_tokens"))
         times = token_times(stream.chunks, counts)
     else:  # tokens the server counted but sent no text for (all special): at the end
         times = [stream.end_s] * total
+    # TTFO: the arrival of the first content chunk (observed, not interpolated).
+    first_output = next((c.time_s for c in stream.chunks if not c.is_reasoning), None) \
+        if num_reasoning else None
     prompt = usage.get("prompt_tokens")
     ids = [i for c in stream.chunks if c.token_ids is not None for i in c.token_ids]
     if len(ids) != len(times):
@@ -162,7 +167,8 @@ def to_record(request_id: str, arrival_s: float, request: Request, stream: Strea
     return RequestRecord(
         request_id=request_id, arrival_s=arrival_s,
         num_prompt_tokens=prompt if prompt is not None else len(request.prompt_ids),
-        token_times_s=times, finish_reason=stream.finish_reason or "length", output_ids=ids)
+        token_times_s=times, finish_reason=stream.finish_reason or "length", output_ids=ids,
+        num_reasoning_tokens=num_reasoning, first_output_s=first_output)
 
 
 async def _read_capped(response: aiohttp.ClientResponse, limit: int) -> bytes:

@@ -24,7 +24,6 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from infbench.checkpoint.metadata import model_source, resolve_gguf
 from infbench.client.failures import count_reasons
 from infbench.client.openai_target import (
     ClientPlan,
@@ -33,29 +32,23 @@ from infbench.client.openai_target import (
     open_session,
     run_requests,
 )
-from infbench.core.config import REAL_WEIGHTS
 from infbench.core.errors import UserError
 from infbench.engine.request import Request
-from infbench.scenario.target import TargetSection
+from infbench.scenario.target import TargetSection, tokenizer_source
 
 CLIENT_BACKEND = "openai-client"
 
 
 def load_tokenizer(name: str, where: str) -> Any:
-    """A tokenizer from a preset of a released model, an HF directory or a .gguf file."""
+    """A tokenizer from a preset of a released model, an HF directory or a .gguf file (the
+    source checked when the scenario loaded: scenario.target.tokenizer_source)."""
     from infbench.model.tokenizer import Tokenizer
 
-    source = model_source(name, f"{where}: target.tokenizer")
-    kind, value = next(iter(source.items()))
-    if kind == "preset":
-        if value.lower() not in REAL_WEIGHTS:
-            raise UserError(f"{where}: target.tokenizer: preset {value!r} has no tokenizer; "
-                            f"allowed: {', '.join(REAL_WEIGHTS)}, an HF directory with "
-                            "tokenizer.json, or a .gguf file")
-        return Tokenizer.from_gguf(resolve_gguf(REAL_WEIGHTS[value.lower()]))
-    if kind == "path":
-        return Tokenizer.from_hf_dir(value)
-    return Tokenizer.from_gguf(resolve_gguf(value))
+    try:
+        kind, path = tokenizer_source(name)
+    except ValueError as exc:
+        raise UserError(f"{where}: target.tokenizer: {exc}") from None
+    return Tokenizer.from_hf_dir(path) if kind == "hf" else Tokenizer.from_gguf(path)
 
 
 def concurrency_cap(workload: Any) -> int | None:
@@ -111,6 +104,8 @@ def _summary(run: TargetRun, percentiles: Any, slo: Any = None) -> dict[str, Any
     m.update({"num_requests": len(run.records), "wall_s": float(run.wall_s),
               "num_prompt_tokens": sum(r.num_prompt_tokens for r in run.records),
               "num_output_tokens": sum(r.num_output_tokens for r in run.records)})
+    if "ttfo_s" in m:  # a reasoning model: its reasoning tokens among the output tokens
+        m["num_reasoning_tokens"] = sum(r.num_reasoning_tokens for r in run.records)
     if slo is not None:  # as for an engine run (measure/bench.py); failures meet no SLO
         m.update(goodput_metrics(rows, slo, run.wall_s, num_failed=len(run.failures)))
     return m
@@ -166,10 +161,12 @@ def run_target_point(point: Any, *, cache: Any = None, device: str | None = None
     models, passes = asyncio.run(measure())
     runs = [_summary(run, point.measure.percentiles, point.measure.slo) for run in passes]
     summary, spread = metrics_mod.aggregate_repeats(runs)
-    for key in ("num_requests", "num_prompt_tokens", "num_output_tokens"):
+    for key in ("num_requests", "num_prompt_tokens", "num_output_tokens",
+                "num_reasoning_tokens"):
         # Counts differ between repeats only when requests failed; the median of two can
         # be a half, so the summary keeps the last repeat's, like `requests` below.
-        summary[key] = runs[-1][key]
+        if key in runs[-1]:
+            summary[key] = runs[-1][key]
     summary["noise"] = metrics_mod.noise(runs)
     for warning in summary["noise"]["warnings"]:
         print(f"note: {where}: {warning}", file=sys.stderr)

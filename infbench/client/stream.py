@@ -3,12 +3,14 @@
 The server's values are not trusted.  Each SSE event's data is parsed with the dataset
 reader's bounded JSON (depth, integer digits, string length), and every field the client
 reads is checked for type and range before it is used: `choices` a list of objects for
-completion 0, `text` / `delta.content` strings, `finish_reason` a short string, `token_ids`
-and the `usage` counts non-negative integers below the request's `max_tokens` (so a usage of
-1e9 tokens never becomes 1e9 timestamps).  A problem raises `RequestFailed` with a reason
-from `client.failures.REASONS`; `check_complete` decides at the end of the stream whether it
-was a whole answer: `[DONE]` seen, a finish_reason, at least one token, and usage counts
-that agree with the chunks that carried text.
+completion 0, `text` / `delta.content` strings (and a reasoning model's
+`delta.reasoning_content` or `delta.reasoning`, kept as reasoning chunks), `finish_reason` a
+short string, `token_ids` and the `usage` counts (with
+`completion_tokens_details.reasoning_tokens`) non-negative integers below the request's
+`max_tokens` (so a usage of 1e9 tokens never becomes 1e9 timestamps).  A problem raises
+`RequestFailed` with a reason from `client.failures.REASONS`; `check_complete` decides at
+the end of the stream whether it was a whole answer: `[DONE]` seen, a finish_reason, at
+least one token, and usage counts that agree with the chunks that carried text.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ MAX_EVENT_CHARS = 2**20  # one SSE event's data: a chunk is a few hundred bytes
 MAX_FINISH_REASON_CHARS = 64
 MAX_TOKEN_ID = 2**31 - 1
 USAGE_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
+# A chat delta's reasoning text: vLLM's reasoning parsers' field, then the newer name.
+REASONING_KEYS = ("reasoning_content", "reasoning")
 _MAX_PROMPT_TOKENS = 2**24  # the scenario's sanity limit on every count
 
 
@@ -90,6 +94,7 @@ class Stream:
         if index != 0 or isinstance(index, bool):
             raise RequestFailed("bad_chunk", f"{where}.index: {shown(index)}; one completion "
                                              "(index 0) was asked for")
+        reasoning = _reasoning_text(choice, where) if self.chat else ""
         text = _text(choice, self.chat, where)
         ids = _token_ids(choice.get("token_ids"), where)
         finish = choice.get("finish_reason")
@@ -99,13 +104,19 @@ class Stream:
                                                  f"1..{MAX_FINISH_REASON_CHARS} characters "
                                                  f"(got {shown(finish)})")
             self.finish_reason = finish
-        if not text and not ids:
-            return
-        self.chunks.append(Chunk(now, text, ids))
-        if ids is None:
+        if reasoning:  # before the content a delta may also carry; ids go with the content
+            self._add(Chunk(now, reasoning, None if text else ids, is_reasoning=True))
+            if text:
+                self._add(Chunk(now, text, ids))
+        elif text or ids:
+            self._add(Chunk(now, text, ids))
+
+    def _add(self, chunk: Chunk) -> None:
+        self.chunks.append(chunk)
+        if chunk.token_ids is None:
             self._chunks_without_ids += 1
         else:
-            self._ids_sent += len(ids)
+            self._ids_sent += len(chunk.token_ids)
         # Every chunk that carries text carries at least one token: more chunks than
         # max_tokens is a server that does not stop (and memory that would not either).
         sent = max(len(self.chunks), self._ids_sent)
@@ -132,6 +143,15 @@ class Stream:
                                                       f"than {high} (max_tokens "
                                                       f"{self.max_tokens})")
             checked[key] = value
+        details = usage.get("completion_tokens_details")
+        if isinstance(details, dict) and details.get("reasoning_tokens") is not None:
+            value = details["reasoning_tokens"]
+            if isinstance(value, bool) or not isinstance(value, int) or not \
+                    0 <= value <= self.max_tokens:
+                raise RequestFailed("bad_chunk", f"{where}: usage.completion_tokens_details."
+                                                 f"reasoning_tokens: must be an integer "
+                                                 f"0..{self.max_tokens} (got {shown(value)})")
+            checked["reasoning_tokens"] = value
         self.usage = checked
 
     def check_complete(self) -> None:
@@ -181,6 +201,23 @@ def _text(choice: dict[str, Any], chat: bool, where: str) -> str:
     if not isinstance(value, str):
         raise RequestFailed("bad_chunk", f"{where}.{key}: must be a string (got {shown(value)})")
     return value
+
+
+def _reasoning_text(choice: dict[str, Any], where: str) -> str:
+    """A chat delta's reasoning text: vLLM's `reasoning_content` or the newer `reasoning`."""
+    delta = choice.get("delta")
+    if not isinstance(delta, dict):
+        return ""  # _text reports a delta that is not an object
+    for key in REASONING_KEYS:
+        value = delta.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            raise RequestFailed("bad_chunk", f"{where}.delta.{key}: must be a string (got "
+                                             f"{shown(value)})")
+        if value:
+            return value
+    return ""
 
 
 def _token_ids(ids: Any, where: str) -> tuple[int, ...] | None:

@@ -11,7 +11,9 @@ chunks).  Each chunk's token count comes from, in order of trust:
 
 When the server reports `usage.completion_tokens`, that total wins and is shared over the
 chunks in proportion to their counts (largest remainders), so token counts are exact
-even where encoding a chunk alone is not.
+even where encoding a chunk alone is not.  A reasoning model's stream has reasoning chunks
+before its content chunks; with `usage.completion_tokens_details.reasoning_tokens` the two
+totals are shared over their own chunks (`split_counts`), else the one total over all.
 
 Timestamps: the tokens of the first chunk all arrive at the first chunk's time (TTFT is
 the time to the first non-empty chunk, and ITL does not count tokens that came with the
@@ -30,11 +32,13 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Chunk:
-    """One non-empty content chunk: when its bytes arrived, its text, ids when sent."""
+    """One non-empty chunk: when its bytes arrived, its text, ids when sent, and whether it
+    was reasoning (`delta.reasoning_content` / `delta.reasoning`) rather than content."""
 
     time_s: float
     text: str
     token_ids: tuple[int, ...] | None = None
+    is_reasoning: bool = False
 
 
 def chunk_token_counts(chunks: Sequence[Chunk], tokenizer: Any = None) -> list[int]:
@@ -92,3 +96,30 @@ def token_times(chunks: Sequence[Chunk], counts: Sequence[int]) -> list[float]:
             times.extend(prev + gap * (j + 1) / k for j in range(k))
         prev = chunk.time_s
     return times
+
+
+def split_counts(chunks: Sequence[Chunk], counts: Sequence[int], total: int | None,
+                 reasoning_total: int | None) -> tuple[list[int], int]:
+    """Per-chunk token counts with the server's totals applied, and the reasoning tokens.
+
+    `total` is `usage.completion_tokens` (None: not sent) and `reasoning_total` its
+    `completion_tokens_details.reasoning_tokens`.  The two totals are shared over the
+    reasoning and the content chunks separately when they fit them (at least one token per
+    chunk of each kind); otherwise `total` is shared over all chunks and the reasoning
+    tokens are those that fell on reasoning chunks.
+    """
+    is_reasoning = [c.is_reasoning for c in chunks]
+    num_r = sum(is_reasoning)
+    if total is None:
+        shared = list(counts)
+    elif (reasoning_total is not None and num_r <= reasoning_total <= total
+          and total - reasoning_total >= len(chunks) - num_r
+          and (reasoning_total == 0) == (num_r == 0)):
+        r = iter(share_total([k for k, f in zip(counts, is_reasoning, strict=True) if f],
+                             reasoning_total))
+        c = iter(share_total([k for k, f in zip(counts, is_reasoning, strict=True) if not f],
+                             total - reasoning_total))
+        shared = [next(r) if f else next(c) for f in is_reasoning]
+    else:
+        shared = share_total(counts, total)
+    return shared, sum(k for k, f in zip(shared, is_reasoning, strict=True) if f)

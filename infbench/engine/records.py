@@ -68,6 +68,11 @@ class RequestRecord:
     num_preemptions: int = 0
     finish_reason: str = "length"  # length | stop | eos
     output_ids: list[int] = field(default_factory=list)
+    # A reasoning model's stream (client/stream.py): the first num_reasoning_tokens of
+    # token_times_s were reasoning tokens, and first_output_s is when the first content
+    # (output) token arrived (None: no content token, or no reasoning in the request).
+    num_reasoning_tokens: int = 0
+    first_output_s: float | None = None
 
     @property
     def num_output_tokens(self) -> int:

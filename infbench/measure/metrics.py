@@ -81,8 +81,11 @@ def inter_token_latencies(token_times_s: Sequence[float]) -> list[float]:
 
 
 def request_rows(requests: Sequence[RequestRecord]) -> list[dict[str, Any]]:
-    """One plain row per request (`result["requests"]`): times in seconds from the run start."""
-    return [{
+    """One plain row per request (`result["requests"]`): times in seconds from the run start.
+
+    A request that streamed reasoning tokens also carries `num_reasoning_tokens` and
+    `first_output_s` (its first content token; None when none came), which TTFO reads."""
+    return [_with_reasoning(r, {
         "id": r.request_id,
         "arrival_s": float(r.arrival_s),
         "first_token_s": float(r.first_token_s) if r.num_output_tokens else None,
@@ -93,7 +96,32 @@ def request_rows(requests: Sequence[RequestRecord]) -> list[dict[str, Any]]:
         "num_cached_prompt_tokens": int(r.num_cached_prompt_tokens),
         "num_preemptions": int(r.num_preemptions),
         "finish_reason": r.finish_reason,
-    } for r in requests]
+    }) for r in requests]
+
+
+def _with_reasoning(record: RequestRecord, row: dict[str, Any]) -> dict[str, Any]:
+    if record.num_reasoning_tokens:  # only then: rows of other requests stay as they were
+        row["num_reasoning_tokens"] = int(record.num_reasoning_tokens)
+        row["first_output_s"] = None if record.first_output_s is None else \
+            float(record.first_output_s)
+    return row
+
+
+def time_to_first_output(rows: Sequence[Mapping[str, Any]]) -> list[float] | None:
+    """TTFO samples (arrival -> first content token) when any request streamed reasoning,
+    else None (then TTFO is TTFT and no `ttfo_s` is reported).  A request without reasoning
+    counts its TTFT; one that reasoned and never produced content has no sample."""
+    if not any(r.get("num_reasoning_tokens") for r in rows):
+        return None
+    out = []
+    for r in rows:
+        if r["num_output_tokens"] <= 0:
+            continue
+        if not r.get("num_reasoning_tokens"):
+            out.append(r["first_token_s"] - r["arrival_s"])
+        elif r.get("first_output_s") is not None:
+            out.append(r["first_output_s"] - r["arrival_s"])
+    return out
 
 
 def from_request_rows(rows: Sequence[Mapping[str, Any]],
@@ -117,6 +145,9 @@ def from_request_rows(rows: Sequence[Mapping[str, Any]],
         "itl_s": latency_stats(itl, percentiles),
         "e2e_s": latency_stats(e2e, percentiles),
     }
+    ttfo = time_to_first_output(rows)
+    if ttfo is not None:  # a reasoning model's run: time to the first content token too
+        out["ttfo_s"] = latency_stats(ttfo, percentiles)
     if wall_s is not None:
         if wall_s <= 0:
             raise ValueError(f"wall_s must be > 0, got {wall_s}")

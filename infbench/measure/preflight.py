@@ -12,7 +12,9 @@ that point is reached, after earlier points spent minutes:
   least the engine needs, sized by `infbench.roofline.shapes`) exceed the free memory
   of the device or the byte budget `engine.kv_cache_memory`;
 - a `gate:` block whose baseline is missing, unreadable, lacks the gated metric, or
-  ran a different scenario or other points.
+  ran a different scenario or other points;
+- a `target:` server that does not answer one `GET {base_url}/models` within 5 s, or
+  answers it 401/403 (the key in `api_key_env` missing or refused).
 
 A whole batch that does not fit at once is not an error (the engine queues and
 preempts); it comes back as a note.  The analytic memory model counts weights, KV
@@ -21,6 +23,9 @@ cache and recurrent state; activations are not in it.
 
 from __future__ import annotations
 
+import os
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +39,7 @@ from infbench.results.rundir import check_writable, normalized_points
 from infbench.roofline.shapes import kv_cache_bytes, state_bytes_per_seq, weight_bytes
 from infbench.scenario.measure import GateSection
 from infbench.scenario.point import ScenarioPoint
+from infbench.scenario.target import TargetSection, redact_url
 
 
 def preflight(points: list[ScenarioPoint], out_dir: Path,
@@ -59,7 +65,49 @@ def preflight(points: list[ScenarioPoint], out_dir: Path,
         check_host_memory(point, lengths)
     if points and points[0].gate is not None:
         check_gate(points[0].gate, points)
+    probed: set[tuple[str, str | None]] = set()
+    for point in points:  # last: the network, once per server and key
+        target = point.target
+        if target is not None and (target.base_url, target.api_key_env) not in probed:
+            probed.add((target.base_url, target.api_key_env))
+            probe_target(target, _where(point))
     return notes
+
+
+PROBE_TIMEOUT_S = 5.0
+
+
+def probe_target(target: TargetSection, where: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
+    """One `GET {base_url}/models`: a server that does not answer, or answers 401/403 (a
+    missing or refused key), is refused here, before the run claims its output directory.
+    Any other answer, an error status included, is a server that is there."""
+    url = target.base_url + "/models"
+    shown = redact_url(url)
+    headers = {"Accept": "application/json"}
+    key = os.environ.get(target.api_key_env) if target.api_key_env else None
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    # No proxies from the environment: the client (aiohttp) does not use them either.
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(urllib.request.Request(url, headers=headers), timeout=timeout_s):
+            return
+    except urllib.error.HTTPError as exc:
+        if exc.code not in (401, 403):
+            return
+        if target.api_key_env:
+            raise UserError(f"{where}: target.api_key_env: the server at {shown} refused the "
+                            f"key in {target.api_key_env} (HTTP {exc.code}); export the "
+                            "server's key in it; nothing was measured") from None
+        raise UserError(f"{where}: target.api_key_env: the server at {shown} asks for an API "
+                        f"key (HTTP {exc.code}); export it in an environment variable and "
+                        "name that in target.api_key_env; nothing was measured") from None
+    except (urllib.error.URLError, OSError, ValueError) as exc:  # refused, DNS, timeout
+        reason = getattr(exc, "reason", None) or exc
+        raise UserError(f"{where}: target.base_url: no server answered GET {shown} within "
+                        f"{timeout_s:g} s ({' '.join(str(reason).split()) or 'timed out'}); "
+                        "start the server or fix target.base_url; nothing was measured"
+                        ) from None
 
 
 def check_single_device(point: ScenarioPoint) -> None:

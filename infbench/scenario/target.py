@@ -13,18 +13,25 @@
       request_timeout_s: 21600          # one request, sent to [DONE] (vLLM's bench: 6 h)
 
 Validated once, here, with the scenario (pydantic, extra keys refused), so a bad target is
-one line naming the file and the key before anything runs.  The client that uses it lives in
-`infbench/client/`; this module is torch-free.
+one line naming the file and the key before anything runs: a tokenizer that cannot be
+loaded (a missing path, a preset without one) too.  Whether the server answers is checked by
+`infbench run` (measure/preflight.probe_target) before it claims the output directory.  The client
+that uses it lives in `infbench/client/`; this module is torch-free.
 """
 
 from __future__ import annotations
 
 import os
 import typing
+from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from infbench.checkpoint.metadata import model_source, resolve_gguf
+from infbench.core.config import REAL_WEIGHTS
+from infbench.core.errors import UserError
 
 TargetKind = Literal["openai"]
 TargetEndpoint = Literal["completions", "chat"]
@@ -32,6 +39,29 @@ PromptFormat = Literal["tokens", "text"]
 TARGET_KINDS: tuple[str, ...] = typing.get_args(TargetKind)
 MAX_TIMEOUT_S = 24 * 3600.0
 DEFAULT_REQUEST_TIMEOUT_S = 6 * 3600.0  # vLLM's benchmark client: ClientTimeout(total=6 h)
+
+
+def tokenizer_source(name: str) -> tuple[str, Path]:
+    """Where `target.tokenizer` loads from: ("hf", a directory holding tokenizer.json) or
+    ("gguf", an existing file), checked without reading it; ValueError says why not.
+
+    A preset must name a released model (REAL_WEIGHTS) whose GGUF is installed."""
+    try:
+        kind, value = next(iter(model_source(name, "target.tokenizer").items()))
+        if kind == "preset":
+            if value.lower() not in REAL_WEIGHTS:
+                raise ValueError(f"preset {value!r} has no tokenizer; allowed: "
+                                 f"{', '.join(REAL_WEIGHTS)}, an HF directory with "
+                                 "tokenizer.json, or a .gguf file")
+            return "gguf", resolve_gguf(REAL_WEIGHTS[value.lower()])
+        if kind == "path":
+            if not (Path(value) / "tokenizer.json").is_file():
+                raise ValueError(f"{value}: no tokenizer.json (only fast tokenizers are "
+                                 "supported)")
+            return "hf", Path(value)
+        return "gguf", resolve_gguf(value)
+    except UserError as exc:  # model_source / resolve_gguf: a one-line reason
+        raise ValueError(str(exc).removeprefix("target.tokenizer: ")) from None
 
 
 def redact_url(url: str) -> str:
@@ -133,6 +163,8 @@ class TargetSection(BaseModel):
         if value is None and info.data.get("prompt_format") == "text":
             raise ValueError("prompt_format text needs a tokenizer to detokenize the "
                              "workload's prompts (e.g. smollm2-135m)")
+        if value is not None:
+            tokenizer_source(value)  # loadable: refused here, not at the first point
         return value
 
     @property
