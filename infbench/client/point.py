@@ -33,6 +33,7 @@ from infbench.client.openai_target import (
     run_requests,
 )
 from infbench.core.errors import UserError
+from infbench.core.metric_names import NUM_REASONING_TOKENS, TTFO_METRIC
 from infbench.engine.request import Request
 from infbench.scenario.target import TargetSection, tokenizer_source
 
@@ -104,8 +105,8 @@ def _summary(run: TargetRun, percentiles: Any, slo: Any = None) -> dict[str, Any
     m.update({"num_requests": len(run.records), "wall_s": float(run.wall_s),
               "num_prompt_tokens": sum(r.num_prompt_tokens for r in run.records),
               "num_output_tokens": sum(r.num_output_tokens for r in run.records)})
-    if "ttfo_s" in m:  # a reasoning model: its reasoning tokens among the output tokens
-        m["num_reasoning_tokens"] = sum(r.num_reasoning_tokens for r in run.records)
+    if TTFO_METRIC in m:  # a reasoning model: its reasoning tokens among the output tokens
+        m[NUM_REASONING_TOKENS] = sum(r.num_reasoning_tokens for r in run.records)
     if slo is not None:  # as for an engine run (measure/bench.py); failures meet no SLO
         m.update(goodput_metrics(rows, slo, run.wall_s, num_failed=len(run.failures)))
     return m
@@ -162,7 +163,7 @@ def run_target_point(point: Any, *, cache: Any = None, device: str | None = None
     runs = [_summary(run, point.measure.percentiles, point.measure.slo) for run in passes]
     summary, spread = metrics_mod.aggregate_repeats(runs)
     for key in ("num_requests", "num_prompt_tokens", "num_output_tokens",
-                "num_reasoning_tokens"):
+                NUM_REASONING_TOKENS):
         # Counts differ between repeats only when requests failed; the median of two can
         # be a half, so the summary keeps the last repeat's, like `requests` below.
         if key in runs[-1]:

@@ -16,9 +16,10 @@ LATENCY_METRICS = ("ttft_s", "tpot_s", "itl_s", "e2e_s")
 # Reasoning models (a client run whose stream carried reasoning tokens): TTFO, time to the
 # first output (content) token, beside TTFT (the first token of any kind), with the same
 # statistics, and the reasoning tokens among num_output_tokens.  Absent from other results,
-# so they are not among LATENCY_METRICS / SCALAR_METRICS, which every result carries.
-REASONING_LATENCY_METRICS = ("ttfo_s",)
-REASONING_SCALAR_METRICS = ("num_reasoning_tokens",)
+# so they are not among LATENCY_METRICS / SCALAR_METRICS, which every result carries; the
+# accessor and the gate read them from the schema (`ttfo_s.p50`).
+TTFO_METRIC = "ttfo_s"
+NUM_REASONING_TOKENS = "num_reasoning_tokens"
 DEFAULT_PERCENTILES: tuple[float, ...] = (50.0, 90.0, 95.0, 99.0)
 SCALAR_METRICS = (
     "output_tokens_per_s", "total_tokens_per_s", "requests_per_s", "prefill_tokens_per_s",

@@ -34,7 +34,9 @@ from infbench.core.metric_names import (  # noqa: F401  (re-exported for callers
     HEADLINE_METRICS,
     LATENCY_METRICS,
     LATENCY_STATS,
+    NUM_REASONING_TOKENS,
     SCALAR_METRICS,
+    TTFO_METRIC,
     latency_stats_names,
     percentile_key,
 )
@@ -111,7 +113,7 @@ def time_to_first_output(rows: Sequence[Mapping[str, Any]]) -> list[float] | Non
     """TTFO samples (arrival -> first content token) when any request streamed reasoning,
     else None (then TTFO is TTFT and no `ttfo_s` is reported).  A request without reasoning
     counts its TTFT; one that reasoned and never produced content has no sample."""
-    if not any(r.get("num_reasoning_tokens") for r in rows):
+    if not any(r.get(NUM_REASONING_TOKENS) for r in rows):
         return None
     out = []
     for r in rows:
@@ -147,7 +149,7 @@ def from_request_rows(rows: Sequence[Mapping[str, Any]],
     }
     ttfo = time_to_first_output(rows)
     if ttfo is not None:  # a reasoning model's run: time to the first content token too
-        out["ttfo_s"] = latency_stats(ttfo, percentiles)
+        out[TTFO_METRIC] = latency_stats(ttfo, percentiles)
     if wall_s is not None:
         if wall_s <= 0:
             raise ValueError(f"wall_s must be > 0, got {wall_s}")

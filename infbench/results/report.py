@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from infbench.core.io import write_text_atomic
+from infbench.core.metric_names import TTFO_METRIC
 from infbench.results.accessor import metric, scenario_number
 from infbench.results.moe import has_moe, moe_columns
 from infbench.results.speculative import EXPORTED as SPEC_EXPORTED
@@ -111,6 +112,9 @@ def run_table(results: list[dict[str, Any]], title: str | None = None) -> Table:
 
     table = Table(title=title or "infbench run")
     labels = [str(r.get("label") or r.get("name")) for r in results]
+    # TTFO (a reasoning model's first content token) only when some point measured it
+    ttfo = f"{TTFO_METRIC}.p50"
+    has_ttfo = any(metric(r, ttfo) is not None for r in results)
     rows = []
     for r, label in zip(results, labels, strict=True):
         requests = metric(r, "num_requests")
@@ -120,6 +124,7 @@ def run_table(results: list[dict[str, Any]], title: str | None = None) -> Table:
             _fmt(metric(r, "output_tokens_per_s")),
             _fmt(_scaled(metric(r, "ttft_s.p50"), 1e3)),
             _fmt(_scaled(metric(r, "ttft_s.p99"), 1e3)),
+            *([_fmt(_scaled(metric(r, ttfo), 1e3))] if has_ttfo else []),
             _fmt(_scaled(metric(r, "tpot_s.p50"), 1e3)),
             _fmt(_scaled(metric(r, "itl_s.p99"), 1e3)),
             _fmt(_scaled(metric(r, "decode.mbu"), 100)) + _over(metric(r, "decode.mbu")),
@@ -130,14 +135,16 @@ def run_table(results: list[dict[str, Any]], title: str | None = None) -> Table:
     # and keeps room for its first 16 characters when the terminal is narrow.
     table.add_column("point", overflow="fold", min_width=min(16, max(map(len, labels),
                                                                     default=5)))
-    cols = ("requests", "output tok/s", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms",
+    cols = ("requests", "output tok/s", "TTFT p50 ms", "TTFT p99 ms",
+            *(("TTFO p50 ms",) if has_ttfo else ()), "TPOT p50 ms",
             "ITL p99 ms", "decode MBU %", "peak KV MB", "predicted tok/s")
     for i, col in enumerate(cols, start=1):  # a number is never cut (1,78… is no number)
         table.add_column(col, justify="right", overflow="fold",  # headers fold too
                          min_width=max((len(row[i]) for row in rows), default=1))
     for row in rows:
         table.add_row(*row)
-    if any(row[7].endswith(OVER_MARK) for row in rows):
+    mbu_col = cols.index("decode MBU %") + 1
+    if any(row[mbu_col].endswith(OVER_MARK) for row in rows):
         table.caption = OVER_CAPTION
     return table
 

@@ -167,3 +167,40 @@ def _stream(config_chunks: list[tuple[bool, str]], usage: dict[str, Any] | None)
     stream.done = True
     stream.check_complete()
     return stream
+
+
+def test_run_against_a_reasoning_server_records_ttfo_and_report_shows_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], tokenizer_dir: Path) -> None:
+    from cli_helpers import run_args
+    from test_target_cli import scenario
+
+    config = MockConfig(first_delay_s=0.01, token_delay_s=0.005, reasoning_tokens=3,
+                        reasoning_field="reasoning")
+    out = tmp_path / "out"
+    with MockServer(config) as server:
+        path = scenario(tmp_path, f"{{kind: openai, base_url: '{server.base_url}', "
+                                  f"model: mock-model, endpoint: chat, "
+                                  f"tokenizer: '{tokenizer_dir}'}}")
+        code, stdout, err = run_args(["run", str(path), "--out", str(out)], capsys)
+    assert code == 0, err
+    assert "TTFO" in stdout  # run's table (its headers fold)
+    result = load_result(out / "client_e2e_000.json")  # the schema, validated
+    m = result["metrics"]
+    assert m["num_output_tokens"] == 30 and m["num_reasoning_tokens"] == 18
+    assert m["ttfo_s"]["p50"] > m["ttft_s"]["p50"] + 2 * 0.005
+    assert all(r["num_reasoning_tokens"] == 3 and r["first_output_s"] > r["first_token_s"]
+               for r in result["requests"])
+    code, _, err = run_args(["report", str(out)], capsys)
+    assert code == 0, err
+    code, _, err = run_args(["compare", str(out / "client_e2e_000.json"),
+                             str(out / "client_e2e_000.json"), "--metric", "ttfo_s"], capsys)
+    assert code == 0, err
+
+
+def test_report_of_a_run_without_reasoning_has_no_ttfo_column() -> None:
+    from infbench.results.report import run_table
+
+    old = Path(__file__).resolve().parents[1] / "results" / "data" / "v1_ci_baseline" / \
+        "ci_gate_000.json"
+    table = run_table([load_result(old)])
+    assert "TTFO p50 ms" not in [str(c.header) for c in table.columns]
