@@ -35,11 +35,19 @@ MAX_DEVICES = 65536  # sanity limit of one degree (a TPU v5p pod is 8,960 chips)
 
 @dataclass(frozen=True)
 class ParallelConfig:
+    """How the model is spread over devices (the scenario's `parallel:` section is derived
+    from these fields and their docstrings, scenario/parallel.py)."""
+
     tp: int = 1
+    """Tensor parallel degree: heads, MLP width and vocabulary split this many ways."""
     pp: int = 1
+    """Pipeline stages: the layers split into this many consecutive stages."""
     ep: int = 1
+    """Expert parallel degree within the tp devices of a stage (divides tp; MoE only)."""
     replicas: int = 1
+    """Data-parallel replicas of the whole model: throughput x replicas."""
     microbatches: int | None = None
+    """Pipeline micro-batches (default: pp)."""
 
     def __post_init__(self) -> None:
         for key in ("tp", "pp", "ep", "replicas"):

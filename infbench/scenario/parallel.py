@@ -1,4 +1,5 @@
-"""The scenario file's `parallel:` section (pydantic), kept out of `scenario/schema.py`.
+"""The scenario file's `parallel:` section (pydantic), derived from `core.parallel.ParallelConfig`
+(the keys, defaults and their docs are the config's; the bounds are added here).
 
 ```yaml
 parallel:
@@ -16,30 +17,29 @@ when every degree is 1.
 
 from __future__ import annotations
 
+import typing
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from infbench.core.parallel import MAX_DEVICES, ParallelConfig
+from infbench.scenario.derive import section_from
+from infbench.scenario.values import Section
 
 Degree = Annotated[int, Field(ge=1, le=MAX_DEVICES, strict=True)]
 
 
-class ParallelSection(BaseModel):
-    """How the model is spread over devices (core/parallel.py has the pricing rules)."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-
-    tp: Degree = 1
-    """Tensor parallel degree: heads, MLP width and vocabulary split this many ways."""
-    pp: Degree = 1
-    """Pipeline stages: the layers split into this many consecutive stages."""
-    ep: Degree = 1
-    """Expert parallel degree within the tp devices of a stage (divides tp; MoE only)."""
-    replicas: Degree = 1
-    """Data-parallel replicas of the whole model: throughput x replicas."""
-    microbatches: Annotated[int, Field(ge=1, strict=True)] | None = None
-    """Pipeline micro-batches (default: pp)."""
+class _ParallelConfigOf(Section):
+    """What `parallel:` adds to ParallelConfig's fields: the config it resolves to."""
 
     def config(self) -> ParallelConfig:
-        return ParallelConfig(self.tp, self.pp, self.ep, self.replicas, self.microbatches)
+        return ParallelConfig(**self.model_dump())
+
+
+if typing.TYPE_CHECKING:
+    ParallelSection = _ParallelConfigOf
+else:
+    ParallelSection = section_from(
+        ParallelConfig, "ParallelSection", base=_ParallelConfigOf, module=__name__,
+        types={**dict.fromkeys(("tp", "pp", "ep", "replicas"), Degree),
+               "microbatches": Annotated[int, Field(ge=1, strict=True)] | None})
