@@ -46,13 +46,17 @@ def tokenizer_source(name: str) -> tuple[str, Path]:
     ("gguf", an existing file), checked without reading it; ValueError says why not.
 
     A preset must name a released model (REAL_WEIGHTS) whose GGUF is installed."""
+    allowed = (f"allowed: {', '.join(REAL_WEIGHTS)}, an HF directory with tokenizer.json, "
+               "or a .gguf file")
     try:
         kind, value = next(iter(model_source(name, "target.tokenizer").items()))
+    except UserError:
+        raise ValueError(f"{name!r} is no tokenizer preset and no existing directory or file; "
+                         f"{allowed}") from None
+    try:
         if kind == "preset":
             if value.lower() not in REAL_WEIGHTS:
-                raise ValueError(f"preset {value!r} has no tokenizer; allowed: "
-                                 f"{', '.join(REAL_WEIGHTS)}, an HF directory with "
-                                 "tokenizer.json, or a .gguf file")
+                raise ValueError(f"preset {value!r} has no tokenizer; {allowed}")
             return "gguf", resolve_gguf(REAL_WEIGHTS[value.lower()])
         if kind == "path":
             if not (Path(value) / "tokenizer.json").is_file():
@@ -60,8 +64,8 @@ def tokenizer_source(name: str) -> tuple[str, Path]:
                                  "supported)")
             return "hf", Path(value)
         return "gguf", resolve_gguf(value)
-    except UserError as exc:  # model_source / resolve_gguf: a one-line reason
-        raise ValueError(str(exc).removeprefix("target.tokenizer: ")) from None
+    except UserError as exc:  # resolve_gguf: a one-line reason
+        raise ValueError(str(exc)) from None
 
 
 def redact_url(url: str) -> str:

@@ -36,7 +36,9 @@ def _one_error_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], path: Pa
 
 
 @pytest.mark.parametrize(("tokenizer", "message"), [
-    ("{missing}", "target.tokenizer: unknown model"),
+    ("{missing}", "target.tokenizer: '{missing}' is no tokenizer preset and no existing "
+                  "directory or file; allowed: smollm2-135m, an HF directory with "
+                  "tokenizer.json, or a .gguf file"),
     ("{missing}.gguf", "target.tokenizer: GGUF file"),
     ("tiny", "target.tokenizer: preset 'tiny' has no tokenizer; allowed: smollm2-135m"),
     ("{empty_dir}", "target.tokenizer: {empty_dir}: no tokenizer.json"),
