@@ -244,13 +244,14 @@ def build_quant(quant: str | None, group_size: int | None, kv_dtype: str | None,
 
 
 def build_spec(tokens: int | None, acceptance: float | None, ratio: float | None) -> Any:
-    from infbench.roofline.analysis import SpecConfig
+    from infbench.core.speculative import SpeculativeConfig
 
     if tokens is None and acceptance is None and ratio is None:
         return None
     if tokens is None or acceptance is None:
         raise UserError("speculative decoding needs both --spec-tokens and --spec-acceptance")
-    return SpecConfig(tokens, acceptance, ratio or 0.0)
+    # the flags price any proposer: g drafts at acceptance a, each costing c target steps
+    return SpeculativeConfig("draft" if ratio else "ngram", tokens, acceptance, ratio or 0.0)
 
 
 def _one_or_list(sizes: list[int]) -> int | list[int]:

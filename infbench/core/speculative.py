@@ -8,6 +8,8 @@ import typing
 from dataclasses import dataclass
 from typing import Literal
 
+from infbench.core.config import check_count, check_real
+from infbench.core.errors import ConfigError
 from infbench.core.formats import DraftQuant, Int4GroupSize
 
 SpeculativeMethod = Literal["none", "ngram", "draft", "medusa", "eagle"]
@@ -52,9 +54,30 @@ class SpeculativeConfig:
     """method ngram: the longest suffix looked up."""
     ngram_min: int = 1
 
+    def __post_init__(self) -> None:
+        # The priced numbers, checked for callers of the analytic model that build a config
+        # by hand (the scenario's section bounds them before it gets here).
+        check_count("speculative", "num_tokens", self.num_tokens, MAX_SPEC_TOKENS)
+        check_real("speculative", "acceptance", self.acceptance, allow_zero=True)
+        if not 0.0 <= self.acceptance <= 1.0:
+            raise ConfigError(f"speculative.acceptance must be in [0, 1], got {self.acceptance}")
+        check_real("speculative", "draft_cost_ratio", self.draft_cost_ratio, allow_zero=True)
+
     @property
     def enabled(self) -> bool:
         return self.method != "none"
+
+    @property
+    def expected_tokens(self) -> float:
+        """Expected tokens emitted per verification step (accepted drafts + one target token):
+        (1 - a^(g+1)) / (1 - a) for g drafts at acceptance a (Leviathan et al.)."""
+        g, a = self.num_tokens, self.acceptance
+        return float(g + 1) if a >= 1.0 else (1.0 - a ** (g + 1)) / (1.0 - a)
+
+    def priced(self) -> dict[str, float]:
+        """The three numbers the analytic model prices (a prediction's JSON carries them)."""
+        return {"num_tokens": self.num_tokens, "acceptance": self.acceptance,
+                "draft_cost_ratio": self.draft_cost_ratio}
 
     @property
     def label(self) -> str:

@@ -113,6 +113,6 @@ def run_point(point: ScenarioPoint, *, cache: ModelCache | None = None,
     telemetry = stage.stop_nvml(nvml)
     accuracy = stage.measure_accuracy(point, loaded, engine, cache, phase)
     telemetry.update(stage.profile_ncu(point, dev, phase))
-    summary = stage.summarize(point, loaded, measured)
+    summary = stage.summarize(point, loaded, measured, cache.said)
     return stage.assemble_result(point, loaded, engine, measured, summary, telemetry=telemetry,
                                  accuracy=accuracy, slowdown=slowdown)

@@ -360,10 +360,8 @@ class Summary:
     prediction: dict[str, Any]
 
 
-_SAID_PROFILE_FLAGS: set[tuple[str, str]] = set()  # (profile, flag) already printed
-
-
-def summarize(point: ScenarioPoint, loaded: LoadedPoint, measured: Measured) -> Summary:
+def summarize(point: ScenarioPoint, loaded: LoadedPoint, measured: Measured,
+              said: set[str]) -> Summary:
     """The median of the repeats, their noise and the roofline prediction for the point;
     a note for each noise warning and for each flag of a doubtful hardware profile."""
     hw = measured.hardware
@@ -375,10 +373,11 @@ def summarize(point: ScenarioPoint, loaded: LoadedPoint, measured: Measured) -> 
         note(point, warning)
     prediction = predict_point(point, loaded.config, hw)
     for flag in prediction.get("profile_flags") or []:  # a doubtful profile: never silent
-        if (hw.name, flag) not in _SAID_PROFILE_FLAGS:  # a profile's flag, once per process
-            _SAID_PROFILE_FLAGS.add((hw.name, flag))
-            print(f"note: predictions on the flagged profile {hw.name!r} (each result records "
-                  f"it in prediction.profile_flags): {flag}", file=sys.stderr)
+        text = (f"note: predictions on the flagged profile {hw.name!r} (each result records "
+                f"it in prediction.profile_flags): {flag}")
+        if text not in said:  # the profile's flag, not the point's: once per run
+            said.add(text)
+            print(text, file=sys.stderr)
     return Summary(metrics, spread, prediction)
 
 

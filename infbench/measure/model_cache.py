@@ -10,10 +10,12 @@ from typing import Any
 @dataclass
 class ModelCache:
     """Loaded models keyed by (source, overrides, dtype, device); `accuracy` keeps the
-    accuracy figures of every model measured in the run (measure/accuracy.py)."""
+    accuracy figures of every model measured in the run (measure/accuracy.py); `said` the
+    run-wide notes already printed (a flagged profile's flags: once per run, not per point)."""
 
     entries: dict[str, Any] = field(default_factory=dict)
     accuracy: dict[str, Any] = field(default_factory=dict)
+    said: set[str] = field(default_factory=set)
 
     def get(self, key: str, load: Callable[[], Any]) -> Any:
         if key not in self.entries:

@@ -37,12 +37,12 @@ from typing import TYPE_CHECKING, Any
 from infbench.core.config import ModelConfig, QuantConfig
 from infbench.core.errors import UserError
 from infbench.core.parallel import SINGLE, ParallelConfig
+from infbench.core.speculative import SpeculativeConfig
 from infbench.hardware.spec import CURVE_KEY, HardwareSpec, MemoryReserve, get_hardware
 from infbench.measure.model_shapes import model_configs, point_where
 from infbench.roofline.analysis import (
     DEFAULT_RESERVE,
     Prediction,
-    SpecConfig,
     check_context,
     predict,
     prediction_dict,
@@ -57,7 +57,7 @@ if TYPE_CHECKING:  # annotations only: predict's flag-only path never loads the 
 class PricingOptions:
     """The analytic-only knobs of `infbench predict`; the defaults are what `run` records."""
 
-    speculative: SpecConfig | None = None  # replaces the point's speculative section
+    speculative: SpeculativeConfig | None = None  # replaces the point's speculative section
     overlap: str = "auto"  # one of roofline.analysis.OVERLAP_CHOICES
     reserve: MemoryReserve = DEFAULT_RESERVE
     kv_bits: int | None = None  # bits per cached K/V value, replacing model.quant's
@@ -74,7 +74,7 @@ class PricedWorkload:
     gen_len: int
     dtype: str
     quant: QuantConfig
-    speculative: SpecConfig | None = None
+    speculative: SpeculativeConfig | None = None
     parallel: ParallelConfig = SINGLE
 
     @property
@@ -119,10 +119,10 @@ def with_kv_bits(quant: QuantConfig, kv_bits: int | None) -> QuantConfig:
     return quant if kv_bits is None else replace(quant, kv_bits=kv_bits)
 
 
-def point_speculative(point: ScenarioPoint) -> SpecConfig | None:
+def point_speculative(point: ScenarioPoint) -> SpeculativeConfig | None:
     """The roofline's speculative config of the point's `speculative:` section (None: off)."""
     s = point.speculative
-    return SpecConfig(s.num_tokens, s.acceptance, s.draft_cost_ratio) if s.enabled else None
+    return s if s.enabled else None
 
 
 def unpredicted(workload: WorkloadPoint) -> str:

@@ -45,12 +45,11 @@ from infbench.core.config import (
     ModelConfig,
     QuantConfig,
     check_count,
-    check_real,
 )
 from infbench.core.errors import ConfigError
 from infbench.core.formats import QUANTIZED_WEIGHTS
 from infbench.core.parallel import SINGLE, ParallelConfig
-from infbench.core.speculative import MAX_SPEC_TOKENS
+from infbench.core.speculative import SpeculativeConfig
 from infbench.hardware.spec import (
     ATTENTION_KEY,
     CURVE_KEY,
@@ -88,28 +87,6 @@ OVERLAP_MODES: tuple[str, ...] = get_args(OverlapMode)
 OVERLAP_CHOICES = ("auto", *OVERLAP_MODES)  # auto: `default_overlap(hw)`
 DEFAULT_RESERVE = MemoryReserve()
 
-
-
-@dataclass(frozen=True)
-class SpecConfig:
-    """Speculative decoding: g draft tokens, acceptance rate a, draft/target cost ratio c."""
-
-    num_tokens: int
-    acceptance: float
-    draft_cost_ratio: float = 0.0
-
-    def __post_init__(self) -> None:
-        check_count("speculative", "num_tokens", self.num_tokens, MAX_SPEC_TOKENS)
-        check_real("speculative", "acceptance", self.acceptance, allow_zero=True)
-        if not 0.0 <= self.acceptance <= 1.0:
-            raise ConfigError(f"speculative.acceptance must be in [0, 1], got {self.acceptance}")
-        check_real("speculative", "draft_cost_ratio", self.draft_cost_ratio, allow_zero=True)
-
-    @property
-    def expected_tokens(self) -> float:
-        """Expected tokens emitted per verification step (accepted drafts + one target token)."""
-        g, a = self.num_tokens, self.acceptance
-        return float(g + 1) if a >= 1.0 else (1.0 - a ** (g + 1)) / (1.0 - a)
 
 
 ATTENTION_OPS = ("attn_score", "attn_value")  # softmax attention's passes over the KV cache
@@ -267,7 +244,7 @@ class StagePrediction:
 
 @dataclass(frozen=True)
 class SpecPrediction:
-    config: SpecConfig
+    config: SpeculativeConfig
     expected_tokens_per_step: float
     draft_time_s: float
     verify_time_s: float
@@ -570,7 +547,7 @@ def mean_stage(cfg: ModelConfig, hw: HardwareSpec, dtype: str, quant: QuantConfi
 
 
 def _speculative(cfg: ModelConfig, hw: HardwareSpec, dtype: str, quant: QuantConfig,
-                 spec: SpecConfig, batch: int, lo: int, hi: int,
+                 spec: SpeculativeConfig, batch: int, lo: int, hi: int,
                  decode: StagePrediction, overlap: str = "full",
                  par: ParallelConfig = SINGLE) -> SpecPrediction:
     q = spec.num_tokens + 1
@@ -653,7 +630,7 @@ def predict(
     gen_len: int,
     dtype: str = "bfloat16",
     quant: QuantConfig | None = None,
-    speculative: SpecConfig | None = None,
+    speculative: SpeculativeConfig | None = None,
     parallel: ParallelConfig = SINGLE,
     overlap: str = "auto",
     reserve: MemoryReserve = DEFAULT_RESERVE,
@@ -755,7 +732,7 @@ def prediction_dict(p: Prediction) -> dict[str, Any]:
     if p.speculative is not None:
         s = p.speculative
         spec = {
-            **asdict(s.config),
+            **s.config.priced(),
             "expected_tokens_per_step": s.expected_tokens_per_step,
             "draft_time_s": s.draft_time_s,
             "verify_time_s": s.verify_time_s,

@@ -343,13 +343,16 @@ def test_run_notes_predictions_on_a_flagged_profile(monkeypatch, capsys, tmp_pat
     profile = json.loads(_profile(tmp_path, name="flaky", flags=FLAGS).read_text())
     (tmp_path / "hardware" / "flaky.json").write_text(json.dumps(profile))
     scenario = tmp_path / "s.yaml"
-    scenario.write_text(tiny_scenario("flaky_run", batch_size="[1]", prompt_len=6, gen_len=3)
-                        .replace("hardware: cpu", "hardware: flaky"))
+    scenario.write_text(tiny_scenario("flaky_run", batch_size="[1, 2]", prompt_len=6,
+                                      gen_len=3).replace("hardware: cpu", "hardware: flaky"))
     code, _, err = run_cli(monkeypatch, capsys, "run", str(scenario), "--out",
                            str(tmp_path / "out"))
     assert code == 0, err
     notes = [ln for ln in err.splitlines() if "flagged profile" in ln]
-    assert notes == [f"note: flaky_run point 0 (batch_size=1): predicted on the flagged "
-                     f"profile 'flaky': {FLAGS[0]}"]
-    (result,) = (tmp_path / "out").glob("flaky_run_*.json")
-    assert json.loads(result.read_text())["prediction"]["profile_flags"] == FLAGS
+    # the flag is the profile's: said once for the run's two points, recorded in each result
+    assert notes == [f"note: predictions on the flagged profile 'flaky' (each result records "
+                     f"it in prediction.profile_flags): {FLAGS[0]}"]
+    results = sorted((tmp_path / "out").glob("flaky_run_*.json"))
+    assert len(results) == 2
+    for result in results:
+        assert json.loads(result.read_text())["prediction"]["profile_flags"] == FLAGS

@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 
 from infbench.core.config import ModelConfig
 from infbench.core.errors import UserError
+from infbench.core.speculative import SpeculativeConfig
 from infbench.hardware.spec import HardwareSpec, get_hardware
 from infbench.roofline.analysis import (
-    SpecConfig,
     max_batch,
     mean_stage,
     predict,
@@ -144,13 +144,13 @@ def test_toy_decode_really_crosses_the_ridge() -> None:
 
 # ------------------------------------------------ speculative decoding
 def test_expected_tokens_per_step() -> None:
-    assert SpecConfig(4, 0.0).expected_tokens == 1.0
-    assert SpecConfig(4, 1.0).expected_tokens == 5.0
-    assert SpecConfig(4, 0.8).expected_tokens == pytest.approx(3.3616)
+    assert SpeculativeConfig("ngram", 4, 0.0).expected_tokens == 1.0
+    assert SpeculativeConfig("ngram", 4, 1.0).expected_tokens == 5.0
+    assert SpeculativeConfig("ngram", 4, 0.8).expected_tokens == pytest.approx(3.3616)
 
 
 def test_speculative_time_per_token() -> None:
-    spec = SpecConfig(4, 0.8, 0.05)
+    spec = SpeculativeConfig("ngram", 4, 0.8, 0.05)
     p = predict(LLAMA13, H100, batch=1, prompt_len=1000, gen_len=100, speculative=spec)
     s = p.speculative
     assert s is not None

@@ -26,8 +26,9 @@ from infbench.core.config import (
     QuantConfig,
 )
 from infbench.core.errors import ConfigError, UserError
+from infbench.core.speculative import SpeculativeConfig
 from infbench.hardware.spec import HARDWARE
-from infbench.roofline.analysis import SpecConfig, mean_stage, predict
+from infbench.roofline.analysis import mean_stage, predict
 from infbench.roofline.costs import SeqWork, group_costs, step_costs
 from infbench.roofline.tables import kv_rows
 
@@ -131,7 +132,7 @@ def test_huge_contexts_within_the_limit_stay_fast() -> None:
     cfg = ModelConfig.from_name("mistral-7b").with_overrides(max_seq_len=MAX_TOKENS)
     p = predict(cfg, H100, batch=4096,
                 prompt_len=MAX_TOKENS // 2, gen_len=MAX_TOKENS // 2,
-                speculative=SpecConfig(4, 0.7, 0.1))
+                speculative=SpeculativeConfig("ngram", 4, 0.7, 0.1))
     assert time.perf_counter() - t0 < 5.0
     assert math.isfinite(p.time_per_token_s) and p.time_per_token_s > 0
 
@@ -166,11 +167,11 @@ def test_attention_moe_engine_and_spec_numbers() -> None:
     with pytest.raises(ConfigError, match="engine.max_num_seqs must be <= 16777216"):
         EngineConfig(max_num_seqs=10**9)
     with pytest.raises(ConfigError, match="speculative.draft_cost_ratio must be a finite"):
-        SpecConfig(3, 0.5, float("nan"))
+        SpeculativeConfig("ngram", 3, 0.5, float("nan"))
     with pytest.raises(ConfigError, match="speculative.acceptance must be a finite"):
-        SpecConfig(3, float("nan"))
+        SpeculativeConfig("ngram", 3, float("nan"))
     with pytest.raises(ConfigError, match="speculative.num_tokens must be <= 1024"):
-        SpecConfig(10**6, 0.5)
+        SpeculativeConfig("ngram", 10**6, 0.5)
     with pytest.raises(ConfigError, match="query_len must be >= 1"):
         SeqWork(float("nan"), 4)  # type: ignore[arg-type]
     assert MAX_LAYERS == 2**16
