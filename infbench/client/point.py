@@ -35,6 +35,7 @@ from infbench.client.openai_target import (
 from infbench.core.errors import UserError
 from infbench.core.metric_names import NUM_REASONING_TOKENS, TTFO_METRIC
 from infbench.engine.request import Request
+from infbench.scenario.point import ScenarioPoint
 from infbench.scenario.target import TargetSection, tokenizer_source
 
 CLIENT_BACKEND = "openai-client"
@@ -62,7 +63,7 @@ def concurrency_cap(workload: Any) -> int | None:
     return None if limit is None else int(limit) * samples
 
 
-def point_requests(point: Any, tokenizer: Any) -> list[Request]:
+def point_requests(point: ScenarioPoint, tokenizer: Any) -> list[Request]:
     """The point's workload, drawn as the engine draws it (vocabulary from the tokenizer,
     else from the model section)."""
     from infbench.measure.workload import generate_requests
@@ -112,7 +113,7 @@ def _summary(run: TargetRun, percentiles: Any, slo: Any = None) -> dict[str, Any
     return m
 
 
-def run_target_point(point: Any, *, cache: Any = None, device: str | None = None,
+def run_target_point(point: ScenarioPoint, *, cache: Any = None, device: str | None = None,
                      on_step: Callable[[Any], None] | None = None,
                      on_phase: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Measure one ScenarioPoint with `target:` and return its result dict.
@@ -203,9 +204,11 @@ def run_target_point(point: Any, *, cache: Any = None, device: str | None = None
                "engine_disabled": []})
 
 
-def _refuse_all_failed(run: TargetRun, num_sequences: int, point: Any, what: str) -> None:
+def _refuse_all_failed(run: TargetRun, num_sequences: int, point: ScenarioPoint,
+                       what: str) -> None:
     if run.records or not run.failures:
         return
+    assert point.target is not None  # a target point
     first = run.failures[0]
     reasons = ", ".join(f"{r} {n}" for r, n in count_reasons(f.reason for f in run.failures)
                         .items())
