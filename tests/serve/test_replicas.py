@@ -151,11 +151,9 @@ class Fake:
         return resp
 
 
-async def _with_router(reps: list[Replica], body: Body, policy: str = "round_robin",
-                       health_interval_s: float = 0.05) -> Any:
-    router = Router(reps, policy)
-    runner = web.AppRunner(create_router_app(router, secret=SECRET,
-                                             health_interval_s=health_interval_s))
+async def _serve(router: Router, secret: str, body: Body, **app_options: Any) -> Any:
+    """Run `body(session, url, router)` against the router's app on a free loopback port."""
+    runner = web.AppRunner(create_router_app(router, secret=secret, **app_options))
     await runner.setup()
     port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
@@ -164,6 +162,12 @@ async def _with_router(reps: list[Replica], body: Body, policy: str = "round_rob
             return await body(session, f"http://127.0.0.1:{port}", router)
     finally:
         await runner.cleanup()
+
+
+async def _with_router(reps: list[Replica], body: Body, policy: str = "round_robin",
+                       health_interval_s: float = 0.05) -> Any:
+    return await _serve(Router(reps, policy), SECRET, body,
+                        health_interval_s=health_interval_s)
 
 
 def _events(raw: bytes) -> list[str]:
@@ -303,16 +307,7 @@ def replica_set() -> Iterator[ReplicaSet]:
 
 
 async def _real_router(rs: ReplicaSet, policy: str, body: Body) -> Any:
-    router = Router(rs.replicas_, policy)
-    runner = web.AppRunner(create_router_app(router, secret=rs.secret))
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        async with ClientSession() as session:
-            return await body(session, f"http://127.0.0.1:{port}", router)
-    finally:
-        await runner.cleanup()
+    return await _serve(Router(rs.replicas_, policy), rs.secret, body)
 
 
 def test_requests_are_spread_and_answers_pass_through(replica_set: ReplicaSet) -> None:
