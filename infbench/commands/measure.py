@@ -18,6 +18,7 @@ import typer
 
 from infbench.commands import _options as opt
 from infbench.core.errors import UserError
+from infbench.core.io import check_output_file
 
 
 def register(app: typer.Typer) -> None:
@@ -190,6 +191,7 @@ def report(
     from infbench.results.speculative import spec_rows, spec_table
     from infbench.results.variants import variant_rows, variant_table
 
+    _check_outputs(("--markdown", markdown), ("--csv", csv), ("--html", html))
     loaded = load_results(results)
     df = report_frame(loaded)
     variants = variant_rows(loaded)
@@ -257,6 +259,7 @@ def compare(
         print_gate,
     )
 
+    _check_outputs(("--html", html))
     if normalize not in NORMALIZE_MODES:
         raise UserError(f"--normalize: unknown value {normalize!r}; "
                         f"allowed: {', '.join(NORMALIZE_MODES)}")
@@ -364,3 +367,11 @@ def _finite(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_finite(v) for v in value]
     return value
+
+
+def _check_outputs(*outputs: tuple[str, Path | None]) -> None:
+    """Every file the command will write is checked before any table is printed: a path
+    that cannot be written is one error line, not a table followed by one."""
+    for option, path in outputs:
+        if path is not None:
+            check_output_file(path, option)
