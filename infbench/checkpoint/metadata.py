@@ -661,3 +661,26 @@ def _gguf_rope_freqs(reader: GGUFReader, file: Path, key: Any, head_dim: int,
     except ValueError as exc:
         raise UserError(f"{file}: rope_freqs.weight is not Llama 3's rope scaling ({exc}); "
                         "supported: llama3 per-frequency factors") from None
+
+
+# Configs already read, by source and file stamp (a rewritten file is read again): reading a
+# GGUF's metadata takes seconds, and one command may need a shape several times.
+_CONFIGS: dict[str, ModelConfig] = {}
+
+
+def config_from_source(source: dict[str, str]) -> ModelConfig:
+    """The ModelConfig of {"preset" | "path" | "gguf": value}, before any override; each
+    checkpoint read once per process."""
+    kind, value = next(iter(source.items()))
+    path = Path(value)
+    stamp = ((path.stat().st_mtime_ns, path.stat().st_size)
+             if kind != "preset" and path.exists() else None)
+    key = json.dumps([source, stamp], sort_keys=True)
+    if key not in _CONFIGS:
+        if kind == "preset":
+            _CONFIGS[key] = ModelConfig.from_name(value)
+        elif kind == "path":
+            _CONFIGS[key] = config_from_hf_dir(value)
+        else:
+            _CONFIGS[key] = config_from_gguf(resolve_gguf(value))
+    return _CONFIGS[key]

@@ -88,9 +88,9 @@ def eval_command(
     if group_size is None:
         group_size = 128
         if quant == "int4":
-            from infbench.measure.model_shapes import base_config
+            from infbench.checkpoint.metadata import config_from_source
 
-            group_size, widths = default_group_size(base_config(source))
+            group_size, widths = default_group_size(config_from_source(source))
             opt.note(f"note: --group-size not given: int4 groups of {group_size}, the largest "
                      f"of {', '.join(map(str, INT4_GROUP_SIZES))} that divides every "
                      f"projection's input width ({', '.join(map(str, widths))})")

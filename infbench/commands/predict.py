@@ -16,10 +16,11 @@ from typing import Any
 
 import typer
 
+from infbench.checkpoint.metadata import config_from_source
 from infbench.commands import _options as opt
 from infbench.core.config import MAX_BATCH
 from infbench.core.errors import UserError
-from infbench.measure.model_shapes import base_config, model_configs
+from infbench.measure.model_shapes import model_configs
 from infbench.measure.prediction import (
     PointPrice,
     PricedWorkload,
@@ -505,7 +506,7 @@ def predict_command(
                           as_json, ops)
         return
     source = opt.model_source(model or DEFAULT_MODEL)
-    prompt_len, gen_len, note = default_lengths(base_config(source), prompt, gen)
+    prompt_len, gen_len, note = default_lengths(config_from_source(source), prompt, gen)
     if window is not None and window > prompt_len + gen_len:
         raise UserError(f"--window {window} is larger than the context "
                         f"(--prompt + --gen = {prompt_len + gen_len})")
@@ -521,7 +522,7 @@ def predict_command(
         # One batch of each size at once: a point of as many requests as its batch.
         from infbench.roofline.analysis import check_context
 
-        cfg = base_config(source)
+        cfg = config_from_source(source)
         values = attention_values(cfg, attention, model_flags)
         cfg = cfg.with_overrides(attention=values) if values else cfg
         qcfg = build_quant(quant, group_size, kv_dtype, source, kv_bits)

@@ -11,17 +11,17 @@ from __future__ import annotations
 import json
 import sys
 
+from infbench.checkpoint.metadata import config_from_source
 from infbench.core.config import ModelConfig
-from infbench.measure.model_shapes import base_config
 
 
 def diffusion_config(source: dict[str, str]) -> ModelConfig:
-    """The ModelConfig of a LLaDA directory, else `base_config`'s (preset, HF dir, GGUF)."""
+    """The ModelConfig of a LLaDA directory, else `config_from_source`'s (preset, HF dir, GGUF)."""
     from infbench.checkpoint.llada import is_llada_dir, read_llada_config
 
     if "path" in source and is_llada_dir(source["path"]):
         return read_llada_config(source["path"])[0]
-    return base_config(source)
+    return config_from_source(source)
 
 
 def run_predict_diffusion(source: dict[str, str], hardware: str, batches: list[int],

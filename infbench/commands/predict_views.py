@@ -11,6 +11,7 @@ from typing import Any
 
 import typer
 
+from infbench.checkpoint.metadata import config_from_source
 from infbench.commands import _options as opt
 from infbench.commands.predict import (
     DEFAULT_HARDWARE,
@@ -37,7 +38,7 @@ from infbench.commands.predict import (
     points_of,
 )
 from infbench.core.errors import UserError
-from infbench.measure.model_shapes import base_config, model_configs
+from infbench.measure.model_shapes import model_configs
 from infbench.measure.prediction import with_kv_bits
 from infbench.plots.analytic import check_size
 from infbench.roofline.analysis import OVERLAP_CHOICES
@@ -96,7 +97,7 @@ def kv_command(
     for source in sources:
         note_source(source)
     if context is None:
-        shortest = min(base_config(source).max_seq_len for source in sources)
+        shortest = min(config_from_source(source).max_seq_len for source in sources)
         context = min(4096, shortest)
         if context < 4096:
             print(f"note: --context {context}, the shortest model context of --models",
@@ -112,7 +113,7 @@ def kv_command(
         hardware, dtype = points[0].hardware, points[0].dtype
         quant, par = with_kv_bits(points[0].quant_config(), kv_bits), points[0].parallel
     else:  # flags only, checked by their option validators: no schema to load
-        configs = [base_config(source) for source in sources]
+        configs = [config_from_source(source) for source in sources]
     rows = kv_rows(configs, context_len=context, batch=batch, hw=get_hardware(hardware),
                    dtype=dtype, quant=quant, parallel=par,
                    reserve=memory_reserve(mem_util, workspace_tokens))
@@ -193,7 +194,7 @@ def roofline_command(
     hardware = hardware or DEFAULT_HARDWARE
     check_positive("--prompt", prompt)
     check_positive("--gen", gen)
-    prompt, gen, note = default_lengths(base_config(opt.model_source(model)), prompt, gen)
+    prompt, gen, note = default_lengths(config_from_source(opt.model_source(model)), prompt, gen)
     hw = get_hardware(hardware)  # an unknown name: the table's allowed list
     if set_:  # one model, hardware, dtype and quant per plot; --set may change any of them
         doc = model_document("roofline", model, set_, hardware=hardware, dtype=dtype,
@@ -207,7 +208,7 @@ def roofline_command(
         prompt, gen = point.workload.prompt_len, point.workload.gen_len
     else:  # flags only, checked by their option validators: no schema to load
         model_dict = opt.model_source(model)
-        cfg = base_config(model_dict)
+        cfg = config_from_source(model_dict)
         qcfg = build_quant(quant, None, kv_dtype, model_dict, kv_bits)
         par = parallel_config(tp, pp, ep, None)
     note_source(model_dict)

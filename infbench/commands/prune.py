@@ -61,14 +61,13 @@ def prune(
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
 ) -> None:
     """Prune layers and/or MLP width, optionally distill, report perplexity, save the model."""
-    from infbench.checkpoint.metadata import model_source
+    from infbench.checkpoint.metadata import config_from_source, model_source
     from infbench.core.config import PruneConfig
     from infbench.core.io import check_output_dir
-    from infbench.measure.model_shapes import base_config
     from infbench.model.hf_writer import check_writable
 
     source = model_source(model)
-    cfg = base_config(source)
+    cfg = config_from_source(source)
     if layers >= cfg.num_layers:
         raise UserError(f"--layers {layers}: model {model!r} has {cfg.num_layers} layers; "
                         f"allowed: 0..{cfg.num_layers - 1}")

@@ -64,9 +64,8 @@ def train_draft(
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
 ) -> None:
     """Train Medusa or EAGLE draft heads on the model's own greedy text; save them."""
-    from infbench.checkpoint.metadata import model_source
+    from infbench.checkpoint.metadata import config_from_source, model_source
     from infbench.core.io import check_output_file
-    from infbench.measure.model_shapes import base_config
 
     if num_heads is not None and method != "medusa":
         raise UserError(f"--num-heads: only --method medusa has several heads (got --method "
@@ -78,7 +77,7 @@ def train_draft(
     # The file is checked before any work (training takes minutes): a preset by its name
     # (smollm2-135m), a file or directory by its config's name, as the loader names it.
     path = out if out is not None else default_out(
-        method, source.get("preset") or base_config(source).name)
+        method, source.get("preset") or config_from_source(source).name)
     for stale in check_output_file(path):
         opt.note(f"note: removed {stale}: the unfinished output of an interrupted run")
     if threads is not None:

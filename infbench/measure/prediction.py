@@ -39,7 +39,7 @@ from infbench.core.errors import UserError
 from infbench.core.parallel import SINGLE, ParallelConfig
 from infbench.core.speculative import SpeculativeConfig
 from infbench.hardware.spec import CURVE_KEY, HardwareSpec, MemoryReserve, get_hardware
-from infbench.measure.model_shapes import model_configs, point_where
+from infbench.measure.model_shapes import model_configs
 from infbench.roofline.analysis import (
     DEFAULT_RESERVE,
     Prediction,
@@ -187,7 +187,7 @@ def price_point(point: ScenarioPoint, cfg: ModelConfig, hw: HardwareSpec,
         return price(cfg, hw, point_workload(point, options), overlap=options.overlap,
                      reserve=options.reserve)
     except UserError as exc:
-        raise UserError(f"{point.source}: {point_where(point)}{exc}") from None
+        raise UserError(f"{point.source}: {point.where()}{exc}") from None
 
 
 def price_points(points: list[ScenarioPoint],
@@ -199,7 +199,7 @@ def price_points(points: list[ScenarioPoint],
         try:
             check_context(cfg, point.workload.prompt_len, point.workload.gen_len)
         except UserError as exc:
-            raise UserError(f"{point.source}: {point_where(point)}{exc}") from None
+            raise UserError(f"{point.source}: {point.where()}{exc}") from None
         prices.append(price_point(point, cfg, get_hardware(point.hardware), options))
     return prices
 

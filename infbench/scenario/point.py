@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from infbench.checkpoint.metadata import native_quant
+from infbench.checkpoint.metadata import config_from_source, native_quant
 from infbench.core.config import EngineConfig, ModelConfig, PruneConfig, QuantConfig
 from infbench.core.decoding import DiffusionConfig
 from infbench.core.errors import UserError
@@ -67,21 +67,13 @@ class ScenarioPoint:
             raise UserError(f"{self.source}: model: no model section; this target scenario "
                             "names no model shape (add model: to price it)")
         try:
-            if m.preset is not None:
-                cfg = ModelConfig.from_name(m.preset)
-            else:
-                from infbench.checkpoint import metadata as configs
-
-                if m.path is not None:
-                    cfg = configs.config_from_hf_dir(m.path)
-                else:
-                    cfg = configs.config_from_gguf(configs.resolve_gguf(str(m.gguf)))
+            cfg = config_from_source(m.source())  # each checkpoint read once
             changes = m.changes()
             cfg = cfg.with_overrides(**changes) if changes else cfg
             prune = self.prune_config()
             return prune.pruned_shape(cfg) if prune.active else cfg  # the shape that runs
         except UserError as exc:
-            raise UserError(f"{self.source}: {self._where()}{exc}") from None
+            raise UserError(f"{self.source}: {self.where()}{exc}") from None
 
     def quant_config(self) -> QuantConfig:
         """model.quant; with native weights, priced by the GGUF file's own tensor types."""
@@ -93,15 +85,17 @@ class ScenarioPoint:
             overrides = m.overrides.model_dump(exclude_unset=True)
             return native_quant(quant, m.source(), m.weights, overrides or None)
         except UserError as exc:
-            raise UserError(f"{self.source}: {self._where()}{exc}") from None
+            raise UserError(f"{self.source}: {self.where()}{exc}") from None
 
     def prune_config(self) -> PruneConfig:
         try:
             return PruneConfig() if self.model is None else self.model.prune_config()
         except UserError as exc:
-            raise UserError(f"{self.source}: {self._where()}{exc}") from None
+            raise UserError(f"{self.source}: {self.where()}{exc}") from None
 
-    def _where(self) -> str:
+    def where(self) -> str:
+        """'point 2 (batch_size=8): ' for a swept point, '' for a single one: an error's
+        prefix."""
         return f"point {self.index} ({self.label}): " if self.swept else ""
 
     def to_dict(self) -> dict[str, Any]:
