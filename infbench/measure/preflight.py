@@ -48,16 +48,12 @@ def preflight(points: list[ScenarioPoint], out_dir: Path,
     check_writable(out_dir)
     notes: list[str] = []
     free: dict[str, int] = {}
-    configs: dict[str, ModelConfig] = {}  # a GGUF's config takes seconds to read: once each
     for point in points:
         if point.target is not None:  # a server: its model is not here
             check_host_memory(point, request_lengths(point.workload))
             continue
         check_single_device(point)
-        key = repr(point.model)
-        if key not in configs:
-            configs[key] = point.model_config()
-        cfg = configs[key]
+        cfg = point.model_config()  # each checkpoint is read once (config_from_source)
         lengths = request_lengths(point.workload)  # drawn once, read by every check
         longest = longest_request(lengths)
         check_context(point, cfg, longest)
