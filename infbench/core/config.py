@@ -211,6 +211,12 @@ class MoEConfig:
     # Qwen2-MoE's sigmoid gate (one scalar per token) on their output.
     shared_intermediate_size: int | None = None
     shared_gate: bool = False
+    # Which layers are MoE (is_moe): past the first `first_k_dense`, every `moe_step`-th layer
+    # ((index + 1) % moe_step == 0: Qwen3-MoE's decoder_sparse_step, Llama-4's
+    # interleave_moe_layer_step), except the `dense_layers` listed (Qwen3-MoE's mlp_only_layers).
+    # The others run a dense SwiGLU of the model's intermediate_size.
+    moe_step: int = 1
+    dense_layers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         _check_positive(
@@ -222,6 +228,10 @@ class MoEConfig:
         )
         check_count("moe", "num_shared_experts", self.num_shared_experts, MAX_DIM, minimum=0)
         check_count("moe", "first_k_dense", self.first_k_dense, MAX_LAYERS, minimum=0)
+        check_count("moe", "moe_step", self.moe_step, MAX_LAYERS)
+        object.__setattr__(self, "dense_layers", tuple(self.dense_layers))  # a YAML/JSON list
+        for index in self.dense_layers:
+            check_count("moe", "dense_layers[]", index, MAX_LAYERS, minimum=0)
         check_count("moe", "n_group", self.n_group, MAX_DIM)
         check_count("moe", "topk_group", self.topk_group, MAX_DIM)
         check_real("moe", "routed_scaling_factor", self.routed_scaling_factor)
@@ -240,6 +250,11 @@ class MoEConfig:
         if self.topk_group * (self.num_experts // self.n_group) < self.num_experts_per_tok:
             raise ConfigError(f"moe.topk_group ({self.topk_group}) groups hold fewer experts "
                               f"than moe.num_experts_per_tok ({self.num_experts_per_tok})")
+
+    def is_moe(self, index: int) -> bool:
+        """Whether decoder layer `index` (0-based) routes through the experts."""
+        return (index >= self.first_k_dense and (index + 1) % self.moe_step == 0
+                and index not in self.dense_layers)
 
     @property
     def shared_size(self) -> int:
@@ -561,7 +576,8 @@ class ModelConfig:
         d = dict(data)
         d["attention"] = AttentionConfig(**d.get("attention", {}))
         if d.get("moe"):
-            d["moe"] = MoEConfig(**d["moe"])
+            d["moe"] = MoEConfig(**{**d["moe"],
+                                    "dense_layers": tuple(d["moe"].get("dense_layers", ()))})
         if d.get("rope_scaling"):
             d["rope_scaling"] = tuple(tuple(item) for item in d["rope_scaling"])
         return cls(**d)

@@ -66,7 +66,7 @@ def has_mlp(cfg: ModelConfig) -> bool:
 
 
 def is_moe_layer(cfg: ModelConfig, spec: LayerSpec) -> bool:
-    return cfg.moe is not None and spec.index >= cfg.moe.first_k_dense
+    return cfg.moe is not None and cfg.moe.is_moe(spec.index)
 
 
 def feature_dim(cfg: ModelConfig) -> int:
