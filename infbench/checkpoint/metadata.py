@@ -32,16 +32,23 @@ from infbench.core.gguf_types import LOADABLE_TYPES, TensorInfo, native_mix
 if TYPE_CHECKING:
     from gguf import GGUFReader
 
-# config.json "architectures" entry -> ModelConfig.arch
+# The one registry of Hugging Face families: config.json "architectures" entry ->
+# ModelConfig.arch.  A family's reader module owns its entries (families.py: dense
+# families, moe.py: MoE families); the model_type of a config saved without "architectures"
+# is the arch, except the MODEL_TYPE_ALIASES spelled differently.  The unknown-family
+# refusal lists this registry (known_families).
 HF_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
     "DeepseekV2ForCausalLM": "deepseek_v2",
     "MambaForCausalLM": "mamba",
+    "LLaDAModelLM": "llada",  # masked diffusion (checkpoint/llada.py)
     **FAMILY_ARCHITECTURES,  # Qwen2/2.5, Qwen3, Gemma-2, Gemma-3 (text), Phi-3
+    **MOE_ARCHITECTURES,  # Mixtral, Qwen2-MoE, Qwen3-MoE (checkpoint/moe.py)
 }
+# config.json model_type -> ModelConfig.arch where the two differ
+MODEL_TYPE_ALIASES = {**FAMILY_MODEL_TYPES}
 GGUF_ARCHITECTURES = ("llama",)
-HF_ARCHITECTURES.update(MOE_ARCHITECTURES)  # Mixtral, Qwen2-MoE (checkpoint/moe.py)
 GGUF_TENSOR_TYPES = LOADABLE_TYPES  # gguf_types: which run natively, which are dequantized
 SMOLLM2_NAME = "smollm2-135m"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -98,21 +105,31 @@ def _read_config_json(path: str | Path) -> tuple[Path, dict[str, Any]]:
     return root, raw
 
 
+def known_families() -> dict[str, str]:
+    """model_type -> its config.json class, for every family of HF_ARCHITECTURES."""
+    types = {arch: arch for arch in HF_ARCHITECTURES.values()}
+    for model_type, arch in MODEL_TYPE_ALIASES.items():
+        types.pop(arch, None)
+        types[model_type] = arch
+    by_arch = {arch: name for name, arch in HF_ARCHITECTURES.items()}
+    return {t: by_arch[arch] for t, arch in sorted(types.items())}
+
+
 def _hf_arch(cfg_file: Path, raw: dict[str, Any]) -> str:
+    """The family of a config.json: its first "architectures" entry, or its model_type when a
+    config was saved without one (transformers writes none for a bare config)."""
     archs = raw.get("architectures") or []
     if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
         raise UserError(f"{cfg_file}: architectures: must be a list of class names")
-    by_type = {v: k for k, v in HF_ARCHITECTURES.items()}
-    by_type.update({t: k for k, v in FAMILY_ARCHITECTURES.items()
-                    for t, a in FAMILY_MODEL_TYPES.items() if a == v})
-    # transformers writes no "architectures" when only a config was saved; fall back to model_type.
-    name = archs[0] if archs else by_type.get(raw.get("model_type", ""), raw.get("model_type"))
-    if name not in HF_ARCHITECTURES:
-        raise UserError(
-            f"{cfg_file}: unsupported architecture {name!r}; "
-            f"supported: {', '.join(HF_ARCHITECTURES)}"
-        )
-    return HF_ARCHITECTURES[name]
+    model_type = raw.get("model_type")
+    families = known_families()
+    name = archs[0] if archs else families.get(model_type) if isinstance(model_type, str) else None
+    if name in HF_ARCHITECTURES:
+        return HF_ARCHITECTURES[name]
+    key, found = ("architectures", f"{archs[0]!r}") if archs else ("model_type", "no class")
+    known = ", ".join(f"{t} ({c})" for t, c in families.items())
+    raise UserError(f"{cfg_file}: {key}: unknown model family {found} (model_type "
+                    f"{model_type!r}); allowed (model_type (class)): {known}; see docs/models.md")
 
 
 def _rope(cfg_file: Path, raw: dict[str, Any]) -> tuple[float, tuple[tuple[str, Any], ...] | None]:
@@ -180,6 +197,10 @@ def _config_from_raw(root: Path, raw: dict[str, Any]) -> ModelConfig:
     arch = _hf_arch(cfg_file, raw)
     if arch == "mamba":
         return _mamba(root, raw)
+    if arch == "llada":  # the class named, whatever the model_type
+        from infbench.checkpoint.llada import llada_config
+
+        return llada_config(raw, str(root))[0]
     if arch in FAMILY_ARCHITECTURES.values():
         return family_config(cfg_file, raw, arch, root.resolve().name)
     if raw.get("hidden_act", "silu") != "silu":

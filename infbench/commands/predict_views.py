@@ -94,10 +94,11 @@ def kv_command(
     if not names:
         raise UserError("--models: expected at least one model preset")
     sources = [opt.model_source(name, "--models") for name in names]  # as predict's --model
+    configs = [config_from_source(source) for source in sources]  # a refusal before a note
     for source in sources:
         note_source(source)
     if context is None:
-        shortest = min(config_from_source(source).max_seq_len for source in sources)
+        shortest = min(cfg.max_seq_len for cfg in configs)
         context = min(4096, shortest)
         if context < 4096:
             print(f"note: --context {context}, the shortest model context of --models",

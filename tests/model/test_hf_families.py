@@ -192,7 +192,7 @@ def test_unsupported_architecture_is_one_line_exit_2(tmp_path: Path) -> None:
                            str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "unsupported architecture 'FalconForCausalLM'" in lines[0]
+    assert len(lines) == 1 and "unknown model family 'FalconForCausalLM'" in lines[0]
     for name in ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Gemma2ForCausalLM",
                  "Gemma3ForCausalLM", "Phi3ForCausalLM", "LlamaForCausalLM"):
         assert name in lines[0]

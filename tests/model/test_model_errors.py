@@ -40,9 +40,9 @@ def test_dir_without_config_json(tmp_path: Path) -> None:
 def test_unsupported_architecture(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
     msg = _raises(
-        UserError, "unsupported architecture 'GPT2LMHeadModel'", config_from_hf_dir, tmp_path
+        UserError, "unknown model family 'GPT2LMHeadModel'", config_from_hf_dir, tmp_path
     )
-    assert "supported: LlamaForCausalLM, MistralForCausalLM" in msg
+    assert "llama (LlamaForCausalLM), mamba (MambaForCausalLM)" in msg
 
 
 def test_missing_config_key(tmp_path: Path) -> None:
