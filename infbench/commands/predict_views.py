@@ -285,21 +285,23 @@ def hardware_command(
     from rich.table import Table
 
     table = Table(title="Hardware (decimal units; dense peaks; memory as the device reports "
-                        "it, usable at 0.95 utilization; link per direction)")
-    for col in ("hardware", "bf16 FLOP/s", "fp32 FLOP/s", "fp8 FLOP/s", "bandwidth B/s",
-                "memory GB", "usable GB", "ridge bf16", "link B/s", "per node"):
+                        "it, usable at 0.95 utilization; link per direction; devices in the "
+                        "link domain / per node)")
+    for col in ("hardware", "bf16 FLOP/s", "fp32 FLOP/s", "fp8 FLOP/s", "fp4 FLOP/s",
+                "bandwidth B/s", "memory GB", "usable GB", "ridge bf16", "link B/s",
+                "domain / node"):
         left = col == "hardware"
         table.add_column(col, justify="left" if left else "right", no_wrap=left)
     for r in rows:
         peaks = r["peak_flops"]
         net = r["interconnect"]
         table.add_row(r["hardware"], fmt_si(peaks["bfloat16"]),
-                      fmt_si(peaks["float32"]) if "float32" in peaks else "-",
-                      fmt_si(peaks["float8"]) if "float8" in peaks else "-",
+                      *(fmt_si(peaks[k]) if k in peaks else "-"
+                        for k in ("float32", "float8", "float4")),
                       fmt_si(r["bandwidth_bytes_per_s"]), fmt_gb(r["memory_bytes"]),
                       fmt_gb(r["usable_memory_bytes"]), f"{r['ridge_point_bf16']:.0f}",
                       f"{net['link']} {fmt_si(net['link_bytes_per_s'])}" if net else "-",
-                      str(net["devices_per_node"]) if net else "-")
+                      f"{net['link_domain']} / {net['devices_per_node']}" if net else "-")
     console = make_console()
     console.print(table)
     for r in rows:

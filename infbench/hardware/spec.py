@@ -1,7 +1,9 @@
 """Hardware specs: peak dense FLOP/s per dtype, memory bandwidth and capacity.
 
 Decimal units for rates (1 TB/s = 1e12 B/s), dense (not 2:4 sparse) tensor-core peaks,
-from the vendors' datasheets cited per entry; capacities in bytes as the device reports
+from the vendors' datasheets cited per entry (`float8`: FP8 E4M3/E5M2; `float4`: the 4-bit
+block-scaled formats NVFP4 / MXFP4, on the parts whose tensor cores run them; a part without
+a `float4` peak cannot price 4-bit activations); capacities in bytes as the device reports
 them (an "80 GB" H100 reports 81,559 MiB), of which `MemoryReserve` keeps a documented
 share back.  The
 ridge point (FLOP per byte above which a kernel is compute-bound) is derived,
@@ -48,7 +50,7 @@ if TYPE_CHECKING:
     from pydantic import BaseModel
 
 # Dtypes a peak (or a calibrated matmul curve) may be given for.
-PEAK_DTYPES = ("float32", "float16", "bfloat16", "float8", "int8")
+PEAK_DTYPES = ("float32", "float16", "bfloat16", "float8", "float4", "int8")
 HARDWARE_KINDS = ("gpu", "cpu")
 # `extra` keys the analysis reads (the rest of `extra` is calibration detail).
 _OVERHEAD_KEYS = ("step_overhead_s", "layer_overhead_s", "seq_layer_overhead_s")
@@ -283,13 +285,21 @@ class Interconnect:
 
 
 def _gpu(name: str, desc: str, bf16: float, fp32: float | None, fp8: float | None, bw: float,
-         mem: float, source: str, net: Interconnect | None = None) -> HardwareSpec:
+         mem: float, source: str, net: Interconnect | None = None, *, fp4: float | None = None,
+         int8: float | Literal["fp8"] | None = "fp8") -> HardwareSpec:
+    """A GPU entry from its dense peaks.  int8 is the FP8 rate by default (the same
+    tensor-core throughput on the parts before Blackwell Ultra, which cut INT8); None: no
+    int8 peak (an int8 GEMM on such a part is refused, not priced at a guess)."""
     flops = {"bfloat16": bf16, "float16": bf16}
     if fp32:
         flops["float32"] = fp32
     if fp8:
         flops["float8"] = fp8
-        flops["int8"] = fp8
+    int8_peak = fp8 if int8 == "fp8" else int8
+    if int8_peak:
+        flops["int8"] = int8_peak
+    if fp4:
+        flops["float4"] = fp4
     return HardwareSpec(name, desc, flops, bw, mem, source, interconnect=net)
 
 
@@ -334,9 +344,30 @@ HARDWARE: dict[str, HardwareSpec] = {
     "b200": _gpu(
         "b200", "NVIDIA B200 (HGX B200) HBM3e", 2.25e15, 75e12, 4.5e15, 8.0e12, 183359 * MIB,
         "NVIDIA HGX B200 datasheet (2024), per GPU of 8: BF16 36 PFLOPS / 8 with sparsity "
-        "(2.25 dense), FP8 72 / 8 with sparsity (4.5 dense), FP32 600 / 8 TFLOPS, 64 / 8 TB/s, "
-        "NVLink 5 1.8 TB/s; nvidia-smi 183,359 MiB",
-        _nvlink(5, 900e9, 64e9, 50e9),
+        "(2.25 dense), FP8 72 / 8 with sparsity (4.5 dense), FP4 144 / 8 with sparsity (9 "
+        "dense), FP32 600 / 8 TFLOPS, 64 / 8 TB/s, NVLink 5 1.8 TB/s; nvidia-smi 183,359 MiB",
+        _nvlink(5, 900e9, 64e9, 50e9), fp4=9e15,
+    ),
+    "b300": _gpu(
+        "b300", "NVIDIA B300 (HGX B300, Blackwell Ultra) HBM3e", 2.25e15, 75e12, 4.5e15, 8.0e12,
+        288e9,
+        "NVIDIA HGX B300 datasheet (2025), per GPU of 8: FP4 144 / 8 PFLOPS with sparsity, "
+        "108 / 8 without (13.5 dense), FP8 72 / 8 and BF16 36 / 8 with sparsity (4.5 and 2.25 "
+        "dense), FP32 600 / 8 TFLOPS, NVLink 5 1.8 TB/s, 800 Gb/s ConnectX-8 per GPU, PCIe "
+        "Gen6; 8 TB/s and 288 GB HBM3e per GPU (Hot Chips 2025); INT8 cut to a few POPS per "
+        "8 GPUs, so no int8 peak is listed; capacity: the datasheet's 288 GB (device report "
+        "not checked)",
+        _nvlink(5, 900e9, 128e9, 100e9), fp4=13.5e15, int8=None,
+    ),
+    "gb200": _gpu(
+        "gb200", "NVIDIA GB200 NVL72, one Blackwell GPU of 72 HBM3e", 2.5e15, 80e12, 5e15,
+        8.0e12, 186e9,
+        "NVIDIA GB200 NVL72 datasheet (2024), per Blackwell GPU: FP4 20 PFLOPS, FP8 10, "
+        "FP16/BF16 5, INT8 10 POPS, all with sparsity (10 / 5 / 2.5 / 5 dense), FP32 80 "
+        "TFLOPS, 186 GB HBM3e at 8 TB/s, NVLink 5 1.8 TB/s; 72 GPUs in one NVLink domain "
+        "(130 TB/s NVLink Switch System, 9 switch trays), 4 GPUs per compute tray, 400 Gb/s "
+        "ConnectX-7 per GPU; capacity: the datasheet's 186 GB (device report not checked)",
+        _nvlink(5, 900e9, 64e9, 50e9, domain=72, node=4), fp4=10e15,
     ),
     "a100-80g": _gpu(
         "a100-80g", "NVIDIA A100 SXM4 80GB HBM2e", 312e12, 19.5e12, None, 2.039e12, 81920 * MIB,
@@ -397,6 +428,18 @@ HARDWARE: dict[str, HardwareSpec] = {
         "6 TB/s, Infinity Fabric as MI300X; capacity: the datasheet's 256 GB",
         Interconnect("infinity-fabric", 64e9, 8, 8, 64e9, 50e9, topology="mesh"),
     ),
+    "mi355x": _gpu(
+        "mi355x", "AMD Instinct MI355X 288GB HBM3E", 2516.6e12, 157.3e12, 5033.2e12, 8.0e12,
+        288e9,
+        "AMD Instinct MI355X data sheet (2025): FP16/BF16 2.5 PFLOPS dense (5.0 with "
+        "sparsity), FP8 5.0 dense (10.1 with sparsity), MXFP6/MXFP4 10.1 dense, INT8 5.0 "
+        "POPS, FP32 157.3 TFLOPS (256 CUs at 2.4 GHz: 4,096 / 8,192 / 16,384 BF16 / FP8 / FP4 "
+        "FLOPs per CU per clock, ISSCC 2026), 288 GB HBM3E at 8 TB/s, 7 Infinity Fabric links "
+        "at 153.6 GB/s (76.8 each way) to each peer, 8 GPUs fully connected, PCIe Gen5 x16, "
+        "400 Gb/s NIC per GPU; capacity: the datasheet's 288 GB (device report not checked)",
+        Interconnect("infinity-fabric", 76.8e9, 8, 8, 64e9, 50e9, topology="mesh"),
+        fp4=10066.3e12,
+    ),
     # TPUs: Google Cloud TPU docs (HBM in GiB, peaks per chip); ICI per ring along one torus
     # axis from "How to Scale Your Model" (the Scaling Book), both directions of a link.
     "tpu-v5e": _gpu(
@@ -447,7 +490,8 @@ HARDWARE: dict[str, HardwareSpec] = {
 NVML_NAMES: tuple[tuple[str, str], ...] = (
     ("gh200", ""),  # Grace Hopper: its own memory and link, no entry (not an H200)
     ("h100 pcie", "h100-pcie"), ("h100 nvl", "h100-pcie"), ("h100", "h100-sxm"),
-    ("h200", "h200"), ("b200", "b200"), ("h20", "h20"),
+    ("h200", "h200"), ("gb200", "gb200"), ("b200", "b200"), ("b300", "b300"),
+    ("h20", "h20"),
     ("a100-sxm4-80gb", "a100-80g"), ("a100 80gb", "a100-80g"), ("a100-pcie-80gb", "a100-80g"),
     ("a100-sxm4-40gb", "a100-40g"), ("a100-pcie-40gb", "a100-40g"),
     ("l40s", "l40s"), ("l4", "l4"), ("a10g", "a10g"), ("rtx 4090", "rtx4090"),
@@ -634,7 +678,7 @@ def profile_schema() -> tuple[type[BaseModel], type[BaseModel]]:
     positive = Annotated[float, Field(gt=0, allow_inf_nan=False, strict=True)]
     non_negative = Annotated[float, Field(ge=0, allow_inf_nan=False, strict=True)]
     count = Annotated[int, Field(ge=0, strict=True)]
-    dtype = Literal["float32", "float16", "bfloat16", "float8", "int8"]
+    dtype = Literal["float32", "float16", "bfloat16", "float8", "float4", "int8"]
     curve = list[tuple[positive, positive]]  # type: ignore[valid-type]
 
     class Strict(BaseModel):
