@@ -21,11 +21,17 @@ from typing import Annotated, Any, Literal, get_args
 
 from infbench.core.errors import ConfigError
 from infbench.core.formats import (
+    FLOAT_CODE_WEIGHTS,
+    FP4_WEIGHTS,
+    FP8_SCALES,
     INT4_GROUP_SIZES,
     WEIGHT_QUANT,
+    Fp8Scales,
     WeightQuant,
+    float_code_format,
+    stored_bits,
 )
-from infbench.core.gguf_types import TOP_LEVEL, format_bits
+from infbench.core.gguf_types import FLOAT, TOP_LEVEL
 
 # Allowed values, defined once: each Literal types a field of the configs below and so the
 # scenario sections derived from them (scenario/), and its tuple feeds the dataclass checks, the
@@ -37,7 +43,7 @@ AttentionKind = Literal["mha", "gqa", "mqa", "mla", "cla", "sliding", "linear", 
 FeatureMap = Literal["elu", "relu", "favor", "taylor"]
 QuantMethod = Literal["rtn", "awq", "llm_int8"]
 HeadQuant = Literal["model", "int8"]
-ActivationQuant = Literal["float", "int8"]
+ActivationQuant = Literal["float", "int8", "fp8", "fp4"]
 KvQuant = Literal["none", "int8", "fp8"]
 Backend = Literal["auto", "torch", "triton", "cpu"]
 Device = Literal["auto", "cpu", "cuda"]
@@ -48,6 +54,7 @@ FEATURE_MAPS: tuple[str, ...] = get_args(FeatureMap)
 QUANT_METHODS: tuple[str, ...] = get_args(QuantMethod)
 HEAD_QUANT: tuple[str, ...] = get_args(HeadQuant)
 ACTIVATION_QUANT: tuple[str, ...] = get_args(ActivationQuant)
+NOT_INT8_ACT = ("none", *FLOAT_CODE_WEIGHTS)  # weights whose projections int8 activations skip
 KV_QUANT: tuple[str, ...] = get_args(KvQuant)
 BACKENDS: tuple[str, ...] = get_args(Backend)
 DEVICES: tuple[str, ...] = get_args(Device)
@@ -287,6 +294,10 @@ class QuantConfig:
     of those types, run without a float copy."""
     group_size: int = 128
     """int4: input columns per group (32, 64 or 128)."""
+    fp8_scales: Annotated[str, Fp8Scales] | None = None
+    """fp8 weights only: tensor (one fp32 scale per matrix) | channel (one fp32 per output
+    row; the default when unset) | block (one fp32 per 128x128 tile, DeepSeek-V3's
+    weight_block_size).  Under native weights the checkpoint's quantization_config decides."""
     kv: Annotated[str, KvQuant] = "none"
     """KV cache: none (model dtype) | int8 | fp8: one byte per value plus a float32 scale per
     token per KV head (`kernels/kv_quant.py`; fp8 is e4m3 and needs a CUDA GPU)."""
@@ -306,7 +317,10 @@ class QuantConfig:
     activations: Annotated[str, ActivationQuant] = "float"
     """What quantized projections multiply: float (exact) | int8 (each 32-column block of an
     activation row rounded to int8 with one scale, llama.cpp's arithmetic; batch-1 decode runs
-    integer dot products on CPUs with AVX512-VNNI, `kernels/csrc/linear_q8act.cpp`)."""
+    integer dot products on CPUs with AVX512-VNNI, `kernels/csrc/linear_q8act.cpp`) | fp8
+    (W8A8: fp8 weights, activations rounded to E4M3, matmuls at the hardware's float8 peak)
+    | fp4 (W4A4: mxfp4 / nvfp4 weights, activations rounded to E2M1 in the weights' block
+    format, matmuls at the hardware's float4 peak)."""
     native_mix: tuple[tuple[str, str, int], ...] = ()
     """Not a scenario key: with native weights, (roofline operator, stored format, weights) of
     the GGUF file's projections, and "embed" / "lm_head" rows for a quantized token embedding
@@ -323,6 +337,7 @@ class QuantConfig:
         _choice("quant", "head", self.head, HEAD_QUANT)
         _choice("quant", "activations", self.activations, ACTIVATION_QUANT)
         _check_positive("quant", group_size=self.group_size)
+        self._check_float_codes()
         if self.kv_bits is not None:
             check_count("quant", "kv_bits", self.kv_bits, 32)
             if self.kv != "none":
@@ -346,19 +361,56 @@ class QuantConfig:
             if self.weights == "none" and self.head != "int8":
                 raise ConfigError("quant.activations=int8 rounds the inputs of quantized "
                                   "projections: it needs quant.weights "
-                                  f"{'|'.join(w for w in WEIGHT_QUANT if w != 'none')} or "
-                                  "quant.head: int8")
+                                  f"{'|'.join(w for w in WEIGHT_QUANT if w not in NOT_INT8_ACT)}"
+                                  " or quant.head: int8")
+            if self.weights in FLOAT_CODE_WEIGHTS:
+                fitting = "fp8" if self.weights == "fp8" else "fp4"
+                raise ConfigError(f"quant.activations=int8 is llama.cpp's integer arithmetic; "
+                                  f"it does not combine with quant.weights={self.weights!r}; "
+                                  f"allowed with {self.weights}: float|{fitting}")
         if self.method != "rtn" and self.weights in ("none", "native"):
             raise ConfigError(f"quant.method={self.method!r} quantizes weights; allowed with "
                               f"quant.weights: none|native: rtn")
 
-    def weight_bits(self, in_features: int, dtype_bytes: int, op: str = "") -> float:
-        """Average stored bits per weight element of one projection, scales included,
-        exactly as `kernels/quant_format.py` stores them.  Native weights: the mean over the
-        file's matrices that operator `op` reads (all projections when `op` has none).  The
-        embedding (`op` "embed") and the LM head ("lm_head") are in the model dtype unless
-        the file stores them natively; otherwise the head follows `head`."""
-        native = self.native_bits(op, dtype_bytes)
+    def _check_float_codes(self) -> None:
+        """fp8_scales needs fp8 weights; fp8 activations fp8 weights; fp4 activations mxfp4 or
+        nvfp4 weights (native: a checkpoint whose quantized projections store those)."""
+        if self.fp8_scales is not None:
+            _choice("quant", "fp8_scales", self.fp8_scales, FP8_SCALES)
+            if self.weights != "fp8":
+                raise ConfigError(f"quant.fp8_scales={self.fp8_scales!r} is the scale layout of "
+                                  f"fp8 weights, not of quant.weights={self.weights!r}; allowed: "
+                                  "quant.weights: fp8, or fp8_scales unset")
+        needs = {"fp8": ("fp8",), "fp4": FP4_WEIGHTS}.get(self.activations)
+        if needs is None:
+            return
+        stored = {fmt.split("/")[0] for op, fmt, _ in self.native_mix
+                  if fmt != FLOAT and op not in TOP_LEVEL.values()}
+        read = not self.native_mix or (stored and stored <= set(needs))  # empty: not read yet
+        if self.weights in needs or (self.weights == "native" and read):
+            return
+        have = (f"native weights stored as {', '.join(sorted(stored))}"
+                if self.weights == "native" else f"quant.weights={self.weights!r}")
+        raise ConfigError(f"quant.activations={self.activations!r} multiplies "
+                          f"{'/'.join(needs)} weights; got {have}; allowed with it: "
+                          f"quant.weights {'|'.join(needs)}|native (a checkpoint storing them)")
+
+    @property
+    def fp8_scale_kind(self) -> str:
+        """The fp8 scale granularity: `fp8_scales`, channel when unset."""
+        return self.fp8_scales or "channel"
+
+    def weight_bits(self, in_features: int, dtype_bytes: int, op: str = "",
+                    out_features: int | None = None) -> float:
+        """Average stored bits per weight element of one (out_features x in_features)
+        projection, scales included, exactly as `kernels/quant_format.py` stores them
+        (`formats.stored_bits`; out_features only matters to per-tensor and per-block
+        scales: a square matrix when not given).  Native weights: the mean over the
+        checkpoint's matrices that operator `op` reads (all projections when `op` has none).
+        The embedding (`op` "embed") and the LM head ("lm_head") are in the model dtype
+        unless the file stores them natively; otherwise the head follows `head`."""
+        out = in_features if out_features is None else out_features
+        native = self.native_bits(op, dtype_bytes, in_features, out)
         if op in TOP_LEVEL.values():
             if native is not None:
                 return native
@@ -369,14 +421,19 @@ class QuantConfig:
             return 8.0 + 16.0 / in_features  # one fp16 scale per output row
         if self.weights == "int4":
             return 4.0 + 2 * 16.0 / self.group_size  # fp16 scale + fp16 minimum per group
+        if self.weights in FLOAT_CODE_WEIGHTS:
+            fmt = float_code_format(self.weights, self.fp8_scale_kind)
+            return stored_bits(fmt, in_features, out, dtype_bytes)
         if native is not None:
             return native
         return 8.0 * dtype_bytes
 
-    def native_bits(self, op: str, dtype_bytes: int) -> float | None:
+    def native_bits(self, op: str, dtype_bytes: int, in_features: int = 1,
+                    out_features: int = 1) -> float | None:
         """Native weights: the mean stored bits of the file's matrices that `op` reads (a
-        projection operator the file lacks: all its projections); None when not native,
-        or for an embedding / LM head the file stores in float."""
+        projection operator the file lacks: all its projections), each format's scales
+        counted for an (out_features x in_features) matrix; None when not native, or for an
+        embedding / LM head the file stores in float."""
         if self.weights != "native" or not self.native_mix:
             return None
         rows = [r for r in self.native_mix if r[0] == op]
@@ -384,8 +441,8 @@ class QuantConfig:
             rows = [r for r in self.native_mix if r[0] not in TOP_LEVEL.values()]
         if not rows:
             return None
-        return sum(n * format_bits(fmt, dtype_bytes) for _, fmt, n in rows) / sum(
-            n for _, _, n in rows)
+        return sum(n * stored_bits(fmt, in_features, out_features, dtype_bytes)
+                   for _, fmt, n in rows) / sum(n for _, _, n in rows)
 
     def kv_bytes(self, dtype_bytes: int) -> float:
         """Bytes of one cached K/V value: the model dtype's, one (int8 / fp8 e4m3), or

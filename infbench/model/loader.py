@@ -46,7 +46,7 @@ from infbench.core.config import (
 )
 from infbench.core.device import available_memory_bytes
 from infbench.core.errors import ConfigError, DamagedFileError, DoesNotFitError, UserError
-from infbench.core.formats import QUANTIZED_WEIGHTS
+from infbench.core.formats import FLOAT_CODE_WEIGHTS, QUANTIZED_WEIGHTS
 from infbench.core.gguf_types import (
     FLOAT,
     TOP_LEVEL,
@@ -117,6 +117,14 @@ def load_model(
     prune (`model.prune`): layers and MLP channels are removed first, measured on calibration
     text (`model/prune.py`), so quantization sees the pruned model.
     """
+    if quant is not None and (quant.weights in FLOAT_CODE_WEIGHTS
+                              or quant.activations in ("fp8", "fp4")):
+        what = (f"quant.weights={quant.weights}" if quant.weights in FLOAT_CODE_WEIGHTS
+                else f"quant.activations={quant.activations}")
+        raise ConfigError(f"{what}: the engine has no kernel for this format yet (the analytic "
+                          "model prices it: infbench predict); allowed in the engine: "
+                          f"quant.weights {'|'.join(QUANTIZED_WEIGHTS)}|native, "
+                          "quant.activations float|int8")
     native = quant is not None and quant.weights == "native"
     if native:
         native_gguf_file(source, weights, overrides)  # a one-line error without a GGUF

@@ -65,12 +65,12 @@ def _model_level(cfg: ModelConfig, num_tokens: int, num_logits: int, a: int,
     d, v = cfg.hidden_size, cfg.vocab_size
     # The embedding is a gather: only the rows of this step's tokens are read (in a GGUF
     # file's own format under native weights).
-    row_bytes = d * quant.weight_bits(d, a, "embed") / 8.0
+    row_bytes = d * quant.weight_bits(d, a, "embed", v) / 8.0
     add(first, "embed", "gather", weight=num_tokens * row_bytes, act=num_tokens * d * a)
     add(last, "norm", "elementwise", flops=4.0 * num_tokens * d, weight=d * a,
         act=2.0 * num_tokens * d * a)
     if num_logits:
-        head_bytes = v * d * quant.weight_bits(d, a, "lm_head") / 8.0  # quant.head
+        head_bytes = v * d * quant.weight_bits(d, a, "lm_head", v) / 8.0  # quant.head
         add(last, "lm_head", "matmul", flops=2.0 * num_logits * d * v, weight=head_bytes,
             act=num_logits * (d + v) * a)
         if cfg.final_logit_softcap is not None:  # Gemma-2: divide, tanh, multiply per logit

@@ -41,7 +41,8 @@ class Weight:
     def nbytes(self, quant: QuantConfig, dtype_bytes: int) -> float:
         if not self.quantized:
             return float(self.numel * dtype_bytes)
-        return self.numel * quant.weight_bits(self.in_features, dtype_bytes, self.op) / 8.0
+        return self.numel * quant.weight_bits(self.in_features, dtype_bytes, self.op,
+                                             self.out_features) / 8.0
 
 
 @dataclass(frozen=True)
