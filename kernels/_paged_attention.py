@@ -197,12 +197,20 @@ def attention_ref(
     return out.reshape(batch, 1, num_heads, v.shape[-1]).to(q.dtype)  # (B, Q, Hq, Dv)
 
 
-def attended_pairs(context_len: int, num_query_tokens: int, window: int | None) -> int:
+def attended_pairs(context_len: int, num_query_tokens: int, window: int | None,
+                   chunk: int | None = None) -> int:
     """(query, key) pairs attended by the last `num_query_tokens` positions of a sequence.
 
-    The query at position t sees min(t + 1, window) keys; closed form, no per-token loop.
+    The query at position t sees min(t + 1, window) keys (chunked: t % chunk + 1); closed
+    form, no per-token loop.
     """
     first = context_len - num_query_tokens
+    if chunk is not None:
+        def upto(n: int) -> int:  # sum of (t % chunk + 1) for t in [0, n)
+            whole, rest = divmod(n, chunk)
+            return whole * chunk * (chunk + 1) // 2 + rest * (rest + 1) // 2
+
+        return upto(context_len) - upto(first)
 
     def triangle(lo: int, hi: int) -> int:  # sum of (t + 1) for t in [lo, hi)
         return (hi * (hi + 1) - lo * (lo + 1)) // 2 if hi > lo else 0
@@ -213,8 +221,12 @@ def attended_pairs(context_len: int, num_query_tokens: int, window: int | None) 
     return triangle(first, split) + window * (context_len - split)
 
 
-def kv_tokens_read(context_len: int, num_query_tokens: int, window: int | None) -> int:
-    """Distinct cached tokens the queries of one sequence read (the union of their windows)."""
+def kv_tokens_read(context_len: int, num_query_tokens: int, window: int | None,
+                   chunk: int | None = None) -> int:
+    """Distinct cached tokens the queries of one sequence read (the union of their windows;
+    chunked: from the first query's chunk start on)."""
+    if chunk is not None:
+        return context_len - (context_len - num_query_tokens) // chunk * chunk
     if window is None:
         return context_len
     return min(context_len, window + num_query_tokens - 1)

@@ -18,6 +18,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from infbench.checkpoint.families import FAMILY_ARCHITECTURES, FAMILY_MODEL_TYPES, family_config
+from infbench.checkpoint.llama4 import (
+    LLAMA4_ARCHITECTURES,
+    LLAMA4_MODEL_TYPES,
+    llama4_config,
+    llama4_text,
+)
 from infbench.checkpoint.moe import MOE_ARCHITECTURES, moe_from_hf
 from infbench.core.config import (
     PRESETS,
@@ -45,9 +51,10 @@ HF_ARCHITECTURES = {
     "LLaDAModelLM": "llada",  # masked diffusion (checkpoint/llada.py)
     **FAMILY_ARCHITECTURES,  # Qwen2/2.5, Qwen3, Gemma-2, Gemma-3 (text), Phi-3
     **MOE_ARCHITECTURES,  # Mixtral, Qwen2-MoE, Qwen3-MoE (checkpoint/moe.py)
+    **LLAMA4_ARCHITECTURES,  # Llama-4 text models (checkpoint/llama4.py)
 }
 # config.json model_type -> ModelConfig.arch where the two differ
-MODEL_TYPE_ALIASES = {**FAMILY_MODEL_TYPES}
+MODEL_TYPE_ALIASES = {**FAMILY_MODEL_TYPES, **LLAMA4_MODEL_TYPES}
 GGUF_ARCHITECTURES = ("llama",)
 GGUF_TENSOR_TYPES = LOADABLE_TYPES  # gguf_types: which run natively, which are dequantized
 SMOLLM2_NAME = "smollm2-135m"
@@ -203,6 +210,10 @@ def _config_from_raw(root: Path, raw: dict[str, Any]) -> ModelConfig:
         return llada_config(raw, str(root))[0]
     if arch in FAMILY_ARCHITECTURES.values():
         return family_config(cfg_file, raw, arch, root.resolve().name)
+    if arch == "llama4":
+        text = llama4_text(cfg_file, raw)
+        _check_types(cfg_file, text)
+        return llama4_config(cfg_file, text, root.resolve().name)
     if raw.get("hidden_act", "silu") != "silu":
         raise UserError(f"{cfg_file}: hidden_act {raw['hidden_act']!r} unsupported; allowed: silu")
     for key in ("attention_bias", "mlp_bias"):

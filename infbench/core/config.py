@@ -224,6 +224,9 @@ class MoEConfig:
     # The others run a dense SwiGLU of the model's intermediate_size.
     moe_step: int = 1
     dense_layers: tuple[int, ...] = ()
+    # Llama-4: the router weight scales each expert's input (expert(w * x)) rather than its
+    # output (w * expert(x)); with a SwiGLU expert the two differ.
+    scale_input: bool = False
 
     def __post_init__(self) -> None:
         _check_positive(
@@ -472,10 +475,26 @@ class LayerSpec:
     owns_kv: bool = True  # CLA: only the first layer of a group writes KV
     kv_source: int = -1  # CLA: index of the layer whose KV this layer reads
     softcap: float | None = None  # attention only: scores -> cap * tanh(scores / cap) (Gemma-2)
+    # attention only: chunked attention (Llama-4), a query at position t sees the keys p <= t
+    # of its own chunk (p // chunk == t // chunk); None: no chunking
+    chunk: int | None = None
+    rope: bool = True  # False: a NoPE layer (Llama-4), q and k are not rotated
 
     @property
     def has_kv_cache(self) -> bool:
         return self.mixer in (SOFTMAX_MIXER, "mla") and self.owns_kv
+
+    @property
+    def kv_span(self) -> int | None:
+        """The most cached tokens one sequence's later queries can still read: the window,
+        or the chunk (a chunk's queries never look behind its start); None: all of them."""
+        return self.window if self.window is not None else self.chunk
+
+    def kv_held(self, context_len: int) -> int:
+        """Tokens of KV one sequence of `context_len` tokens keeps in this layer:
+        min(context, window or chunk)."""
+        span = self.kv_span
+        return context_len if span is None else min(context_len, span)
 
 
 @dataclass(frozen=True)
@@ -506,6 +525,16 @@ class ModelConfig:
     final_logit_softcap: float | None = None  # Gemma-2: the same on the LM head's logits
     query_pre_attn_scalar: float | None = None  # Gemma: softmax scale scalar**-0.5, not D**-0.5
     rope_local_theta: float | None = None  # Gemma-3: RoPE base of the sliding-window layers
+    # Llama-4 (docs/architectures.md#llama-4): chunked attention on the RoPE layers, NoPE
+    # layers (full causal attention, no RoPE) with query temperature tuning, and a
+    # weightless RMS norm of q and k after RoPE on the RoPE layers.
+    attention_chunk: int | None = None  # RoPE layers attend within chunks of this many tokens
+    nope_layers: tuple[int, ...] = ()  # 0-based layers without RoPE (no chunking either)
+    qk_l2_norm: bool = False  # q, k -> x / rms(x) (no weight) after RoPE, RoPE layers only
+    # NoPE layers' queries scaled by 1 + attn_temperature_scale * log(1 + floor((t + 1) /
+    # attn_temperature_floor)) at position t; None: not tuned
+    attn_temperature_floor: int | None = None
+    attn_temperature_scale: float = 0.1
 
     def __post_init__(self) -> None:
         _check_positive(
@@ -567,6 +596,35 @@ class ModelConfig:
             value = getattr(self, key)
             if value is not None:
                 check_real("model", key, value)
+        self._check_llama4()
+
+    def _check_llama4(self) -> None:
+        """Chunked attention, NoPE layers and temperature tuning (Llama-4)."""
+        object.__setattr__(self, "nope_layers", tuple(self.nope_layers))  # a YAML/JSON list
+        for index in self.nope_layers:
+            check_count("model", "nope_layers[]", index, MAX_LAYERS, minimum=0)
+            if index >= self.num_layers:
+                raise ConfigError(f"model.nope_layers[]: layer {index} is past the last layer; "
+                                  f"allowed: 0..{self.num_layers - 1}")
+        if len(set(self.nope_layers)) != len(self.nope_layers):
+            raise ConfigError(f"model.nope_layers lists a layer twice: {list(self.nope_layers)}")
+        if self.attention_chunk is not None:
+            check_count("model", "attention_chunk", self.attention_chunk, MAX_TOKENS)
+        if self.attn_temperature_floor is not None:
+            check_count("model", "attn_temperature_floor", self.attn_temperature_floor,
+                        MAX_TOKENS)
+        check_real("model", "attn_temperature_scale", self.attn_temperature_scale,
+                   allow_zero=True)
+        kind = self.attention.kind
+        uses = [key for key, on in (("attention_chunk", self.attention_chunk is not None),
+                                    ("nope_layers", bool(self.nope_layers)),
+                                    ("qk_l2_norm", self.qk_l2_norm)) if on]
+        if uses and kind not in ("mha", "gqa", "mqa"):
+            raise ConfigError(f"model.{uses[0]} needs plain softmax attention, not "
+                              f"attention.kind {kind!r}; allowed kinds: mha, gqa, mqa")
+        if self.qk_l2_norm and self.qk_norm:
+            raise ConfigError("model.qk_l2_norm and model.qk_norm are two q/k norms; "
+                              "allowed: one of them")
 
     @property
     def is_gemma(self) -> bool:
@@ -621,6 +679,11 @@ class ModelConfig:
             cap = self.attn_logit_softcap
             specs = [dataclasses.replace(s, softcap=cap) if s.mixer == SOFTMAX_MIXER else s
                      for s in specs]
+        if self.nope_layers or self.attention_chunk is not None:
+            nope = set(self.nope_layers)  # NoPE layers: no RoPE, full causal attention
+            specs = [dataclasses.replace(s, rope=s.index not in nope,
+                                         chunk=None if s.index in nope else self.attention_chunk)
+                     for s in specs]
         return tuple(specs)
 
     def with_overrides(self, **overrides: Any) -> ModelConfig:
@@ -637,6 +700,8 @@ class ModelConfig:
                                     "dense_layers": tuple(d["moe"].get("dense_layers", ()))})
         if d.get("rope_scaling"):
             d["rope_scaling"] = tuple(tuple(item) for item in d["rope_scaling"])
+        if d.get("nope_layers"):
+            d["nope_layers"] = tuple(d["nope_layers"])
         return cls(**d)
 
     @classmethod
@@ -935,6 +1000,35 @@ FAMILY_PRESETS: dict[str, ModelConfig] = {
     ),
 }
 PRESETS.update(FAMILY_PRESETS)
+
+
+def _llama4(name: str, experts: int, moe_step: int, context: int, qk_norm: bool,
+            rope_scaling: tuple[tuple[str, Any], ...] | None) -> ModelConfig:
+    """Llama-4's text decoder: 48 layers, a NoPE layer every 4th, chunks of 8192 tokens on
+    the others, top-1 sigmoid routing whose score scales the expert input, one shared
+    expert of the routed experts' width (checkpoint/llama4.py reads the same keys)."""
+    return ModelConfig(
+        name=name, vocab_size=202048, hidden_size=5120, num_layers=48, num_heads=40,
+        num_kv_heads=8, head_dim=128, intermediate_size=16384, max_seq_len=context,
+        rope_theta=500000.0, rope_scaling=rope_scaling, attention=_GQA, arch="llama4",
+        moe=MoEConfig(num_experts=experts, num_experts_per_tok=1, moe_intermediate_size=8192,
+                      num_shared_experts=1, scoring="sigmoid", moe_step=moe_step,
+                      scale_input=True),
+        attention_chunk=8192, nope_layers=tuple(range(3, 48, 4)), qk_l2_norm=qk_norm,
+        attn_temperature_floor=8192, attn_temperature_scale=0.1)
+
+
+# meta-llama/Llama-4-Scout-17B-16E(-Instruct) and Llama-4-Maverick-17B-128E(-Instruct):
+# their config.json text_config (Scout: every layer MoE, qk L2 norm, llama3 RoPE x16 from
+# 8192; Maverick: MoE every 2nd layer, dense layers of 16384, no qk norm, no RoPE scaling)
+LLAMA4_PRESETS: dict[str, ModelConfig] = {
+    "llama-4-scout": _llama4(
+        "llama-4-scout", 16, 1, 10485760, True,
+        (("factor", 16.0), ("high_freq_factor", 1.0), ("low_freq_factor", 1.0),
+         ("original_max_position_embeddings", 8192), ("rope_type", "llama3"))),
+    "llama-4-maverick": _llama4("llama-4-maverick", 128, 2, 1048576, False, None),
+}
+PRESETS.update(LLAMA4_PRESETS)
 
 # Presets that name a released model -> the weights file `model.loader` reads for it (a name
 # `checkpoint.metadata.resolve_gguf` knows).  Other presets always get seeded random weights.

@@ -234,6 +234,13 @@ class Transformer(nn.Module):
         self.config = config
         self.dtype = dtype
         self.layer_specs = config.layers()
+        llama4 = [key for key, on in (
+            ("attention_chunk", config.attention_chunk is not None),
+            ("nope_layers", bool(config.nope_layers)), ("qk_l2_norm", config.qk_l2_norm),
+            ("moe.scale_input", config.moe is not None and config.moe.scale_input)) if on]
+        if llama4:
+            raise ConfigError(f"model {config.name!r}: model.{llama4[0]} (Llama-4) is priced by "
+                              "predict/kv but the engine does not run it yet")
         # nn.Embedding, or model/quant.QuantEmbedding for a GGUF's quantized token_embd
         self.embed_tokens: nn.Module = nn.Embedding(
             config.vocab_size, config.hidden_size, dtype=dtype, device=device

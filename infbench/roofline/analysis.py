@@ -466,10 +466,14 @@ def _segments(cfg: ModelConfig, query_len: int, lo: int, hi: int) -> list[tuple[
 
     With q new tokens at base context x the step attends min(p, w) keys for the
     positions p = x..x+q-1; each term bends where p = w, and the keys read bend at x = w.
+    A chunked layer (chunk C) starts over at every multiple of C: its terms bend there.
     """
     starts = {lo}
-    for w in {spec.window for spec in cfg.layers() if spec.window is not None}:
-        starts.update(x for x in range(w - query_len + 2, w + 2) if lo < x <= hi)
+    bends = {spec.window for spec in cfg.layers() if spec.window is not None}
+    for c in {spec.chunk for spec in cfg.layers() if spec.chunk is not None}:
+        bends.update(range(c, hi + query_len + 2, c))
+    for w in bends:
+        starts.update(x for x in range(w - query_len + 1, w + 3) if lo < x <= hi)
     ordered = sorted(starts)
     return [(s, (ordered[i + 1] - 1) if i + 1 < len(ordered) else hi)
             for i, s in enumerate(ordered)]

@@ -124,7 +124,8 @@ def group_costs(
     per_layer: list[tuple[int, Totals]] = []
     for spec in cfg.layers():
         # Layers with the same signature cost the same: price each signature once.
-        key = (spec.mixer, spec.window, spec.owns_kv, is_moe_layer(cfg, spec))
+        key = (spec.mixer, spec.window, spec.chunk, spec.rope, spec.owns_kv,
+               is_moe_layer(cfg, spec))
         if key not in cache:
             cache[key] = layer_costs(cfg, spec, groups, a, kvb, quant)
         per_layer.append((spec.index, cache[key]))

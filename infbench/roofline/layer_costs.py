@@ -5,10 +5,10 @@ Counting rules (the engine's measured traffic uses the same ones):
 - A matmul over T tokens costs 2*T*in*out FLOPs and reads its input and writes its
   output once in the model dtype; its weights are read once per step whatever T is.
 - Attention over a sequence with q new tokens and context c attends
-  `attended_pairs(c, q, window)` (query, key) pairs (causal, windowed) and reads
-  the KV of `kv_tokens_read(c, q, window)` tokens; score and value each cost
-  2*pairs*heads*dim. K goes with the score, V with the value; the new tokens' K/V
-  are written to the cache by the QKV projection.  Softmax, RoPE, residual adds and
+  `attended_pairs(c, q, window, chunk)` (query, key) pairs (causal, windowed or
+  chunked) and reads the KV of `kv_tokens_read(c, q, window, chunk)` tokens; score
+  and value each cost 2*pairs*heads*dim. K goes with the score, V with the value; the
+  new tokens' K/V are written to the cache by the QKV projection.  Softmax, RoPE, residual adds and
   biases are assumed fused into neighbouring kernels: their bytes are not counted.
 - MLA picks, per sequence, the cheaper form in FLOPs: absorbed (q and output
   projected through W_UK/W_UV, attention over the latent cache, as vLLM decodes) or
@@ -53,8 +53,12 @@ def add(acc: Totals, name: str, kind: str, flops: float = 0.0, weight: float = 0
     row[6] += act
 
 
-def _prefix_pairs(n: int, window: int | None) -> int:
-    """sum over positions p = 1..n of the keys position p sees: min(p, window)."""
+def _prefix_pairs(n: int, window: int | None, chunk: int | None = None) -> int:
+    """sum over positions p = 1..n of the keys position p sees: min(p, window), or
+    ((p - 1) % chunk) + 1 when chunked (each chunk's queries see only its own keys)."""
+    if chunk is not None:
+        whole, rest = divmod(n, chunk)
+        return whole * chunk * (chunk + 1) // 2 + rest * (rest + 1) // 2
     if window is None or n <= window:
         return n * (n + 1) // 2
     return window * (window + 1) // 2 + (n - window) * window
@@ -63,15 +67,21 @@ def _prefix_pairs(n: int, window: int | None) -> int:
 # The two counts below have the kernels' names and argument order
 # (kernels/_paged_attention.py); the kernels package may not be imported here (no torch in
 # the analytic model), so tests/roofline/test_costs.py checks that both agree.
-def attended_pairs(context_len: int, num_query_tokens: int, window: int | None) -> int:
-    """(query, key) pairs when the last q of c tokens attend causally (within a window)."""
+def attended_pairs(context_len: int, num_query_tokens: int, window: int | None,
+                   chunk: int | None = None) -> int:
+    """(query, key) pairs when the last q of c tokens attend causally (within a window, or
+    within their chunk)."""
     c, q = context_len, num_query_tokens
-    return _prefix_pairs(c, window) - _prefix_pairs(c - q, window)
+    return _prefix_pairs(c, window, chunk) - _prefix_pairs(c - q, window, chunk)
 
 
-def kv_tokens_read(context_len: int, num_query_tokens: int, window: int | None) -> int:
-    """Distinct keys the last q of c tokens attend to: the KV tokens that must be read."""
+def kv_tokens_read(context_len: int, num_query_tokens: int, window: int | None,
+                   chunk: int | None = None) -> int:
+    """Distinct keys the last q of c tokens attend to: the KV tokens that must be read
+    (chunked: from the first query's chunk start to the end)."""
     c, q = context_len, num_query_tokens
+    if chunk is not None:
+        return c - (c - q) // chunk * chunk
     return c if window is None else min(c, q - 1 + window)
 
 
@@ -98,11 +108,11 @@ def _attention(acc: Totals, cfg: ModelConfig, spec: LayerSpec, groups: Groups, t
         act=t * (d + h * hd) * a, kv_write=t * (kv_width * kvb + kv_scales))
     if cfg.qkv_bias:  # Qwen2: one add per projected value
         add(acc, "qkv_proj", "matmul", flops=t * (h * hd + kv_width))
-    if cfg.qk_norm:  # Qwen3, Gemma-3: an RMSNorm over each head of q and k
-        _norm(acc, t * (h + (kvh if spec.owns_kv else 0)), hd, a)
+    if cfg.qk_norm or (cfg.qk_l2_norm and spec.rope):  # Qwen3, Gemma-3, Llama-4 RoPE layers:
+        _norm(acc, t * (h + (kvh if spec.owns_kv else 0)), hd, a)  # each head of q and k
     for sw, n in groups:
-        pairs = attended_pairs(sw.context_len, sw.query_len, spec.window)
-        keys = kv_tokens_read(sw.context_len, sw.query_len, spec.window)
+        pairs = attended_pairs(sw.context_len, sw.query_len, spec.window, spec.chunk)
+        keys = kv_tokens_read(sw.context_len, sw.query_len, spec.window, spec.chunk)
         # CLA layers without their own cache read the owner's: the read is still paid.
         kv = n * keys * kvh * (hd * kvb + sb)
         act = n * sw.query_len * h * hd * a

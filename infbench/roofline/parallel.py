@@ -179,7 +179,7 @@ def stage_kv_bytes_per_seq(cfg: ModelConfig, dtype: str, quant: QuantConfig | No
     kv = 0.0
     state = 0.0
     for spec in specs:
-        held = context_len if spec.window is None else min(context_len, spec.window)
+        held = spec.kv_held(context_len)
         kv += layer_kv_bytes_per_token(cfg, spec, kvb, q.kv_scale_bytes) * held * share
         state += layer_state_bytes(cfg, spec, a) / tp
     return math.ceil(kv + state)

@@ -262,12 +262,13 @@ def kv_bytes_per_token(cfg: ModelConfig, dtype: str, quant: QuantConfig | None =
 def kv_cache_bytes(
     cfg: ModelConfig, dtype: str, quant: QuantConfig | None, context_len: int, batch: int
 ) -> int:
-    """KV cache of `batch` sequences of `context_len` tokens (sliding layers keep the window)."""
+    """KV cache of `batch` sequences of `context_len` tokens (sliding layers keep the window,
+    chunked layers the chunk: LayerSpec.kv_held)."""
     q = quant or QuantConfig()
     kvb = q.kv_bytes(dtype_bytes(dtype))
     per_seq = 0
     for spec in cfg.layers():
-        held = context_len if spec.window is None else min(context_len, spec.window)
+        held = spec.kv_held(context_len)
         per_seq += layer_kv_bytes_per_token(cfg, spec, kvb, q.kv_scale_bytes) * held
     return per_seq * batch
 
