@@ -27,13 +27,12 @@ from infbench.checkpoint.families import _rope_params
 from infbench.core.config import AttentionConfig, ModelConfig, MoEConfig
 from infbench.core.errors import ConfigError, UserError
 
-# (the text model's class last: the family list names it for both model types)
+# config.json class -> its family in the registry (= its model_type); both read into
+# ModelConfig.arch "llama4" (a multimodal config by its text_config)
 LLAMA4_ARCHITECTURES = {
+    "Llama4ForCausalLM": "llama4_text",
     "Llama4ForConditionalGeneration": "llama4",
-    "Llama4ForCausalLM": "llama4",
 }
-# model_type -> ModelConfig.arch (both: the text model and the multimodal config)
-LLAMA4_MODEL_TYPES = {"llama4_text": "llama4", "llama4": "llama4"}
 # transformers' Llama4TextConfig defaults, for keys a config.json leaves out
 _DEFAULTS: dict[str, Any] = {
     "head_dim": 128, "intermediate_size": 8192, "intermediate_size_mlp": 16384,

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 from infbench.checkpoint.families import FAMILY_ARCHITECTURES, FAMILY_MODEL_TYPES, family_config
 from infbench.checkpoint.llama4 import (
     LLAMA4_ARCHITECTURES,
-    LLAMA4_MODEL_TYPES,
     llama4_config,
     llama4_text,
 )
@@ -54,7 +53,7 @@ HF_ARCHITECTURES = {
     **LLAMA4_ARCHITECTURES,  # Llama-4 text models (checkpoint/llama4.py)
 }
 # config.json model_type -> ModelConfig.arch where the two differ
-MODEL_TYPE_ALIASES = {**FAMILY_MODEL_TYPES, **LLAMA4_MODEL_TYPES}
+MODEL_TYPE_ALIASES = {**FAMILY_MODEL_TYPES}
 GGUF_ARCHITECTURES = ("llama",)
 GGUF_TENSOR_TYPES = LOADABLE_TYPES  # gguf_types: which run natively, which are dequantized
 SMOLLM2_NAME = "smollm2-135m"
@@ -210,7 +209,7 @@ def _config_from_raw(root: Path, raw: dict[str, Any]) -> ModelConfig:
         return llada_config(raw, str(root))[0]
     if arch in FAMILY_ARCHITECTURES.values():
         return family_config(cfg_file, raw, arch, root.resolve().name)
-    if arch == "llama4":
+    if arch in LLAMA4_ARCHITECTURES.values():
         text = llama4_text(cfg_file, raw)
         _check_types(cfg_file, text)
         return llama4_config(cfg_file, text, root.resolve().name)
