@@ -46,8 +46,8 @@ from infbench.core.config import (
     QuantConfig,
     check_count,
 )
-from infbench.core.errors import ConfigError
-from infbench.core.formats import QUANTIZED_WEIGHTS
+from infbench.core.errors import ConfigError, UserError
+from infbench.core.formats import FP4_WEIGHTS, QUANTIZED_WEIGHTS
 from infbench.core.parallel import SINGLE, ParallelConfig
 from infbench.core.speculative import SpeculativeConfig
 from infbench.hardware.spec import (
@@ -159,20 +159,51 @@ def quantized_rates(cfg: ModelConfig, hw: HardwareSpec, quant: QuantConfig | Non
     return out
 
 
+# quant.activations -> the hardware peak key its projections run at, and the weights it needs
+LOW_PRECISION_PEAKS = {"fp8": ("float8", ("fp8",)), "fp4": ("float4", FP4_WEIGHTS)}
+
+
+def low_precision_rates(cfg: ModelConfig, hw: HardwareSpec,
+                        quant: QuantConfig | None) -> dict[str, float]:
+    """Operator -> FLOP/s for W8A8 / W4A4 (`quant.activations` fp8 / fp4): the projections
+    stored in fp8 (mxfp4 / nvfp4) multiply at the hardware's `float8` (`float4`) peak, in
+    prefill and decode alike; under native weights only the operators whose stored format is
+    that one (a checkpoint's bf16 attention stays at the model dtype's).  Weight-only formats
+    (float activations) keep the model dtype's peak: the weights are dequantized into the
+    matmul.  A hardware entry without the peak is refused in one line."""
+    if quant is None or quant.activations not in LOW_PRECISION_PEAKS:
+        return {}
+    key, needs = LOW_PRECISION_PEAKS[quant.activations]
+    if key not in hw.peak_flops:
+        raise UserError(f"hardware {hw.name!r} has no {key!r} peak, which "
+                        f"quant.activations={quant.activations} runs the projections at; it "
+                        f"has: {', '.join(hw.peak_flops)}; allowed here: quant.activations "
+                        "float (weight-only, at the model dtype's peak)")
+    ops = {w.op for spec in cfg.layers() for w in layer_weights(cfg, spec) if w.quantized}
+    if quant.weights == "native":
+        kinds: dict[str, set[str]] = {}
+        for op, fmt, _ in quant.native_mix:
+            kinds.setdefault(op, set()).add(fmt.split("/")[0])
+        ops = {op for op in ops if op in kinds and kinds[op] <= set(needs)}
+    return dict.fromkeys(sorted(ops), hw.peak_flops[key])
+
+
 def step_rates(cfg: ModelConfig, hw: HardwareSpec, dtype: str, num_tokens: int | None,
                stage: str = "decode", quant: QuantConfig | None = None) -> Rates:
     """The rates of a step of `num_tokens` rows.  The measured attention rates apply to
     softmax attention (the engine's paged kernels): the decode kernel's KV read rate to
     decode and verify steps, the prefill kernel's FLOP/s to prefill; MLA runs other
     kernels and keeps the bandwidth and the matmul rate.  Quantized projections of decode
-    and verify steps run at the profile's quantized-kernel curve (`quantized_rates`)."""
+    and verify steps run at the profile's quantized-kernel curve (`quantized_rates`); W8A8 /
+    W4A4 projections at the float8 / float4 peak in every stage (`low_precision_rates`)."""
+    low = low_precision_rates(cfg, hw, quant)
     if stage == "prefill":  # the engine dequantizes and runs the float GEMM there
-        rates = Rates(hw.bandwidth, hw.peak_at(dtype, num_tokens))
+        rates = Rates(hw.bandwidth, hw.peak_at(dtype, num_tokens), quantized=low)
         measured = hw.prefill_attention_flops
         attention = None if measured is None else (hw.bandwidth, measured)
     else:
         rates = Rates(hw.bandwidth, hw.peak_at(dtype, num_tokens),
-                      quantized=quantized_rates(cfg, hw, quant, num_tokens))
+                      quantized={**quantized_rates(cfg, hw, quant, num_tokens), **low})
         measured = hw.attention_bandwidth
         attention = None if measured is None else (measured, hw.peak(dtype))
     if attention is None:
@@ -661,7 +692,7 @@ def predict(
         prefill_comm = stage_comm(cfg, par, hw, dtype, cfg.layers(), batch * prompt_len, batch,
                                   True, True)
         prefill = _stage("prefill", prefill_ops,
-                         step_rates(cfg, hw, dtype, batch * prompt_len, "prefill"),
+                         step_rates(cfg, hw, dtype, batch * prompt_len, "prefill", quant),
                          hw.step_overhead_s(cfg.num_layers, batch), overlap,
                          prefill_comm.total_s)
         decode = mean_stage(cfg, hw, dtype, quant, lambda x: [(SeqWork(1, x), batch)], 1, lo, hi,

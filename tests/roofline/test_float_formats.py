@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 
-from infbench.core.config import QuantConfig
-from infbench.core.errors import ConfigError
+from infbench.core.config import ModelConfig, MoEConfig, QuantConfig
+from infbench.core.errors import ConfigError, UserError
 from infbench.core.formats import FLOAT_CODE_WEIGHTS, WEIGHT_QUANT, stored_bits
+from infbench.hardware.spec import get_hardware
+from infbench.roofline.analysis import low_precision_rates, predict, step_rates
+from infbench.roofline.shapes import weight_bytes
 
 
 def bits(weights: str, rows: int, cols: int, **kw: str) -> float:
@@ -86,3 +90,85 @@ def test_the_engine_refuses_what_it_cannot_store_yet() -> None:
 
     with pytest.raises(ConfigError, match="quant.weights=nvfp4: the engine has no kernel"):
         load_model({"preset": "tiny"}, "float32", "cpu", quant=QuantConfig(weights="nvfp4"))
+
+
+# ------------------------------------------------------------------ pricing
+def small_moe() -> ModelConfig:
+    """Layer 0 dense, layer 1 MoE (4 experts of 128): 16 projection matrices, all listed in
+    `test_weight_bytes_of_a_known_matrix_set`."""
+    return ModelConfig(name="t", vocab_size=1000, hidden_size=256, num_layers=2, num_heads=4,
+                       num_kv_heads=2, intermediate_size=512, tie_word_embeddings=False,
+                       moe=MoEConfig(4, 2, 128, first_k_dense=1))
+
+
+# (out, in, copies) of every projection of small_moe: q, kv, o, gate_up, down; q, kv, o,
+# 4 expert gate_up, 4 expert down
+MATRICES = [(256, 256, 1)] * 3 + [(1024, 256, 1), (256, 512, 1)] + [(256, 256, 1)] * 3 + [
+    (256, 256, 4), (256, 128, 4)]
+# embedding + LM head (1000 x 256 each), the router (4 x 256), 5 norms of 256: bf16
+FLOAT_BYTES = 2 * (2 * 1000 * 256 + 4 * 256 + 5 * 256)
+
+
+@pytest.mark.parametrize(("quant", "matrix_bytes"), [
+    (QuantConfig(weights="fp8", fp8_scales="block"),
+     lambda o, i: o * i + 4 * math.ceil(o / 128) * math.ceil(i / 128)),
+    (QuantConfig(weights="fp8", fp8_scales="tensor"), lambda o, i: o * i + 4),
+    (QuantConfig(weights="fp8"), lambda o, i: o * i + 4 * o),
+    (QuantConfig(weights="mxfp4"), lambda o, i: o * i / 2 + o * i / 32),
+    (QuantConfig(weights="nvfp4"), lambda o, i: o * i / 2 + o * i / 16 + 4),
+])
+def test_weight_bytes_of_a_known_matrix_set(quant: QuantConfig, matrix_bytes: Any) -> None:
+    """Every projection, the routed experts included, at its stored bytes; the embedding,
+    head, router and norms in the model dtype."""
+    expected = FLOAT_BYTES + sum(n * matrix_bytes(o, i) for o, i, n in MATRICES)
+    assert weight_bytes(small_moe(), "bfloat16", quant) == expected
+
+
+def test_the_peak_each_pairing_runs_at() -> None:
+    cfg, h100, b200 = small_moe(), get_hardware("h100-sxm"), get_hardware("b200")
+    projections = ["mlp", "moe_experts", "o_proj", "qkv_proj"]
+    for weights in FLOAT_CODE_WEIGHTS:  # weight-only: the model dtype's peak (no entry)
+        assert low_precision_rates(cfg, h100, QuantConfig(weights=weights)) == {}
+    w8a8 = low_precision_rates(cfg, h100, QuantConfig(weights="fp8", activations="fp8"))
+    assert w8a8 == dict.fromkeys(projections, h100.peak_flops["float8"])
+    for weights in ("mxfp4", "nvfp4"):
+        w4a4 = low_precision_rates(cfg, b200, QuantConfig(weights=weights, activations="fp4"))
+        assert w4a4 == dict.fromkeys(projections, 9e15)
+    rates = step_rates(cfg, h100, "bfloat16", 4096, "prefill",
+                       QuantConfig(weights="fp8", activations="fp8"))
+    assert rates.peak == h100.peak("bfloat16") and rates.quantized == w8a8
+
+
+def test_native_w8a8_runs_only_the_fp8_operators_at_the_fp8_peak() -> None:
+    mix = (("moe_experts", "fp8/block", 9), ("mlp", "fp8/block", 9), ("qkv_proj", "float", 9),
+           ("o_proj", "float", 9))
+    quant = QuantConfig(weights="native", activations="fp8", native_mix=mix)
+    h100 = get_hardware("h100-sxm")
+    assert low_precision_rates(small_moe(), h100, quant) == dict.fromkeys(
+        ["mlp", "moe_experts"], h100.peak_flops["float8"])
+
+
+def test_w8a8_shortens_a_compute_bound_prefill_and_w8a16_does_not() -> None:
+    cfg = ModelConfig(name="wide", vocab_size=32000, hidden_size=4096, num_layers=2,
+                      num_heads=32, num_kv_heads=8, intermediate_size=14336)
+    h100 = get_hardware("h100-sxm")
+
+    def ttft(**quant: str) -> float:
+        return predict(cfg, h100, batch=8, prompt_len=2048, gen_len=2, dtype="bfloat16",
+                       quant=QuantConfig(**quant)).ttft_s
+
+    bf16, w8a16, w8a8 = ttft(), ttft(weights="fp8"), ttft(weights="fp8", activations="fp8")
+    assert w8a16 == pytest.approx(bf16, rel=1e-2)  # compute-bound: smaller weights barely help
+    assert w8a8 < 0.9 * w8a16
+
+
+@pytest.mark.parametrize(("hardware", "weights", "activations", "key"), [
+    ("a100-80g", "fp8", "fp8", "float8"), ("h100-sxm", "nvfp4", "fp4", "float4"),
+    ("h200", "mxfp4", "fp4", "float4")])
+def test_hardware_without_the_peak_is_refused(hardware: str, weights: str, activations: str,
+                                              key: str) -> None:
+    hw = get_hardware(hardware)
+    with pytest.raises(UserError, match=f"hardware '{hardware}' has no '{key}' peak.*it has: "
+                                        f"{', '.join(hw.peak_flops)}"):
+        predict(small_moe(), hw, batch=1, prompt_len=16, gen_len=2, dtype="bfloat16",
+                quant=QuantConfig(weights=weights, activations=activations))
