@@ -18,6 +18,7 @@ import typer
 
 from infbench.checkpoint.metadata import model_source  # noqa: F401  (opt.model_source)
 from infbench.core.config import (
+    ACTIVATION_QUANT,
     ATTENTION_KINDS,
     BACKENDS,
     DEVICES,
@@ -26,6 +27,7 @@ from infbench.core.config import (
     KV_QUANT,
     WEIGHT_QUANT,
 )
+from infbench.core.formats import FP8_SCALES
 
 
 def _int_at_least(minimum: int) -> Callable[[int | None], int | None]:
@@ -206,6 +208,8 @@ attention_kind = one_of(ATTENTION_KINDS)
 feature_map = one_of(FEATURE_MAPS)
 weight_quant = one_of(WEIGHT_QUANT)
 kv_quant = one_of(KV_QUANT)
+activation_quant = one_of(ACTIVATION_QUANT)
+fp8_scales = one_of(FP8_SCALES)
 backend = one_of(BACKENDS)
 device = one_of(DEVICES)
 
@@ -215,4 +219,9 @@ def choices(allowed: tuple[str, ...]) -> str:
     return " | ".join(allowed)
 
 
+ACTIVATIONS_HELP = ("What quantized projections multiply: float (weight-only) | int8 (llama.cpp's "
+                    "int8 blocks) | fp8 (W8A8, with --quant fp8: the float8 peak) | fp4 "
+                    "(W4A4, with --quant mxfp4/nvfp4: the float4 peak) (default: float).")
+FP8_SCALES_HELP = ("fp8 weight scales: tensor | channel | block (128x128 tiles) "
+                   "(default: channel; --quant fp8 only).")
 MODEL_HELP = "A preset name, a Hugging Face model directory (config.json) or a .gguf file."

@@ -233,14 +233,17 @@ def apply_attention_flags(doc: dict[str, Any], attention: str | None,
 
 
 def build_quant(quant: str | None, group_size: int | None, kv_dtype: str | None,
-                source: dict[str, str] | None = None, kv_bits: int | None = None) -> Any:
-    """The QuantConfig of the flags; `--quant native` reads the model's GGUF tensor types."""
+                source: dict[str, str] | None = None, kv_bits: int | None = None,
+                activations: str | None = None, fp8_scales: str | None = None) -> Any:
+    """The QuantConfig of the flags; `--quant native` reads the model's stored formats (a
+    GGUF file's tensor types, a safetensors checkpoint's quantization_config)."""
     from infbench.checkpoint.metadata import native_quant
     from infbench.core.config import make_quant
 
     check_positive("--group-size", group_size)
     qcfg = make_quant({"weights": quant or "none", "group_size": group_size or 128,
-                       "kv": kv_dtype or "none", "kv_bits": kv_bits})
+                       "kv": kv_dtype or "none", "kv_bits": kv_bits,
+                       "activations": activations or "float", "fp8_scales": fp8_scales})
     return native_quant(qcfg, source) if source is not None else qcfg
 
 
@@ -433,6 +436,10 @@ def predict_command(
         None, callback=opt.weight_quant, help=f"Weights: {opt.choices(opt.WEIGHT_QUANT)}."),
     group_size: int | None = typer.Option(
         None, callback=opt.positive_int, help="int4 group size (default: 128)."),
+    activations: str | None = typer.Option(
+        None, callback=opt.activation_quant, help=opt.ACTIVATIONS_HELP),
+    fp8_scales: str | None = typer.Option(
+        None, callback=opt.fp8_scales, help=opt.FP8_SCALES_HELP),
     kv_dtype: str | None = typer.Option(
         None, callback=opt.kv_quant, help=f"KV cache: {opt.choices(opt.KV_QUANT)}."),
     set_: list[str] | None = typer.Option(None, "--set", help=SET_HELP),
@@ -474,7 +481,8 @@ def predict_command(
         from infbench.commands.predict_diffusion import run_predict_diffusion
 
         others = {"scenario": scenario, "set": set_, "spec-tokens": spec_tokens, "tp": tp,
-                  "pp": pp, "quant": quant, "attention": attention}
+                  "pp": pp, "quant": quant, "activations": activations,
+                  "fp8-scales": fp8_scales, "attention": attention}
         used = [k for k, v in others.items() if v not in (None, [], ())]
         if used:
             raise UserError(f"--diffusion-steps: --{used[0]} is not modelled for diffusion "
@@ -496,7 +504,8 @@ def predict_command(
     if scenario is not None:
         flags = {"model": model, "hardware": hardware, "batch": batch, "prompt": prompt,
                  "gen": gen, "dtype": dtype, "attention": attention, "quant": quant,
-                 "kv-dtype": kv_dtype, "set": set_, "spec-tokens": spec_tokens,
+                 "activations": activations, "fp8-scales": fp8_scales, "kv-dtype": kv_dtype,
+                 "set": set_, "spec-tokens": spec_tokens,
                  "tp": tp, "pp": pp, "ep": ep, "replicas": replicas,
                  "microbatches": microbatches, **model_flags}
         used = [k.replace("_", "-") for k, v in flags.items() if v not in (None, [], ())]
@@ -525,7 +534,8 @@ def predict_command(
         cfg = config_from_source(source)
         values = attention_values(cfg, attention, model_flags)
         cfg = cfg.with_overrides(attention=values) if values else cfg
-        qcfg = build_quant(quant, group_size, kv_dtype, source, kv_bits)
+        qcfg = build_quant(quant, group_size, kv_dtype, source, kv_bits, activations,
+                           fp8_scales)
         par = parallel_config(tp, pp, ep, replicas, microbatches)
         check_context(cfg, prompt_len, gen_len)
         prices = [price(cfg, hw, PricedWorkload(b, b, prompt_len, gen_len, dtype or "bfloat16",
@@ -538,7 +548,8 @@ def predict_command(
     doc = model_document(
         "predict", model or DEFAULT_MODEL, set_, hardware=hardware or DEFAULT_HARDWARE,
         dtype=dtype or "bfloat16",
-        quant={"weights": quant, "group_size": group_size, "kv": kv_dtype},
+        quant={"weights": quant, "group_size": group_size, "kv": kv_dtype,
+               "activations": activations, "fp8_scales": fp8_scales},
         workload={"batch_size": _one_or_list(sizes), "prompt_len": prompt_len,
                   "gen_len": gen_len},
         parallel=parallel_flags(tp, pp, ep, replicas, microbatches),
