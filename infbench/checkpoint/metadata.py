@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from infbench.checkpoint.families import FAMILY_ARCHITECTURES, FAMILY_MODEL_TYPES, family_config
+from infbench.checkpoint.hf_quant import hf_native_mix
 from infbench.checkpoint.llama4 import (
     LLAMA4_ARCHITECTURES,
     llama4_config,
@@ -566,10 +567,17 @@ def native_gguf_file(source: dict[str, Any], weights: str,
 
 def native_quant(quant: QuantConfig, source: dict[str, Any], weights: str = "auto",
                  overrides: dict[str, Any] | None = None) -> QuantConfig:
-    """`quant` with `native_mix` read from the GGUF file when weights are native (else
-    `quant` itself): the analytic model then prices the bytes the engine stores."""
+    """`quant` with `native_mix` read from the checkpoint when weights are native (else
+    `quant` itself): a GGUF file's tensor types, or a Hugging Face directory's
+    quantization_config (`checkpoint/hf_quant.py`); the analytic model then prices the bytes
+    the checkpoint stores."""
     if quant.weights != "native":
         return quant
+    kind, value = next(iter(source.items()))
+    if kind == "path":
+        root, raw = _read_config_json(value)
+        mix = hf_native_mix(root, raw, config_from_source(source))
+        return dataclasses.replace(quant, native_mix=mix)
     file = native_gguf_file(source, weights, overrides)
     return dataclasses.replace(quant, native_mix=native_mix(gguf_tensor_infos(file)))
 

@@ -327,8 +327,9 @@ class QuantConfig:
     native_mix: tuple[tuple[str, str, int], ...] = ()
     """Not a scenario key: with native weights, (roofline operator, stored format, weights) of
     the GGUF file's projections, and "embed" / "lm_head" rows for a quantized token embedding
-    or head (`core/gguf_types.native_mix`), filled in from the file
-    (`checkpoint.metadata.native_quant`).  Empty: priced in the model dtype."""
+    or head (`core/gguf_types.native_mix`), or (operator, stored format, layers) of a
+    safetensors checkpoint's quantization_config (`checkpoint/hf_quant.py`), filled in from
+    the file (`checkpoint.metadata.native_quant`).  Empty: priced in the model dtype."""
     kv_bits: int | None = None
     """Not a scenario key (analytic only): a cache of this many bits per value (1..32; below
     16 with the same float32 row scales as int8), e.g. 6 for DeepSeek-V2's deployed cache."""
