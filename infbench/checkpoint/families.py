@@ -34,8 +34,13 @@ ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 _GEMMA_SOFTCAPS = {"gemma2": (50.0, 30.0), "gemma3": (None, None)}  # transformers' defaults
 
 
-def family_config(cfg_file: Path, raw: dict[str, Any], arch: str, name: str) -> ModelConfig:
-    """The ModelConfig of a Qwen2/Qwen3/Gemma-2/Gemma-3/Phi-3 config.json (`raw`)."""
+def family_config(cfg_file: Path, raw: dict[str, Any], arch: str, name: str,
+                  like: str | None = None, **extra: Any) -> ModelConfig:
+    """The ModelConfig of a Qwen2/Qwen3/Gemma-2/Gemma-3/Phi-3 config.json (`raw`).
+
+    `like`: the family of this module whose blocks an MoE family `arch` shares (Qwen3-MoE's
+    are Qwen3's); `extra`: its MoE fields (checkpoint/moe.py)."""
+    arch, model_arch = like or arch, arch
     is_gemma = arch in ("gemma2", "gemma3")
     act_key = "hidden_activation" if "hidden_activation" in raw else "hidden_act"
     act = raw.get(act_key) or ("gelu_pytorch_tanh" if is_gemma else "silu")
@@ -80,7 +85,7 @@ def family_config(cfg_file: Path, raw: dict[str, Any], arch: str, name: str) -> 
         rope_scaling=scaling,
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", is_gemma)),
         attention=attention,
-        arch=arch,
+        arch=model_arch,
         qkv_bias=arch == "qwen2",
         qk_norm=arch in ("qwen3", "gemma3"),
         rotary_dim=rotary,
@@ -90,6 +95,7 @@ def family_config(cfg_file: Path, raw: dict[str, Any], arch: str, name: str) -> 
                                else None),
         rope_local_theta=local_theta,
         **fields,
+        **extra,
     )
 
 

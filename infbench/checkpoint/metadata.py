@@ -24,7 +24,7 @@ from infbench.checkpoint.llama4 import (
     llama4_config,
     llama4_text,
 )
-from infbench.checkpoint.moe import MOE_ARCHITECTURES, moe_from_hf
+from infbench.checkpoint.moe import MOE_ARCHITECTURES, MOE_BLOCK_FAMILIES, moe_from_hf
 from infbench.core.config import (
     PRESETS,
     REAL_WEIGHTS,
@@ -208,8 +208,9 @@ def _config_from_raw(root: Path, raw: dict[str, Any]) -> ModelConfig:
         from infbench.checkpoint.llada import llada_config
 
         return llada_config(raw, str(root))[0]
-    if arch in FAMILY_ARCHITECTURES.values():
-        return family_config(cfg_file, raw, arch, root.resolve().name)
+    if arch in FAMILY_ARCHITECTURES.values() or arch in MOE_BLOCK_FAMILIES:
+        return family_config(cfg_file, raw, arch, root.resolve().name,
+                             MOE_BLOCK_FAMILIES.get(arch), **moe_from_hf(cfg_file, raw, arch))
     if arch in LLAMA4_ARCHITECTURES.values():
         text = llama4_text(cfg_file, raw)
         _check_types(cfg_file, text)

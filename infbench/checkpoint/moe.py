@@ -1,10 +1,11 @@
 """The MoE part of a Hugging Face config.json -> MoEConfig (no torch).
 
-Mixtral (MixtralForCausalLM), Qwen2-MoE (Qwen2MoeForCausalLM) and DeepSeek-V2
-(DeepseekV2ForCausalLM) spell the same router differently; this module reads each
-spelling into one `MoEConfig` and refuses, in one line that lists what is supported,
-the variants the engine does not implement (another scoring function or top-k method,
-MoE only every n-th layer, dense layers between MoE layers).
+Mixtral (MixtralForCausalLM), Qwen2-MoE (Qwen2MoeForCausalLM), Qwen3-MoE
+(Qwen3MoeForCausalLM) and DeepSeek-V2 (DeepseekV2ForCausalLM) spell the same router
+differently; this module reads each spelling into one `MoEConfig` (which layers are MoE:
+`first_k_dense`, `moe_step`, `dense_layers`) and refuses, in one line that lists what is
+supported, the variants the engine does not implement (another scoring function or top-k
+method, DeepSeek's MoE every n-th layer).
 """
 
 from __future__ import annotations
@@ -18,7 +19,11 @@ from infbench.core.errors import ConfigError, UserError
 MOE_ARCHITECTURES = {
     "MixtralForCausalLM": "mixtral",
     "Qwen2MoeForCausalLM": "qwen2_moe",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
 }
+# An MoE family whose attention and norms are those of a dense family of
+# checkpoint/families.py (which reads them): Qwen3-MoE's are Qwen3's (q/k norms, head_dim).
+MOE_BLOCK_FAMILIES = {"qwen3_moe": "qwen3"}
 TOPK_METHODS = ("greedy", "group_limited_greedy")  # DeepSeek-V2's topk_method values
 
 
@@ -58,28 +63,60 @@ def moe_from_hf(cfg_file: Path, raw: dict[str, Any], arch: str) -> dict[str, Any
             norm_topk_prob=True)}  # Mixtral always renormalizes its top-k weights
     if arch == "qwen2_moe":
         return _qwen2_moe(cfg_file, raw)
+    if arch == "qwen3_moe":
+        return _qwen3_moe(cfg_file, raw)
     if arch == "deepseek_v2":
         return _deepseek_v2(cfg_file, raw)
     return {}
 
 
+def _sparse_layers(cfg_file: Path, raw: dict[str, Any]) -> dict[str, Any] | None:
+    """Qwen-MoE's MoE layers: every `decoder_sparse_step`-th, except `mlp_only_layers`
+    (MoEConfig's moe_step, dense_layers); None when no layer is MoE."""
+    num_layers = _count(cfg_file, raw, "num_hidden_layers")
+    step = _count(cfg_file, raw, "decoder_sparse_step", 1)
+    dense = raw.get("mlp_only_layers") or []
+    if (not isinstance(dense, list) or any(isinstance(i, bool) or not isinstance(i, int)
+                                           or not 0 <= i < num_layers for i in dense)):
+        raise UserError(f"{cfg_file}: mlp_only_layers: must be a list of layer indices in "
+                        f"0..{num_layers - 1} (got {dense!r})")
+    layers = {"moe_step": step, "dense_layers": tuple(sorted(set(dense)))}
+    if not any((i + 1) % step == 0 and i not in dense for i in range(num_layers)):
+        return None
+    return layers
+
+
 def _qwen2_moe(cfg_file: Path, raw: dict[str, Any]) -> dict[str, Any]:
-    if raw.get("mlp_only_layers") or _count(cfg_file, raw, "decoder_sparse_step", 1) != 1:
-        raise UserError(f"{cfg_file}: mlp_only_layers / decoder_sparse_step != 1 (dense MLP "
-                        "layers among the MoE layers) are not supported; supported: every "
-                        "layer MoE (mlp_only_layers [], decoder_sparse_step 1)")
+    layers = _sparse_layers(cfg_file, raw)
+    fields: dict[str, Any] = {}
+    if raw.get("qkv_bias", True):  # Qwen2's q/k/v projections carry biases
+        fields["qkv_bias"] = True
+    if layers is None:
+        return fields  # every layer dense
     shared = _count(cfg_file, raw, "shared_expert_intermediate_size", 0, minimum=0)
-    fields: dict[str, Any] = {"moe": _make(
+    fields["moe"] = _make(
         cfg_file, num_experts=_count(cfg_file, raw, "num_experts"),
         num_experts_per_tok=_count(cfg_file, raw, "num_experts_per_tok"),
         moe_intermediate_size=_count(cfg_file, raw, "moe_intermediate_size"),
         num_shared_experts=1 if shared else 0,
         shared_intermediate_size=shared or None, shared_gate=bool(shared),
         norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
-        scoring=_scoring(cfg_file, raw))}
-    if raw.get("qkv_bias", True):  # Qwen2's q/k/v projections carry biases
-        fields["qkv_bias"] = True
+        scoring=_scoring(cfg_file, raw), **layers)
     return fields
+
+
+def _qwen3_moe(cfg_file: Path, raw: dict[str, Any]) -> dict[str, Any]:
+    """Softmax top-k routing, no shared expert; transformers 5 saves `num_experts` as
+    `num_local_experts` (its attribute map), the published configs as `num_experts`."""
+    layers = _sparse_layers(cfg_file, raw)
+    if layers is None:
+        return {}
+    key = "num_experts" if "num_experts" in raw else "num_local_experts"
+    return {"moe": _make(
+        cfg_file, num_experts=_count(cfg_file, raw, key),
+        num_experts_per_tok=_count(cfg_file, raw, "num_experts_per_tok"),
+        moe_intermediate_size=_count(cfg_file, raw, "moe_intermediate_size"),
+        norm_topk_prob=bool(raw.get("norm_topk_prob", False)), **layers)}
 
 
 def _deepseek_v2(cfg_file: Path, raw: dict[str, Any]) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""Tiny random Mixtral / Qwen2-MoE / DeepSeek-V2 MoE checkpoints written by transformers."""
+"""Tiny random Mixtral / Qwen2-MoE / Qwen3-MoE / DeepSeek-V2 MoE checkpoints written by
+transformers."""
 
 from __future__ import annotations
 
@@ -26,6 +27,12 @@ def _build(kind: str, **cfg: Any) -> Any:
                     num_experts=6, num_experts_per_tok=2, norm_topk_prob=False,
                     qkv_bias=False)
         return tf.Qwen2MoeForCausalLM(tf.Qwen2MoeConfig(**{**base, **cfg}))
+    if kind == "qwen3_moe":  # step 2: layers 1, 3, 5 MoE, but 3 is mlp_only
+        base = dict(_COMMON, num_key_value_heads=2, head_dim=24, intermediate_size=96,
+                    num_hidden_layers=6, moe_intermediate_size=32, num_experts=6,
+                    num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=2,
+                    mlp_only_layers=[3])
+        return tf.Qwen3MoeForCausalLM(tf.Qwen3MoeConfig(**{**base, **cfg}))
     if kind == "deepseek_v2":  # DeepSeek-V2-Lite's structure: layer 0 dense, then MoE
         base = dict(_COMMON, intermediate_size=96, num_hidden_layers=3, kv_lora_rank=32,
                     q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,

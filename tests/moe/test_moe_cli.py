@@ -67,3 +67,37 @@ def test_unsupported_moe_variant_is_one_line_exit_2(monkeypatch, capsys, tmp_pat
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "scoring_func: unsupported MoE scoring function 'sparsemax'" \
         in lines[0] and "supported: softmax, sigmoid" in lines[0]
+
+
+_QWEN3_MOE = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+              "vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 4,
+              "intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "head_dim": 8, "num_experts": 4, "num_experts_per_tok": 2,
+              "moe_intermediate_size": 16, "decoder_sparse_step": 1, "mlp_only_layers": []}
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"mlp_only_layers": [4]}, "mlp_only_layers: must be a list of layer indices in 0..3 "
+                               "(got [4])"),
+    ({"mlp_only_layers": "1"}, "mlp_only_layers: must be a list of layer indices"),
+    ({"decoder_sparse_step": 0}, "decoder_sparse_step: must be an integer >= 1 (got 0)"),
+    ({"num_experts_per_tok": 5}, "moe.num_experts_per_tok (5) exceeds moe.num_experts (4)"),
+    ({"use_sliding_window": True}, "use_sliding_window=true is not supported"),
+    ({"attention_bias": True}, "attention_bias=true is not supported"),
+])
+def test_bad_qwen3_moe_config_is_one_line_exit_2(monkeypatch, capsys, tmp_path, change,
+                                                 message):
+    (tmp_path / "config.json").write_text(json.dumps({**_QWEN3_MOE, **change}))
+    code, _, err = run_cli(monkeypatch, capsys, "predict", "--model", str(tmp_path))
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], err
+
+
+def test_qwen_moe_config_with_no_moe_layer_reads_as_dense(tmp_path):
+    from infbench.checkpoint.metadata import config_from_hf_dir
+
+    (tmp_path / "config.json").write_text(json.dumps(
+        {**_QWEN3_MOE, "decoder_sparse_step": 2, "mlp_only_layers": [1, 3]}))
+    cfg = config_from_hf_dir(tmp_path)
+    assert cfg.moe is None and cfg.arch == "qwen3_moe" and cfg.qk_norm
