@@ -1000,6 +1000,52 @@ FAMILY_PRESETS: dict[str, ModelConfig] = {
         attention=AttentionConfig(kind="sliding", window=2047), arch="phi3",
     ),
 }
+
+
+# The dense and MoE models deployed today (docs/models.md), from each model's published
+# config.json on the Hugging Face hub.
+def _llama31(name: str, hidden: int, layers: int, heads: int, inter: int) -> ModelConfig:
+    return ModelConfig(name=name, vocab_size=128256, hidden_size=hidden, num_layers=layers,
+                       num_heads=heads, num_kv_heads=8, intermediate_size=inter,
+                       max_seq_len=131072, rope_theta=500000.0, rms_norm_eps=1e-5,
+                       rope_scaling=_LLAMA31_ROPE, attention=_GQA)
+
+
+def _mixtral(name: str, hidden: int, layers: int, heads: int, inter: int,
+             context: int) -> ModelConfig:
+    return ModelConfig(name=name, vocab_size=32000, hidden_size=hidden, num_layers=layers,
+                       num_heads=heads, num_kv_heads=8, intermediate_size=inter,
+                       max_seq_len=context, rope_theta=1e6, rms_norm_eps=1e-5,
+                       attention=_GQA, arch="mixtral",
+                       moe=MoEConfig(num_experts=8, num_experts_per_tok=2,
+                                     moe_intermediate_size=inter, norm_topk_prob=True))
+
+
+def _qwen3_moe(name: str, hidden: int, layers: int, heads: int, inter: int,
+               moe_inter: int) -> ModelConfig:
+    return ModelConfig(name=name, vocab_size=151936, hidden_size=hidden, num_layers=layers,
+                       num_heads=heads, num_kv_heads=4, head_dim=128, intermediate_size=inter,
+                       max_seq_len=40960, rope_theta=1e6, rms_norm_eps=1e-6, attention=_GQA,
+                       arch="qwen3_moe", qk_norm=True,
+                       moe=MoEConfig(num_experts=128, num_experts_per_tok=8,
+                                     moe_intermediate_size=moe_inter, norm_topk_prob=True))
+
+
+# Llama 3.1's rope_scaling: frequencies below 8192-token wavelengths scaled by 8.
+_LLAMA31_ROPE = (("factor", 8.0), ("high_freq_factor", 4.0), ("low_freq_factor", 1.0),
+                 ("original_max_position_embeddings", 8192), ("rope_type", "llama3"))
+FAMILY_PRESETS.update({
+    # meta-llama/Llama-3.1-{8B,70B,405B}
+    "llama-3.1-8b": _llama31("llama-3.1-8b", 4096, 32, 32, 14336),
+    "llama-3.1-70b": _llama31("llama-3.1-70b", 8192, 80, 64, 28672),
+    "llama-3.1-405b": _llama31("llama-3.1-405b", 16384, 126, 128, 53248),
+    # mistralai/Mixtral-8x7B-v0.1, mistralai/Mixtral-8x22B-v0.1 (every layer MoE, top 2 of 8)
+    "mixtral-8x7b": _mixtral("mixtral-8x7b", 4096, 32, 32, 14336, 32768),
+    "mixtral-8x22b": _mixtral("mixtral-8x22b", 6144, 56, 48, 16384, 65536),
+    # Qwen/Qwen3-30B-A3B, Qwen/Qwen3-235B-A22B (every layer MoE, top 8 of 128)
+    "qwen3-30b-a3b": _qwen3_moe("qwen3-30b-a3b", 2048, 48, 32, 6144, 768),
+    "qwen3-235b-a22b": _qwen3_moe("qwen3-235b-a22b", 4096, 94, 64, 12288, 1536),
+})
 PRESETS.update(FAMILY_PRESETS)
 
 
