@@ -20,6 +20,7 @@ from infbench.checkpoint.metadata import config_from_source
 from infbench.commands import _options as opt
 from infbench.core.config import MAX_BATCH
 from infbench.core.errors import UserError
+from infbench.core.parallel import DISPATCH_DTYPES
 from infbench.measure.model_shapes import model_configs
 from infbench.measure.prediction import (
     PointPrice,
@@ -101,17 +102,21 @@ def default_lengths(cfg: Any, prompt: int | None, gen: int | None,
 
 
 def parallel_config(tp: int | None, pp: int | None, ep: int | None, replicas: int | None,
-                    microbatches: int | None = None) -> Any:
-    """The ParallelConfig of the flags (unset: 1)."""
+                    microbatches: int | None = None, attention_dp: int | None = None,
+                    dispatch_dtype: str | None = None) -> Any:
+    """The ParallelConfig of the flags (unset: the config's defaults)."""
     from infbench.core.parallel import ParallelConfig
 
-    return ParallelConfig(tp or 1, pp or 1, ep or 1, replicas or 1, microbatches)
+    return ParallelConfig(tp or 1, pp or 1, ep or 1, replicas or 1, microbatches,
+                          attention_dp or 1, dispatch_dtype or "model")
 
 
 def parallel_flags(tp: int | None, pp: int | None, ep: int | None, replicas: int | None,
-                   microbatches: int | None = None) -> dict[str, int]:
+                   microbatches: int | None = None, attention_dp: int | None = None,
+                   dispatch_dtype: str | None = None) -> dict[str, int | str]:
     """The `parallel:` keys the flags set (for a scenario-shaped document)."""
-    values = {"tp": tp, "pp": pp, "ep": ep, "replicas": replicas, "microbatches": microbatches}
+    values = {"tp": tp, "pp": pp, "ep": ep, "replicas": replicas, "microbatches": microbatches,
+              "attention_dp": attention_dp, "dispatch_dtype": dispatch_dtype}
     return {k: v for k, v in values.items() if v is not None}
 
 
@@ -294,7 +299,8 @@ def make_console(min_width: int = 120) -> Any:
 
 def _devices(p: Prediction) -> str:
     par = p.parallel
-    return f"{par.tp}x{par.pp}" + (f" x{par.replicas}" if par.replicas > 1 else "")
+    return (f"{par.tp}x{par.pp}" + (f" dp{par.attention_dp}" if par.attention_dp > 1 else "")
+            + (f" x{par.replicas}" if par.replicas > 1 else ""))
 
 
 def print_predictions(prices: list[PointPrice], show_ops: bool,
@@ -361,12 +367,21 @@ def _print_details(console: Any, pp: PointPrice, p: Prediction) -> None:
     if not p.parallel.trivial:
         par = p.parallel
         comm = p.decode_comm
+        dp = f", attention dp {par.attention_dp}" if par.attention_dp > 1 else ""
         console.print(
             f"{p.model} b={p.batch} on {par.devices} x {p.hardware} (tp {par.tp}, pp "
-            f"{par.pp}, ep {par.ep}, replicas {par.replicas}): decode communication "
+            f"{par.pp}, ep {par.ep}{dp}, replicas {par.replicas}): decode communication "
             f"{fmt_ms(comm.total_s)} ms of {fmt_ms(p.decode.time_s)} ms per step"
             + (f", pipeline bubble {p.pipeline_bubble:.0%}" if par.pp > 1 else ""),
             highlight=False)
+        for stage, a2a in (("prefill", p.prefill_all_to_all), ("decode", p.decode_all_to_all)):
+            if a2a is not None:
+                console.print(
+                    f"{p.model} b={p.batch} {stage} all-to-all per MoE layer ({a2a.moe_layers} "
+                    f"layers), per device: {a2a.tokens:,.6g} tokens x top-{a2a.top_k}, "
+                    f"dispatch {fmt_si(a2a.dispatch_bytes)}B ({a2a.dispatch_dtype}) + combine "
+                    f"{fmt_si(a2a.combine_bytes)}B over {a2a.tier} (ep {a2a.group}): "
+                    f"{fmt_ms(a2a.time_s)} ms per layer", highlight=False)
     if p.speculative is not None:
         s = p.speculative
         console.print(
@@ -460,6 +475,13 @@ def predict_command(
         None, callback=opt.positive_int, help="Data-parallel replicas (default: 1)."),
     microbatches: int | None = typer.Option(
         None, callback=opt.positive_int, help="Pipeline micro-batches (default: pp)."),
+    attention_dp: int | None = typer.Option(
+        None, callback=opt.positive_int, help="Attention data-parallel ranks within tp (MoE: "
+        "each rank holds its 1/N of the sequences' attention and KV, the experts run ep = tp; "
+        "default: 1)."),
+    dispatch_dtype: str | None = typer.Option(
+        None, callback=opt.one_of(DISPATCH_DTYPES),
+        help=f"MoE all-to-all dispatch: {opt.choices(DISPATCH_DTYPES)} (default: model)."),
     overlap: str | None = typer.Option(
         None, callback=opt.one_of(OVERLAP_CHOICES), help=OVERLAP_HELP),
     kv_bits: int | None = typer.Option(None, callback=opt.positive_int, help=KV_BITS_HELP),
@@ -507,7 +529,8 @@ def predict_command(
                  "activations": activations, "fp8-scales": fp8_scales, "kv-dtype": kv_dtype,
                  "set": set_, "spec-tokens": spec_tokens,
                  "tp": tp, "pp": pp, "ep": ep, "replicas": replicas,
-                 "microbatches": microbatches, **model_flags}
+                 "microbatches": microbatches, "attention_dp": attention_dp,
+                 "dispatch_dtype": dispatch_dtype, **model_flags}
         used = [k.replace("_", "-") for k, v in flags.items() if v not in (None, [], ())]
         if used:
             raise UserError(f"{scenario}: the scenario defines the points; drop --{used[0]}")
@@ -536,7 +559,7 @@ def predict_command(
         cfg = cfg.with_overrides(attention=values) if values else cfg
         qcfg = build_quant(quant, group_size, kv_dtype, source, kv_bits, activations,
                            fp8_scales)
-        par = parallel_config(tp, pp, ep, replicas, microbatches)
+        par = parallel_config(tp, pp, ep, replicas, microbatches, attention_dp, dispatch_dtype)
         check_context(cfg, prompt_len, gen_len)
         prices = [price(cfg, hw, PricedWorkload(b, b, prompt_len, gen_len, dtype or "bfloat16",
                                                 qcfg, options.speculative, par),
@@ -552,7 +575,8 @@ def predict_command(
                "activations": activations, "fp8_scales": fp8_scales},
         workload={"batch_size": _one_or_list(sizes), "prompt_len": prompt_len,
                   "gen_len": gen_len},
-        parallel=parallel_flags(tp, pp, ep, replicas, microbatches),
+        parallel=parallel_flags(tp, pp, ep, replicas, microbatches, attention_dp,
+                                dispatch_dtype),
         # --batch is the batch at once, as without --set: no engine cap unless --set sets one
         engine={"max_num_seqs": MAX_BATCH})
     points = apply_attention_flags(doc, attention, model_flags)

@@ -17,6 +17,18 @@ becomes this dataclass.
   routed experts are spread over `ep` groups of `tp / ep` devices; tokens go to their
   experts by an all-to-all (dispatch) and come back by another (combine), which replace
   the MoE layer's all-reduce.
+- attention_dp: attention data parallel within the `tp` devices of a stage (SGLang's
+  `--enable-dp-attention` with `--dp attention_dp`; it divides tp, MoE models only): the
+  tp devices form `attention_dp` ranks of `tp / attention_dp` devices; each rank holds the
+  attention weights (split over its devices) and the KV cache of its own 1/attention_dp
+  of the sequences, so the attention and its cache are replicated attention_dp ways instead
+  of split.  The MoE layers run expert parallel over all tp devices (`ep` becomes tp): each
+  device dispatches its tokens to their experts by an all-to-all and gets them back by
+  another.  The dense MLP layers and the LM head run tensor parallel over all tp devices on
+  the tokens gathered from every rank (SGLang's default), the embedding is replicated.
+- dispatch_dtype: what the MoE all-to-all's dispatch carries: the model dtype, or float8
+  (DeepEP's FP8 dispatch: one byte per value plus a float32 scale per 128); the combine
+  returns the expert outputs in the model dtype.
 - replicas: independent copies of the whole (tp x pp) model serving different requests
   (data parallel): throughput x replicas at unchanged per-request latency.
 - microbatches: how many micro-batches the batch is cut into for the pipeline (default:
@@ -25,12 +37,28 @@ becomes this dataclass.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Annotated, Literal, get_args
 
 from infbench.core.config import MAX_BATCH, ModelConfig, check_count
 from infbench.core.errors import ConfigError
 
 MAX_DEVICES = 65536  # sanity limit of one degree (a TPU v5p pod is 8,960 chips)
+DispatchDtype = Literal["model", "float8"]
+DISPATCH_DTYPES: tuple[str, ...] = get_args(DispatchDtype)
+FP8_SCALE_GROUP = 128  # values per float32 scale of an FP8 dispatch (DeepEP's layout)
+
+
+def divisors(n: int) -> list[int]:
+    """The divisors of n, ascending (the degrees that split n things evenly)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)})
+
+
+def _allowed(values: list[int], limit: int = 12) -> str:
+    shown = ", ".join(str(v) for v in values[:limit])
+    return shown + (", ..." if len(values) > limit else "")
 
 
 @dataclass(frozen=True)
@@ -48,20 +76,50 @@ class ParallelConfig:
     """Data-parallel replicas of the whole model: throughput x replicas."""
     microbatches: int | None = None
     """Pipeline micro-batches (default: pp)."""
+    attention_dp: int = 1
+    """Attention data-parallel ranks within tp (divides tp; MoE only): each rank holds the
+    attention and KV of its 1/attention_dp of the sequences; the experts run ep = tp."""
+    dispatch_dtype: Annotated[str, DispatchDtype] = "model"
+    """What the MoE all-to-all dispatch carries: the model dtype, or float8 (the combine
+    stays in the model dtype)."""
 
     def __post_init__(self) -> None:
-        for key in ("tp", "pp", "ep", "replicas"):
+        for key in ("tp", "pp", "ep", "replicas", "attention_dp"):
             check_count("parallel", key, getattr(self, key), MAX_DEVICES)
         if self.microbatches is not None:
             check_count("parallel", "microbatches", self.microbatches, MAX_BATCH)
+        if self.dispatch_dtype not in DISPATCH_DTYPES:
+            raise ConfigError(f"parallel.dispatch_dtype: unknown value {self.dispatch_dtype!r}; "
+                              f"allowed: {', '.join(DISPATCH_DTYPES)}")
         if self.tp % self.ep:
             raise ConfigError(f"parallel.ep={self.ep} must divide parallel.tp={self.tp} (the "
-                              "experts of a stage are spread over its tp devices)")
+                              "experts of a stage are spread over its tp devices); allowed: "
+                              f"{_allowed(divisors(self.tp))}")
+        if self.tp % self.attention_dp:
+            raise ConfigError(f"parallel.attention_dp={self.attention_dp} must divide "
+                              f"parallel.tp={self.tp} (each attention rank is tp / attention_dp "
+                              f"devices); allowed: {_allowed(divisors(self.tp))}")
+        if self.attention_dp > 1:
+            if self.ep not in (1, self.tp):
+                raise ConfigError(
+                    f"parallel.ep={self.ep} with attention_dp={self.attention_dp}: the MoE "
+                    f"layers run expert parallel over all tp={self.tp} devices; allowed: ep "
+                    f"{self.tp}, or leave it out")
+            object.__setattr__(self, "ep", self.tp)  # the frozen field's derived value
 
     @property
     def trivial(self) -> bool:
         """One device, one replica: the model is priced exactly as without parallelism."""
         return (self.tp, self.pp, self.ep, self.replicas) == (1, 1, 1, 1)
+
+    @property
+    def attention_tp(self) -> int:
+        """Devices one attention rank's heads are split over (tp with no attention dp)."""
+        return self.tp // self.attention_dp
+
+    def rank_batch(self, batch: int) -> int:
+        """Sequences of the fullest attention rank when `batch` are spread over the ranks."""
+        return math.ceil(batch / self.attention_dp)
 
     @property
     def devices_per_replica(self) -> int:
@@ -76,25 +134,39 @@ class ParallelConfig:
         return max(1, min(self.microbatches or self.pp, batch))
 
     def check_model(self, cfg: ModelConfig) -> None:
-        """The split must fit the model's shape: tp divides the heads (and the KV heads, or
-        the KV heads divide tp), pp is at most the layers, ep needs routed experts it divides."""
-        if cfg.num_heads % self.tp:
-            raise ConfigError(f"parallel.tp={self.tp} must divide the {cfg.num_heads} attention "
-                              f"heads of {cfg.name}")
+        """The split must fit the model's shape: the attention's tp (tp / attention_dp)
+        divides the heads (and the KV heads, or the KV heads divide it), pp is at most the
+        layers, ep and attention_dp need routed experts ep divides.  Each refusal names
+        both numbers and the degrees that would divide."""
+        at = self.attention_tp
+        what = f"parallel.tp={at}" if self.attention_dp == 1 else \
+            f"parallel.tp / attention_dp = {self.tp} / {self.attention_dp} = {at}"
+        if cfg.num_heads % at:
+            raise ConfigError(f"{what} must divide the {cfg.num_heads} attention heads "
+                              f"of {cfg.name}; allowed: {_allowed(divisors(cfg.num_heads))}")
         kvh = cfg.kv_heads
-        if cfg.attention.kind != "mla" and kvh % self.tp and self.tp % kvh:
-            raise ConfigError(f"parallel.tp={self.tp} and the {kvh} KV heads of {cfg.name} must "
-                              "divide one another")
+        if cfg.attention.kind != "mla" and kvh % at and at % kvh:
+            fits = [d for d in divisors(cfg.num_heads) if kvh % d == 0 or d % kvh == 0]
+            raise ConfigError(f"{what} and the {kvh} KV heads of {cfg.name} must divide "
+                              f"one another; allowed: {_allowed(fits)}")
         if self.pp > cfg.num_layers:
             raise ConfigError(f"parallel.pp={self.pp} is more stages than the {cfg.num_layers} "
-                              f"layers of {cfg.name}")
+                              f"layers of {cfg.name}; allowed: 1..{cfg.num_layers}")
+        if self.attention_dp > 1 and cfg.moe is None:
+            raise ConfigError(f"parallel.attention_dp={self.attention_dp} needs a "
+                              f"mixture-of-experts model (the MoE layers run expert parallel "
+                              f"over the group); {cfg.name} has no routed experts; allowed: "
+                              "attention_dp 1 (replicas for data-parallel copies)")
         if self.ep > 1:
             if cfg.moe is None:
                 raise ConfigError(f"parallel.ep={self.ep} needs a mixture-of-experts model; "
-                                  f"{cfg.name} has no routed experts")
+                                  f"{cfg.name} has no routed experts; allowed: ep 1")
             if cfg.moe.num_experts % self.ep:
-                raise ConfigError(f"parallel.ep={self.ep} must divide the "
-                                  f"{cfg.moe.num_experts} routed experts of {cfg.name}")
+                source = "" if self.attention_dp == 1 else \
+                    f" (attention_dp={self.attention_dp}: ep is all tp={self.tp} devices)"
+                raise ConfigError(f"parallel.ep={self.ep}{source} must divide the "
+                                  f"{cfg.moe.num_experts} routed experts of {cfg.name}; "
+                                  f"allowed: {_allowed(divisors(cfg.moe.num_experts))}")
 
     def stage_layers(self, num_layers: int) -> list[range]:
         """The layer indices of each pipeline stage (the first num_layers % pp get one more)."""

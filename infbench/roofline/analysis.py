@@ -61,7 +61,6 @@ from infbench.roofline.costs import (
     OpCost,
     ParamCount,
     SeqWork,
-    group_costs,
     kv_bytes_per_token,
     kv_cache_bytes,
     param_count,
@@ -71,10 +70,12 @@ from infbench.roofline.costs import (
 )
 from infbench.roofline.layer_costs import FIELDS
 from infbench.roofline.parallel import (
+    AllToAll,
     CommTime,
+    all_to_all_plan,
+    device_ops,
     hop_s,
     logits_bytes_per_seq,
-    shard_ops,
     stage_comm,
     stage_kv_bytes_per_seq,
     stage_weight_bytes,
@@ -316,6 +317,8 @@ class Prediction:
     prefill_comm: CommTime = CommTime()
     decode_comm: CommTime = CommTime()  # one decode round (pp: all micro-batches)
     pipeline_bubble: float = 0.0  # decode: fraction of a round a device idles (pp > 1)
+    prefill_all_to_all: AllToAll | None = None  # expert parallel: one MoE layer's, per device
+    decode_all_to_all: AllToAll | None = None  # (pp > 1: one micro-batch's)
 
     @property
     def decode_steps(self) -> int:
@@ -347,18 +350,20 @@ class DeviceMemory:
 
 def _stage_memory(cfg: ModelConfig, dtype: str, quant: QuantConfig | None,
                   par: ParallelConfig, context_len: int) -> list[tuple[int, int, int]]:
-    """(weights, KV per sequence, state per sequence) of one device of each stage."""
+    """(weights, KV per sequence, state per sequence) of one device of each stage; under
+    attention dp a device holds the sequences of its rank only (`ParallelConfig.rank_batch`)."""
     if par.tp == 1 and par.pp == 1:  # the single-device functions, to the byte
         return [(weight_bytes(cfg, dtype, quant), kv_cache_bytes(cfg, dtype, quant, context_len, 1),
                  state_bytes_per_seq(cfg, dtype))]
     specs = cfg.layers()
     stages = par.stage_layers(cfg.num_layers)
+    at = par.attention_tp
     out = []
     for i, layers in enumerate(stages):
         mine = [specs[j] for j in layers]
-        w = stage_weight_bytes(cfg, dtype, quant, par.tp, mine, i == 0, i == len(stages) - 1)
-        kv_state = stage_kv_bytes_per_seq(cfg, dtype, quant, par.tp, mine, context_len)
-        state = stage_kv_bytes_per_seq(cfg, dtype, quant, par.tp, mine, 0)  # no tokens held
+        w = stage_weight_bytes(cfg, dtype, quant, par, mine, i == 0, i == len(stages) - 1)
+        kv_state = stage_kv_bytes_per_seq(cfg, dtype, quant, at, mine, context_len)
+        state = stage_kv_bytes_per_seq(cfg, dtype, quant, at, mine, 0)  # no tokens held
         out.append((w, kv_state - state, state))
     return out
 
@@ -366,13 +371,15 @@ def _stage_memory(cfg: ModelConfig, dtype: str, quant: QuantConfig | None,
 def device_memory(cfg: ModelConfig, hw: HardwareSpec, dtype: str, quant: QuantConfig | None,
                   context_len: int, batch: int, parallel: ParallelConfig = SINGLE,
                   reserve: MemoryReserve = DEFAULT_RESERVE) -> DeviceMemory:
-    """Memory of the fullest device at `batch` sequences of `context_len` tokens."""
-    work = workspace_bytes(cfg, dtype, quant, parallel.tp, reserve)
+    """Memory of the fullest device at `batch` sequences (per replica) of `context_len`
+    tokens; the logits are gathered for the whole batch on every device."""
+    work = workspace_bytes(cfg, dtype, quant, parallel.attention_tp, reserve)
     logits = logits_bytes_per_seq(cfg) if reserve.workspace_tokens else 0
     usable = hw.memory_bytes * reserve.utilization
+    held = parallel.rank_batch(batch)
     best: DeviceMemory | None = None
     for w, kv, state in _stage_memory(cfg, dtype, quant, parallel, context_len):
-        m = DeviceMemory(w, kv * batch, state * batch, work + logits * batch, usable)
+        m = DeviceMemory(w, kv * held, state * held, work + logits * batch, usable)
         if best is None or m.memory_bytes + m.workspace_bytes > \
                 best.memory_bytes + best.workspace_bytes:
             best = m
@@ -384,19 +391,22 @@ def max_batch(cfg: ModelConfig, hw: HardwareSpec, dtype: str, quant: QuantConfig
               context_len: int, parallel: ParallelConfig = SINGLE,
               reserve: MemoryReserve = DEFAULT_RESERVE) -> int:
     """Largest batch (per replica) whose weights + KV (at `context_len`) + state + workspace
-    fit every device's usable memory; 0 if the weights do not."""
-    work = workspace_bytes(cfg, dtype, quant, parallel.tp, reserve)
+    fit every device's usable memory; 0 if the weights do not.  Under attention dp each
+    device holds the KV of ceil(batch / attention_dp) sequences."""
+    work = workspace_bytes(cfg, dtype, quant, parallel.attention_tp, reserve)
     logits = logits_bytes_per_seq(cfg) if reserve.workspace_tokens else 0
     usable = hw.memory_bytes * reserve.utilization
+    dp = parallel.attention_dp
     best: int | None = None
     for w, kv, state in _stage_memory(cfg, dtype, quant, parallel, context_len):
         free = usable - w - work
         if free < 0:
             return 0
-        per_seq = kv + state + logits
         if kv + state <= 0:
             raise ConfigError(f"model {cfg.name!r} keeps no per-sequence state: no batch limit")
-        fit = int(free // per_seq)
+        fit = int(free // ((kv + state) / dp + logits))  # an upper bound: ceil() holds more
+        while fit > 0 and parallel.rank_batch(fit) * (kv + state) + fit * logits > free:
+            fit -= 1
         best = fit if best is None else min(best, fit)
     assert best is not None
     return best
@@ -530,13 +540,14 @@ def _mla_forms(cfg: ModelConfig, groups: Groups) -> tuple[bool, ...]:
 
 def mean_stage(cfg: ModelConfig, hw: HardwareSpec, dtype: str, quant: QuantConfig,
                make_seqs: Callable[[int], Batch], query_len: int, lo: int, hi: int,
-               stage: str = "decode", overlap: str = "full", tp: int = 1) -> StagePrediction:
+               stage: str = "decode", overlap: str = "full",
+               par: ParallelConfig = SINGLE) -> StagePrediction:
     """The exact mean over base contexts lo..hi of steps built by `make_seqs(x)`.
 
     `make_seqs(x)` returns the step's batch as (SeqWork, count) groups (a plain list of
     SeqWork is grouped first), so a batch of a million identical sequences is one group
-    and the cost stays O(1) in the batch.  `tp` > 1 prices one tensor-parallel device's
-    share (`roofline.parallel.shard_ops`, linear, so the mean stays exact); collectives
+    and the cost stays O(1) in the batch.  On more than one device it prices one device's
+    share (`roofline.parallel.device_ops`, linear, so the mean stays exact); collectives
     are the caller's.
     """
     def groups_at(x: int) -> Groups:
@@ -555,9 +566,8 @@ def mean_stage(cfg: ModelConfig, hw: HardwareSpec, dtype: str, quant: QuantConfi
             m = (s + e) // 2  # the MLA form flips inside: split until each piece is affine
             pending[:0] = [(s, m), (m + 1, e)]
             continue
-        ops_s = shard_ops(cfg, group_costs(cfg, seqs_s, dtype, quant, stage=stage), tp)
-        ops_e = ops_s if s == e else shard_ops(
-            cfg, group_costs(cfg, seqs_e, dtype, quant, stage=stage), tp)
+        ops_s = device_ops(cfg, seqs_s, dtype, quant, par, stage=stage)
+        ops_e = ops_s if s == e else device_ops(cfg, seqs_e, dtype, quant, par, stage=stage)
         for a, b in zip(ops_s, ops_e, strict=True):
             assert a.name == b.name, (a.name, b.name)
             row = sums.setdefault(a.name, [a.kind] + [0.0] * len(FIELDS))
@@ -588,8 +598,9 @@ def _speculative(cfg: ModelConfig, hw: HardwareSpec, dtype: str, quant: QuantCon
     q = spec.num_tokens + 1
     verify = mean_stage(cfg, hw, dtype, quant,
                         lambda x: [(SeqWork(q, x + q - 1, q), batch)], q, lo, hi, "verify",
-                        overlap, par.tp)
-    comm = stage_comm(cfg, par, hw, dtype, cfg.layers(), batch * q, batch * q, True, True)
+                        overlap, par)
+    comm = stage_comm(cfg, par, hw, dtype, cfg.layers(), [(SeqWork(q, lo + q - 1, q), batch)],
+                      True, True)
     draft = spec.num_tokens * spec.draft_cost_ratio * decode.time_s
     step = draft + verify.time_s + comm.total_s
     per_token = step / spec.expected_tokens
@@ -607,9 +618,8 @@ def _pipeline(cfg: ModelConfig, hw: HardwareSpec, dtype: str, quant: QuantConfig
     specs = cfg.layers()
     stages = par.stage_layers(cfg.num_layers)
     num_tokens = sum(sw.query_len * n for sw, n in groups)
-    num_logits = sum(sw.num_logits * n for sw, n in groups)
     rates = step_rates(cfg, hw, dtype, num_tokens, stage, quant)
-    by_layer = group_costs(cfg, groups, dtype, quant, by_layer=True, stage=stage)
+    by_layer = device_ops(cfg, groups, dtype, quant, par, stage=stage, by_layer=True)
     layer_stage = {j: i for i, layers in enumerate(stages) for j in layers}
     last = len(stages) - 1
     per_stage: list[list[OpCost]] = [[] for _ in stages]
@@ -622,14 +632,13 @@ def _pipeline(cfg: ModelConfig, hw: HardwareSpec, dtype: str, quant: QuantConfig
     comm = CommTime()
     for i, ops in enumerate(per_stage):
         mine = [specs[j] for j in stages[i]]
-        c = stage_comm(cfg, par, hw, dtype, mine, num_tokens, num_logits, i == 0, i == last)
+        c = stage_comm(cfg, par, hw, dtype, mine, groups, i == 0, i == last)
         comm = comm.plus(c)
-        dev_ops = shard_ops(cfg, ops, par.tp)
         overhead = hw.step_overhead_s(len(mine), sum(n for _, n in groups))
-        times.append(ops_time(dev_ops, rates, overlap) + overhead + c.total_s)
+        times.append(ops_time(ops, rates, overlap) + overhead + c.total_s)
     hop = hop_s(num_tokens * cfg.hidden_size * dtype_bytes(dtype), 2 * par.tp, hw) \
         if par.pp > 1 else 0.0
-    merged = shard_ops(cfg, group_costs(cfg, groups, dtype, quant, stage=stage), par.tp)
+    merged = device_ops(cfg, groups, dtype, quant, par, stage=stage)
     return times, merged, comm, hop, rates
 
 
@@ -685,19 +694,18 @@ def predict(
     lo, hi = prompt_len + 1, prompt_len + gen_len
     prefill_comm = decode_comm = CommTime()
     bubble = 0.0
+    prompts = [(SeqWork(prompt_len, prompt_len), batch)]
+    tokens = [(SeqWork(1, lo), batch)]  # one decode step (its collectives do not vary)
     if par.pp == 1:
-        prefill_ops = shard_ops(cfg, group_costs(
-            cfg, [(SeqWork(prompt_len, prompt_len), batch)], dtype, quant, stage="prefill"),
-            par.tp)
-        prefill_comm = stage_comm(cfg, par, hw, dtype, cfg.layers(), batch * prompt_len, batch,
-                                  True, True)
+        prefill_ops = device_ops(cfg, prompts, dtype, quant, par, stage="prefill")
+        prefill_comm = stage_comm(cfg, par, hw, dtype, cfg.layers(), prompts, True, True)
         prefill = _stage("prefill", prefill_ops,
                          step_rates(cfg, hw, dtype, batch * prompt_len, "prefill", quant),
                          hw.step_overhead_s(cfg.num_layers, batch), overlap,
                          prefill_comm.total_s)
         decode = mean_stage(cfg, hw, dtype, quant, lambda x: [(SeqWork(1, x), batch)], 1, lo, hi,
-                            overlap=overlap, tp=par.tp)
-        decode_comm = stage_comm(cfg, par, hw, dtype, cfg.layers(), batch, batch, True, True)
+                            overlap=overlap, par=par)
+        decode_comm = stage_comm(cfg, par, hw, dtype, cfg.layers(), tokens, True, True)
         if decode_comm.total_s:
             decode = replace(decode, time_s=decode.time_s + decode_comm.total_s)
     else:
@@ -706,6 +714,7 @@ def predict(
                               "(pp > 1); drop the speculative settings or use pp 1")
         m = par.num_microbatches(batch)
         micro = math.ceil(batch / m)  # the largest micro-batch sets the stage time
+        prompts, tokens = [(SeqWork(prompt_len, prompt_len), micro)], [(SeqWork(1, lo), micro)]
         times, merged, prefill_comm, hop, rates = _pipeline(
             cfg, hw, dtype, quant, par, [(SeqWork(prompt_len, prompt_len), micro)], "prefill",
             overlap)
@@ -738,6 +747,8 @@ def predict(
         parallel=par, overlap=overlap, usable_memory_bytes=mem.usable_bytes,
         workspace_bytes=mem.workspace_bytes, prefill_comm=prefill_comm,
         decode_comm=decode_comm, pipeline_bubble=bubble,
+        prefill_all_to_all=all_to_all_plan(cfg, par, hw, dtype, prompts),
+        decode_all_to_all=all_to_all_plan(cfg, par, hw, dtype, tokens),
     )
 
 
@@ -815,6 +826,7 @@ def deployment_dict(p: Prediction) -> dict[str, Any]:
     return {
         "parallel": {"tp": par.tp, "pp": par.pp, "ep": par.ep, "replicas": par.replicas,
                      "microbatches": par.num_microbatches(p.batch) if par.pp > 1 else 1,
+                     "attention_dp": par.attention_dp, "dispatch_dtype": par.dispatch_dtype,
                      "devices": par.devices},
         "overlap": p.overlap,
         "usable_memory_bytes": p.usable_memory_bytes,
@@ -822,4 +834,7 @@ def deployment_dict(p: Prediction) -> dict[str, Any]:
         "prefill_comm_s": asdict(p.prefill_comm),
         "decode_comm_s": asdict(p.decode_comm),
         "pipeline_bubble": p.pipeline_bubble,
+        # expert parallel: one MoE layer's dispatch and combine on one device, per step
+        "all_to_all": {stage: a.to_dict() if a else None for stage, a in
+                       (("prefill", p.prefill_all_to_all), ("decode", p.decode_all_to_all))},
     }

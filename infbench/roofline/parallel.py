@@ -11,12 +11,27 @@ by how each operator is split (`ParallelConfig` documents the split):
 - KV reads and writes: `kv_share` (1 / tp; 1 / kv_heads when each device keeps one whole
   KV head; 1 for MLA, whose latent cache every device holds).
 
+With attention data parallelism (`attention_dp` > 1, `device_ops`) a device runs two
+batches: the attention side (norms, the mixer's projections and attention, the router, the
+shared experts, the replicated embedding) on its rank's 1/attention_dp of the sequences,
+split tp / attention_dp ways; the group side (`GROUP_OPS`: the dense MLP, the routed
+experts, the LM head) on every rank's tokens, split tp ways (the experts: ep = tp).
+
 Collectives, `n` devices, message `S` bytes, link bandwidth `B` per direction and latency
 `a` per hop (`Interconnect.tier` picks NVLink / PCIe / network by the group's span):
 
 - all-reduce (ring): 2 (n - 1) / n * S / B + 2 (n - 1) a
 - all-gather and all-to-all: (n - 1) / n * S / B + (n - 1) a
 - a pipeline hop: S / B + a
+
+The expert-parallel all-to-all of a MoE layer (`all_to_all_plan`): each device dispatches
+tokens x top-k x hidden values (in the model dtype, or FP8 with a float32 scale per 128
+values) and gets as many back by the combine (in the model dtype); with attention dp a
+device dispatches its rank's tokens / (tp / attention_dp), without it every device holds
+(and sends) the whole step's tokens.  Every token goes to top-k experts, counted as top-k
+copies (an upper bound: a token whose experts share a device is sent there once).  Under
+attention dp the dense MLP layers gather every rank's tokens before (all-gather) and
+scatter them after (reduce-scatter, priced as an all-gather), and so does the LM head.
 
 Communication is not overlapped with compute: each collective sits between two
 operators that need its result.
@@ -26,11 +41,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 from infbench.core.config import LayerSpec, ModelConfig, QuantConfig
 from infbench.core.errors import ConfigError
-from infbench.core.parallel import ParallelConfig
+from infbench.core.parallel import FP8_SCALE_GROUP, ParallelConfig
 from infbench.hardware.spec import HardwareSpec, MemoryReserve
 from infbench.roofline.costs import group_costs
 from infbench.roofline.ops import OpCost, SeqWork
@@ -45,6 +61,9 @@ from infbench.roofline.shapes import (
 )
 
 REPLICATED_OPS = ("norm", "moe_router")  # every tensor-parallel device runs these whole
+# Under attention dp: the operators that run on every rank's tokens, split over all tp devices
+GROUP_OPS = ("mlp", "moe_experts", "lm_head")
+Groups = Sequence[tuple[SeqWork, int]]  # a batch as (sequence, how many such sequences)
 
 
 def kv_share(cfg: ModelConfig, tp: int) -> float:
@@ -57,19 +76,52 @@ def kv_share(cfg: ModelConfig, tp: int) -> float:
     return 1.0 / tp if kvh >= tp else 1.0 / kvh
 
 
-def shard_ops(cfg: ModelConfig, ops: Iterable[OpCost], tp: int) -> list[OpCost]:
-    """One tensor-parallel device's share of each operator (identity when tp is 1)."""
+def op_split(name: str, par: ParallelConfig) -> int:
+    """How many devices share operator `name` (its FLOPs, weights and activations): tp, or
+    1 for what every device runs whole; under attention dp the attention side is split over
+    a rank's tp / attention_dp devices and the embedding is replicated."""
+    if name in REPLICATED_OPS or (par.attention_dp > 1 and name == "embed"):
+        return 1
+    if par.attention_dp > 1 and name not in GROUP_OPS:
+        return par.attention_tp
+    return par.tp
+
+
+def shard_ops(cfg: ModelConfig, ops: Iterable[OpCost], par: ParallelConfig) -> list[OpCost]:
+    """One device's share of each operator of one batch (identity on one device)."""
     ops = list(ops)
-    if tp == 1:
+    if par.tp == 1:
         return ops
-    kv = kv_share(cfg, tp)
+    kv = kv_share(cfg, par.attention_tp)
     out = []
     for op in ops:
-        part = 1.0 if op.name in REPLICATED_OPS else 1.0 / tp
+        part = 1.0 / op_split(op.name, par)
         out.append(replace(
             op, flops=op.flops * part, weight_bytes=op.weight_bytes * part,
             act_bytes=op.act_bytes * part, state_bytes=op.state_bytes * part,
             kv_read_bytes=op.kv_read_bytes * kv, kv_write_bytes=op.kv_write_bytes * kv))
+    return out
+
+
+def rank_groups(groups: Groups, par: ParallelConfig) -> list[tuple[SeqWork, int]]:
+    """The fullest attention rank's share of a batch: ceil(n / attention_dp) of each group."""
+    return [(sw, par.rank_batch(n)) for sw, n in groups]
+
+
+def device_ops(cfg: ModelConfig, groups: Groups, dtype: str, quant: QuantConfig | None,
+               par: ParallelConfig, *, stage: str, by_layer: bool = False) -> list[OpCost]:
+    """One device's operators for a replica's batch `groups`: the batch's costs split as
+    `op_split` says; under attention dp the attention side is priced on the fullest rank's
+    sequences and the group side (`GROUP_OPS`) on the whole batch."""
+    ops = group_costs(cfg, groups, dtype, quant, by_layer=by_layer, stage=stage)
+    if par.attention_dp == 1:
+        return shard_ops(cfg, ops, par)
+    rank = group_costs(cfg, rank_groups(groups, par), dtype, quant, by_layer=by_layer,
+                       stage=stage)
+    out = []
+    for mine, whole in zip(shard_ops(cfg, rank, par), shard_ops(cfg, ops, par), strict=True):
+        assert (mine.name, mine.layer) == (whole.name, whole.layer)
+        out.append(whole if mine.name in GROUP_OPS else mine)
     return out
 
 
@@ -124,39 +176,124 @@ def hop_s(nbytes: float, span: int, hw: HardwareSpec) -> float:
     return nbytes / bw + latency
 
 
-def stage_comm(cfg: ModelConfig, par: ParallelConfig, hw: HardwareSpec, dtype: str,
-               specs: Sequence[LayerSpec], num_tokens: int, num_logits: int, first: bool,
-               last: bool) -> CommTime:
-    """The collectives of one pipeline stage's forward over `num_tokens` tokens."""
-    tp, ep = par.tp, par.ep
-    if tp == 1:
-        return CommTime()
+@dataclass(frozen=True)
+class AllToAll:
+    """The expert-parallel all-to-all of one MoE layer on one device in one step."""
+
+    group: int  # devices the experts are spread over (ep)
+    tier: str  # the link it runs on (Interconnect.tier): nvlink5, infinity-fabric, network...
+    moe_layers: int  # MoE layers of the replica (each pays one dispatch and one combine)
+    tokens: float  # tokens this device dispatches
+    top_k: int
+    dispatch_bytes: float  # bytes this device's dispatch carries: tokens x top-k x hidden
+    combine_bytes: float  # and the combine brings back (model dtype)
+    dispatch_dtype: str  # the dispatch's values: the model dtype or float8
+    time_s: float  # one layer: dispatch + combine (+ the slice all-reduce when tp > ep)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def dispatch_value_bytes(par: ParallelConfig, dtype: str) -> float:
+    """Bytes per dispatched value: the model dtype's, or FP8 with a float32 scale per 128."""
+    if par.dispatch_dtype == "float8":
+        return 1.0 + 4.0 / FP8_SCALE_GROUP
+    return float(dtype_bytes(dtype))
+
+
+def all_to_all_plan(cfg: ModelConfig, par: ParallelConfig, hw: HardwareSpec, dtype: str,
+                    groups: Groups) -> AllToAll | None:
+    """What one MoE layer's dispatch and combine move on one device for the replica's batch
+    `groups` (None without expert parallelism)."""
+    moe = cfg.moe
+    if par.ep == 1 or moe is None or not has_mlp(cfg):
+        return None
+    num_tokens = sum(sw.query_len * n for sw, n in groups)
+    if par.attention_dp > 1:  # a rank's tokens, split between its devices
+        tokens = sum(sw.query_len * n for sw, n in rank_groups(groups, par)) / par.attention_tp
+    else:  # tensor-parallel attention: every device holds the whole step's tokens
+        tokens = float(num_tokens)
+    values = tokens * moe.num_experts_per_tok * cfg.hidden_size
     a = dtype_bytes(dtype)
-    hidden = num_tokens * cfg.hidden_size * a
-    one_reduce = all_reduce_s(hidden, tp, hw)
+    dispatch, combine = values * dispatch_value_bytes(par, dtype), values * a
+    time = all_gather_s(dispatch, par.ep, hw, span=par.tp) + \
+        all_gather_s(combine, par.ep, hw, span=par.tp)
+    if par.tp > par.ep:  # each expert is sliced over tp / ep devices
+        time += all_reduce_s(values * a / par.ep, par.tp // par.ep, hw, span=par.tp)
+    assert hw.interconnect is not None  # all_gather_s refused a spec without one
+    tier = hw.interconnect.tier(par.ep, par.tp)[0]
+    moe_layers = sum(1 for spec in cfg.layers() if is_moe_layer(cfg, spec))
+    return AllToAll(par.ep, tier, moe_layers, tokens, moe.num_experts_per_tok, dispatch,
+                    combine, par.dispatch_dtype if par.dispatch_dtype != "model" else dtype,
+                    time)
+
+
+def stage_comm(cfg: ModelConfig, par: ParallelConfig, hw: HardwareSpec, dtype: str,
+               specs: Sequence[LayerSpec], groups: Groups, first: bool, last: bool
+               ) -> CommTime:
+    """The collectives of one pipeline stage's forward over the replica's batch `groups`."""
+    if par.tp == 1:
+        return CommTime()
+    if par.attention_dp > 1:
+        return _dp_attention_comm(cfg, par, hw, dtype, specs, groups, last)
+    tp = par.tp
+    a = dtype_bytes(dtype)
+    num_tokens = sum(sw.query_len * n for sw, n in groups)
+    num_logits = sum(sw.num_logits * n for sw, n in groups)
+    one_reduce = all_reduce_s(num_tokens * cfg.hidden_size * a, tp, hw)
+    plan = all_to_all_plan(cfg, par, hw, dtype, groups)
     reduces = 1 if first else 0  # the vocabulary-parallel embedding's partial rows
     to_all = 0.0
     for spec in specs:
         reduces += 1  # after the mixer's output projection
         if not has_mlp(cfg):
             continue
-        if ep > 1 and is_moe_layer(cfg, spec):
-            moe = cfg.moe
-            assert moe is not None
-            routed = hidden * moe.num_experts_per_tok
-            to_all += 2 * all_gather_s(routed, ep, hw, span=tp)  # dispatch + combine
-            if tp > ep:  # each expert is sliced over tp / ep devices
-                to_all += all_reduce_s(routed / ep, tp // ep, hw, span=tp)
+        if plan is not None and is_moe_layer(cfg, spec):
+            to_all += plan.time_s  # dispatch + combine replace the MLP's all-reduce
         else:
             reduces += 1  # after the MLP's down projection
     gather = all_gather_s(num_logits * cfg.vocab_size * a, tp, hw) if last else 0.0
     return CommTime(all_reduce_s=reduces * one_reduce, all_gather_s=gather, all_to_all_s=to_all)
 
 
+def _dp_attention_comm(cfg: ModelConfig, par: ParallelConfig, hw: HardwareSpec, dtype: str,
+                       specs: Sequence[LayerSpec], groups: Groups, last: bool) -> CommTime:
+    """A stage's collectives under attention dp: the attention output all-reduced within a
+    rank (tp / attention_dp devices; none when a rank is one device), the MoE layers'
+    all-to-all over all tp devices (and a rank all-reduce joining the shared experts'
+    partial sums with the routed outputs), the dense MLP layers' all-gather of every rank's
+    tokens and reduce-scatter back, and the LM head's gather of the hidden states and of
+    the logits.  The embedding is replicated: no collective."""
+    a, d = dtype_bytes(dtype), cfg.hidden_size
+    total = sum(sw.query_len * n for sw, n in groups)
+    rank = sum(sw.query_len * n for sw, n in rank_groups(groups, par))
+    logits = sum(sw.num_logits * n for sw, n in groups)
+    rank_reduce = all_reduce_s(rank * d * a, par.attention_tp, hw, span=par.attention_tp)
+    dense_gather = all_gather_s(total * d * a, par.tp, hw)
+    plan = all_to_all_plan(cfg, par, hw, dtype, groups)
+    assert plan is not None  # check_model: attention dp needs routed experts, ep = tp
+    reduces, gathers, to_all = 0, 0.0, 0.0
+    for spec in specs:
+        reduces += 1  # the attention output, within the rank
+        if is_moe_layer(cfg, spec):
+            to_all += plan.time_s
+            reduces += 1
+        else:
+            gathers += 2 * dense_gather  # all-gather before the dense MLP, reduce-scatter after
+    if last:
+        gathers += all_gather_s(logits * d * a, par.tp, hw) + \
+            all_gather_s(logits * cfg.vocab_size * a, par.tp, hw)
+    return CommTime(all_reduce_s=reduces * rank_reduce, all_gather_s=gathers,
+                    all_to_all_s=to_all)
+
+
 # ------------------------------------------------------------------ memory per device
-def stage_weight_bytes(cfg: ModelConfig, dtype: str, quant: QuantConfig | None, tp: int,
-                       specs: Sequence[LayerSpec], first: bool, last: bool) -> int:
-    """Weights one device of a stage holds: the split tensors / tp, the replicated whole."""
+def stage_weight_bytes(cfg: ModelConfig, dtype: str, quant: QuantConfig | None,
+                       par: ParallelConfig, specs: Sequence[LayerSpec], first: bool,
+                       last: bool) -> int:
+    """Weights one device of a stage holds: each tensor / its `op_split` (the replicated
+    ones whole; under attention dp the attention side / (tp / attention_dp), the experts,
+    dense MLP and head / tp)."""
     q = quant or QuantConfig()
     a = dtype_bytes(dtype)
     ws = [w for spec in specs for w in layer_weights(cfg, spec)]
@@ -166,12 +303,13 @@ def stage_weight_bytes(cfg: ModelConfig, dtype: str, quant: QuantConfig | None, 
         if (w.op == "embed" and (first or (last and tied_head))) or \
                 (w.op != "embed" and last):
             ws.append(w)
-    return math.ceil(sum(w.nbytes(q, a) / (1 if w.op in REPLICATED_OPS else tp) for w in ws))
+    return math.ceil(sum(w.nbytes(q, a) / op_split(w.op, par) for w in ws))
 
 
 def stage_kv_bytes_per_seq(cfg: ModelConfig, dtype: str, quant: QuantConfig | None, tp: int,
                            specs: Sequence[LayerSpec], context_len: int) -> int:
-    """KV + constant state of one sequence on one device of a stage."""
+    """KV + constant state of one sequence on one of the `tp` devices its attention is split
+    over (under attention dp: a rank's tp / attention_dp)."""
     q = quant or QuantConfig()
     a = dtype_bytes(dtype)
     kvb = q.kv_bytes(a)

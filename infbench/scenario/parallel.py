@@ -8,6 +8,8 @@ parallel:
   ep: 1          # expert parallel degree within tp (MoE models)
   replicas: 1    # data-parallel copies of the whole model
   microbatches:  # pipeline micro-batches (default: pp)
+  attention_dp: 1         # attention data-parallel ranks within tp (MoE: experts ep = tp)
+  dispatch_dtype: model   # the MoE all-to-all dispatch: model (its dtype) | float8
 ```
 
 The analytic model reads it (`predict`, and the prediction next to a measured run); the
@@ -41,5 +43,5 @@ if typing.TYPE_CHECKING:
 else:
     ParallelSection = section_from(
         ParallelConfig, "ParallelSection", base=_ParallelConfigOf, module=__name__,
-        types={**dict.fromkeys(("tp", "pp", "ep", "replicas"), Degree),
+        types={**dict.fromkeys(("tp", "pp", "ep", "replicas", "attention_dp"), Degree),
                "microbatches": Annotated[int, Field(ge=1, strict=True)] | None})
