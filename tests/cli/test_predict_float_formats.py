@@ -4,6 +4,7 @@ refusals: one `error:` line, exit 2."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from cli_helpers import run_cli
@@ -71,3 +72,23 @@ def test_refusals_are_one_line(monkeypatch: pytest.MonkeyPatch,
     assert code == 2 and message in err and "Traceback" not in err, err
     if err.startswith("error:"):
         assert len(err.strip().splitlines()) == 1
+
+
+def test_a_scenario_file_takes_the_keys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    scenario = tmp_path / "w8a8.yaml"
+    scenario.write_text("name: w8a8\nhardware: h100-sxm\n"
+                        "model: {preset: llama3-8b, quant: {weights: fp8, fp8_scales: block, "
+                        "activations: fp8}}\n"
+                        "workload: {kind: static, batch_size: 8, prompt_len: 2048, "
+                        "gen_len: 4}\n")
+    code, out, err = run_cli(monkeypatch, capsys, "predict", str(scenario), "--json")
+    assert code == 0, err
+    flags = predicted(monkeypatch, capsys, "--quant", "fp8", "--fp8-scales", "block",
+                      "--activations", "fp8")
+    row = json.loads(out)[0]
+    assert row["weight_bytes"] == flags["weight_bytes"]
+    assert row["ttft_s"] == pytest.approx(flags["ttft_s"])
+    scenario.write_text(scenario.read_text().replace("h100-sxm", "a100-80g"))
+    code, out, err = run_cli(monkeypatch, capsys, "predict", str(scenario))
+    assert code == 2 and err.startswith(f"error: {scenario}: ") and "'float8' peak" in err
