@@ -78,6 +78,10 @@ MEM_UTIL_HELP = ("Fraction of the device's reported memory the model may use, as
 WORKSPACE_HELP = ("Tokens whose activations are held back as workspace (default: 2048; "
                   "0: no workspace and no logits buffer).")
 KV_BITS_HELP = "Bits per cached K/V value, any width 1-32 (analytic only; e.g. 6)."
+EFFICIENCY_HELP = ("Derate the datasheet peaks: a fraction in (0, 1] of the bandwidth and "
+                   "compute peaks, or an engine (gpt-fast | vllm | sglang | tensorrt-llm): the "
+                   "fractions fitted on its published measurements, with their leave-one-out "
+                   "error (docs/fidelity.md). Default: none, the pure roofline.")
 
 
 def default_lengths(cfg: Any, prompt: int | None, gen: int | None,
@@ -497,6 +501,7 @@ def predict_command(
         None, callback=opt.positive_int, help="Diffusion block length B (default --gen)."),
     prefix_cache: bool = typer.Option(
         False, "--prefix-cache", help="Diffusion: block-wise prefix K/V cache (Fast-dLLM)."),
+    efficiency: str | None = typer.Option(None, callback=opt.non_empty, help=EFFICIENCY_HELP),
 ) -> None:
     """Predict TTFT, time per token, throughput, memory and max batch from the roofline."""
     if diffusion_steps is not None:
@@ -504,7 +509,7 @@ def predict_command(
 
         others = {"scenario": scenario, "set": set_, "spec-tokens": spec_tokens, "tp": tp,
                   "pp": pp, "quant": quant, "activations": activations,
-                  "fp8-scales": fp8_scales, "attention": attention}
+                  "fp8-scales": fp8_scales, "attention": attention, "efficiency": efficiency}
         used = [k for k, v in others.items() if v not in (None, [], ())]
         if used:
             raise UserError(f"--diffusion-steps: --{used[0]} is not modelled for diffusion "
@@ -519,6 +524,7 @@ def predict_command(
     if block_length is not None or prefix_cache:
         raise UserError("--block-length and --prefix-cache need --diffusion-steps")
     reserve = memory_reserve(mem_util, workspace_tokens)
+    derating = _derating(efficiency)
     model_flags = dict(kv_heads=kv_heads, window=window, global_every=global_every,
                        cla_group=cla_group, kv_lora_rank=kv_lora_rank, q_lora_rank=q_lora_rank,
                        feature_map=feature_map, feature_dim=feature_dim, d_state=d_state,
@@ -534,8 +540,8 @@ def predict_command(
         used = [k.replace("_", "-") for k, v in flags.items() if v not in (None, [], ())]
         if used:
             raise UserError(f"{scenario}: the scenario defines the points; drop --{used[0]}")
-        _predict_scenario(scenario, PricingOptions(None, overlap or "auto", reserve, kv_bits),
-                          as_json, ops)
+        _predict_scenario(scenario, PricingOptions(None, overlap or "auto", reserve, kv_bits,
+                                                   derating[0]), as_json, ops, derating[1])
         return
     source = opt.model_source(model or DEFAULT_MODEL)
     prompt_len, gen_len, note = default_lengths(config_from_source(source), prompt, gen)
@@ -546,7 +552,11 @@ def predict_command(
 
     hw = get_hardware(hardware or DEFAULT_HARDWARE)  # unknown: the table's allowed list
     options = PricingOptions(build_spec(spec_tokens, spec_acceptance, spec_draft_ratio),
-                             overlap or "auto", reserve, kv_bits)
+                             overlap or "auto", reserve, kv_bits, derating[0])
+    if options.efficiency is not None:
+        from infbench.measure.prediction import derate
+
+        hw = derate(hw, options.efficiency)
     sizes = parse_sizes(batch or "1", "--batch")
     if not set_:
         # Flags only: each was checked against the same allowed values as the scenario
@@ -566,7 +576,7 @@ def predict_command(
                         overlap=options.overlap, reserve=options.reserve) for b in sizes]
         if note:
             print(note, file=sys.stderr)
-        _emit(prices, [""] * len(prices), [source] * len(prices), as_json, ops)
+        _emit(prices, [""] * len(prices), [source] * len(prices), as_json, ops, derating[1])
         return
     doc = model_document(
         "predict", model or DEFAULT_MODEL, set_, hardware=hardware or DEFAULT_HARDWARE,
@@ -585,10 +595,31 @@ def predict_command(
         print(note, file=sys.stderr)
     swept = any(item.startswith("sweep.") for item in set_)
     _emit(prices, [point.label if swept else "" for point in points],
-          [point.model_source() for point in points], as_json, ops)
+          [point.model_source() for point in points], as_json, ops, derating[1])
 
 
-def _predict_scenario(path: Path, options: PricingOptions, as_json: bool, ops: bool) -> None:
+def _derating(text: str | None) -> tuple[Any, dict[str, Any] | None]:
+    """--efficiency -> (Efficiency or None, what the output says about it)."""
+    if text is None:
+        return None, None
+    from infbench.measure.efficiency import parse_efficiency
+
+    eff, fit = parse_efficiency(text)
+    info: dict[str, Any] = {"bandwidth": eff.bandwidth, "compute": eff.compute,
+                            "source": eff.label}
+    if fit is None:
+        info["summary"] = (f"efficiency: {eff.bandwidth:.0%} of the bandwidth and compute "
+                           "peaks (given)")
+    else:
+        info.update(summary=fit.summary(), rows=list(fit.rows),
+                    bandwidth_determined=fit.bandwidth_determined,
+                    compute_determined=fit.compute_determined,
+                    leave_one_out_errors=dict(zip(fit.rows, fit.loo_errors, strict=True)))
+    return eff, info
+
+
+def _predict_scenario(path: Path, options: PricingOptions, as_json: bool, ops: bool,
+                      efficiency: dict[str, Any] | None = None) -> None:
     """`infbench predict SCENARIO`: each point priced as `run` records its prediction."""
     from infbench.scenario.schema import load_scenario
 
@@ -598,16 +629,19 @@ def _predict_scenario(path: Path, options: PricingOptions, as_json: bool, ops: b
                         "`infbench predict --diffusion-steps` (and next to `run`'s "
                         "measurements), not by predict SCENARIO")
     _emit(price_points(points, options), [point.label for point in points],
-          [point.model_source() for point in points], as_json, ops)
+          [point.model_source() for point in points], as_json, ops, efficiency)
 
 
 def _emit(prices: list[PointPrice], labels: list[str], models: list[dict[str, str]],
-          as_json: bool, ops: bool) -> None:
-    """Print the table or the JSON rows, naming where each model's shapes came from."""
+          as_json: bool, ops: bool, efficiency: dict[str, Any] | None = None) -> None:
+    """Print the table or the JSON rows, naming where each model's shapes came from (and
+    the --efficiency derating, when given)."""
     for model_dict in {json.dumps(m, sort_keys=True): m for m in models}.values():
         note_source(model_dict)
     if not as_json:
         print_predictions(prices, ops, labels)
+        if efficiency is not None:
+            print(efficiency["summary"])
         return
     from infbench.roofline.analysis import deployment_dict
 
@@ -619,5 +653,7 @@ def _emit(prices: list[PointPrice], labels: list[str], models: list[dict[str, st
         row["model_source"] = source_label(model)
         if label:  # scenario points carry their sweep label
             row["point"] = label
+        if efficiency is not None:
+            row["efficiency"] = efficiency
         rows.append(row)
     emit_json(rows)

@@ -54,6 +54,35 @@ if TYPE_CHECKING:  # annotations only: predict's flag-only path never loads the 
 
 
 @dataclass(frozen=True)
+class Efficiency:
+    """The achievable fractions of a datasheet's peaks (`predict --efficiency`): memory
+    bandwidth and every compute peak are multiplied by them; the interconnect is not.
+    `label` says where they come from (a number given, or an engine's fit)."""
+
+    bandwidth: float
+    compute: float
+    label: str = ""
+
+    def __post_init__(self) -> None:
+        for key in ("bandwidth", "compute"):
+            value = getattr(self, key)
+            if not (math.isfinite(value) and 0.0 < value <= 1.0):
+                raise UserError(f"efficiency {key} must be a fraction in (0, 1], got {value}")
+
+
+def derate(hw: HardwareSpec, efficiency: Efficiency) -> HardwareSpec:
+    """`hw` at `efficiency` of its bandwidth and compute peaks.  A calibrated profile's
+    rates are measured already: derating one is refused."""
+    if hw.extra:
+        raise UserError(f"--efficiency applies to datasheet hardware; {hw.name!r} is a "
+                        "calibrated profile (its rates are measured); allowed: a table entry")
+    peaks = {dtype: flops * efficiency.compute for dtype, flops in hw.peak_flops.items()}
+    return replace(hw, peak_flops=peaks, bandwidth=hw.bandwidth * efficiency.bandwidth,
+                   description=f"{hw.description} at {efficiency.bandwidth:.0%} of its "
+                               f"bandwidth, {efficiency.compute:.0%} of its compute peaks")
+
+
+@dataclass(frozen=True)
 class PricingOptions:
     """The analytic-only knobs of `infbench predict`; the defaults are what `run` records."""
 
@@ -61,6 +90,7 @@ class PricingOptions:
     overlap: str = "auto"  # one of roofline.analysis.OVERLAP_CHOICES
     reserve: MemoryReserve = DEFAULT_RESERVE
     kv_bits: int | None = None  # bits per cached K/V value, replacing model.quant's
+    efficiency: Efficiency | None = None  # derates the hardware's peaks (None: the roofline)
 
 
 @dataclass(frozen=True)
@@ -200,7 +230,10 @@ def price_points(points: list[ScenarioPoint],
             check_context(cfg, point.workload.prompt_len, point.workload.gen_len)
         except UserError as exc:
             raise UserError(f"{point.source}: {point.where()}{exc}") from None
-        prices.append(price_point(point, cfg, get_hardware(point.hardware), options))
+        hw = get_hardware(point.hardware)
+        if options.efficiency is not None:
+            hw = derate(hw, options.efficiency)
+        prices.append(price_point(point, cfg, hw, options))
     return prices
 
 
