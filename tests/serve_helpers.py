@@ -52,8 +52,10 @@ def engine_config(max_num_seqs: int = 4) -> EngineConfig:
                         backend="torch", kv_cache_memory=float(64 << 20))
 
 
-def tiny_engine(max_num_seqs: int = 4) -> tuple[Engine, LoadedModel]:
-    loaded = tiny_model()
+def tiny_engine(max_num_seqs: int = 4,
+                loaded: LoadedModel | None = None) -> tuple[Engine, LoadedModel]:
+    """An engine over the tiny preset, or over `loaded` (a checkpoint with a tokenizer)."""
+    loaded = loaded or tiny_model()
     cfg = engine_config(max_num_seqs)
     engine = Engine.create(loaded, cfg, "cpu", "float32",
                            sizing=KVSizing.for_max_model_len(MAX_MODEL_LEN, cfg), seed=0)
@@ -79,8 +81,9 @@ class RunningServer:
 def start_server(max_num_seqs: int = 4, max_queue: int | None = None,
                  start_engine: bool = True, security: Security | None = None,
                  limits: ServerLimits | None = None,
-                 shutdown_timeout: float = 5) -> RunningServer:
-    engine, loaded = tiny_engine(max_num_seqs)
+                 shutdown_timeout: float = 5,
+                 loaded: LoadedModel | None = None) -> RunningServer:
+    engine, loaded = tiny_engine(max_num_seqs, loaded)
     ctx = ModelContext(MODEL_NAME, MAX_MODEL_LEN, loaded.config.vocab_size, max_num_seqs,
                        loaded.tokenizer)
     engine_loop = EngineLoop(engine, max_queue)

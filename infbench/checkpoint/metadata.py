@@ -47,6 +47,7 @@ HF_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
     "DeepseekV2ForCausalLM": "deepseek_v2",
+    "DeepseekV3ForCausalLM": "deepseek_v3",  # DeepSeek-V3/R1, Kimi-K2
     "MambaForCausalLM": "mamba",
     "LLaDAModelLM": "llada",  # masked diffusion (checkpoint/llada.py)
     **FAMILY_ARCHITECTURES,  # Qwen2/2.5, Qwen3, Gemma-2, Gemma-3 (text), Phi-3
@@ -174,7 +175,7 @@ _HF_INT_KEYS = (
     "vocab_size", "hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads",
     "num_key_value_heads", "max_position_embeddings", "head_dim", "sliding_window",
     "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim",
-    "first_k_dense_replace", "state_size", "conv_kernel", "expand",
+    "first_k_dense_replace", "state_size", "conv_kernel", "expand", "num_nextn_predict_layers",
 )
 _HF_FLOAT_KEYS = ("rms_norm_eps", "layer_norm_epsilon", "rope_theta", "query_pre_attn_scalar",
                   "attn_logit_softcapping", "final_logit_softcapping", "partial_rotary_factor")
@@ -186,7 +187,9 @@ def _check_types(cfg_file: Path, raw: dict[str, Any]) -> None:
         value = raw.get(key)
         if value is None:
             continue
-        low = 0 if key in ("first_k_dense_replace", "sliding_window") else 1  # 0: no window
+        # 0: no window, no dense layer, no MTP module
+        low = 0 if key in ("first_k_dense_replace", "sliding_window",
+                           "num_nextn_predict_layers") else 1
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise UserError(f"{cfg_file}: {key}: must be an integer >= {low} (got {value!r})")
     for key in _HF_FLOAT_KEYS:
@@ -234,8 +237,8 @@ def _config_from_raw(root: Path, raw: dict[str, Any]) -> ModelConfig:
         )
     except KeyError as exc:
         raise UserError(f"{cfg_file}: missing key {exc.args[0]!r}") from None
-    if arch == "deepseek_v2":
-        return _deepseek_v2(root, raw, num_heads, fields)
+    if arch in ("deepseek_v2", "deepseek_v3"):
+        return _deepseek(root, raw, arch, num_heads, fields)
     head_dim = raw.get("head_dim")
     theta, scaling = _rope(cfg_file, raw)
     raw_window = raw.get("sliding_window") or None if arch in ("mistral", "mixtral") else None
@@ -258,12 +261,16 @@ def _config_from_raw(root: Path, raw: dict[str, Any]) -> ModelConfig:
     )
 
 
-def _deepseek_v2(
-    root: Path, raw: dict[str, Any], num_heads: int, fields: dict[str, Any]
+def _deepseek(
+    root: Path, raw: dict[str, Any], arch: str, num_heads: int, fields: dict[str, Any]
 ) -> ModelConfig:
-    """DeepSeek-V2 (transformers' DeepseekV2Config): MLA attention; layers from
-    first_k_dense_replace on are mixture-of-experts (checkpoint/moe.py)."""
+    """DeepSeek-V2 and V3 (transformers' DeepseekV2Config / DeepseekV3Config): MLA attention;
+    layers from first_k_dense_replace on are mixture-of-experts (checkpoint/moe.py).  V3 adds
+    the noaux_tc router and its multi-token-prediction modules (num_nextn_predict_layers)."""
     cfg_file = root / "config.json"
+    if arch == "deepseek_v3" and raw.get("rope_interleave", True) is not True:
+        raise UserError(f"{cfg_file}: rope_interleave {raw['rope_interleave']!r} (RoPE on "
+                        "halves) is not supported; supported: true (DeepSeek's pairs)")
     try:
         q_lora = raw.get("q_lora_rank")
         attention = AttentionConfig(
@@ -294,9 +301,11 @@ def _deepseek_v2(
         rope_scaling=scaling,
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
         attention=attention,
-        arch="deepseek_v2",
+        arch=arch,
+        num_mtp_layers=int(raw.get("num_nextn_predict_layers") or 0) if arch == "deepseek_v3"
+        else 0,
         **fields,
-        **moe_from_hf(cfg_file, raw, "deepseek_v2"),
+        **moe_from_hf(cfg_file, raw, arch),
     )
 
 

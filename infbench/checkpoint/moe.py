@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from infbench.core.config import MOE_SCORING, MoEConfig
+from infbench.core.config import MOE_SCORING, MOE_TOPK_METHODS, MoEConfig
 from infbench.core.errors import ConfigError, UserError
 
 MOE_ARCHITECTURES = {
@@ -25,6 +25,7 @@ MOE_ARCHITECTURES = {
 # checkpoint/families.py (which reads them): Qwen3-MoE's are Qwen3's (q/k norms, head_dim).
 MOE_BLOCK_FAMILIES = {"qwen3_moe": "qwen3"}
 TOPK_METHODS = ("greedy", "group_limited_greedy")  # DeepSeek-V2's topk_method values
+V3_TOPK_METHOD = MOE_TOPK_METHODS[1]  # noaux_tc: the only one transformers' DeepSeek-V3 runs
 
 
 def _count(cfg_file: Path, raw: dict[str, Any], key: str, default: int | None = None,
@@ -65,8 +66,8 @@ def moe_from_hf(cfg_file: Path, raw: dict[str, Any], arch: str) -> dict[str, Any
         return _qwen2_moe(cfg_file, raw)
     if arch == "qwen3_moe":
         return _qwen3_moe(cfg_file, raw)
-    if arch == "deepseek_v2":
-        return _deepseek_v2(cfg_file, raw)
+    if arch in ("deepseek_v2", "deepseek_v3"):
+        return _deepseek(cfg_file, raw, arch)
     return {}
 
 
@@ -119,7 +120,9 @@ def _qwen3_moe(cfg_file: Path, raw: dict[str, Any]) -> dict[str, Any]:
         norm_topk_prob=bool(raw.get("norm_topk_prob", False)), **layers)}
 
 
-def _deepseek_v2(cfg_file: Path, raw: dict[str, Any]) -> dict[str, Any]:
+def _deepseek(cfg_file: Path, raw: dict[str, Any], arch: str) -> dict[str, Any]:
+    """DeepSeek-V2's or V3's MoE layers; V3 always routes with noaux_tc over sigmoid scores
+    (transformers' DeepseekV3TopkRouter), so another topk_method / scoring_func is refused."""
     num_layers = _count(cfg_file, raw, "num_hidden_layers")
     first_dense = _count(cfg_file, raw, "first_k_dense_replace", 0, minimum=0)
     if first_dense >= num_layers or not raw.get("n_routed_experts"):
@@ -127,6 +130,8 @@ def _deepseek_v2(cfg_file: Path, raw: dict[str, Any]) -> dict[str, Any]:
     if _count(cfg_file, raw, "moe_layer_freq", 1) != 1:
         raise UserError(f"{cfg_file}: moe_layer_freq {raw['moe_layer_freq']!r} is not "
                         "supported; supported: 1 (every layer after first_k_dense_replace)")
+    if arch == "deepseek_v3":
+        return {"moe": _deepseek_v3(cfg_file, raw, first_dense)}
     method = raw.get("topk_method", "greedy")
     if method not in TOPK_METHODS:
         raise UserError(f"{cfg_file}: topk_method: unsupported MoE routing {method!r}; "
@@ -143,3 +148,21 @@ def _deepseek_v2(cfg_file: Path, raw: dict[str, Any]) -> dict[str, Any]:
         n_group=_count(cfg_file, raw, "n_group", 1) if grouped else 1,
         topk_group=_count(cfg_file, raw, "topk_group", 1) if grouped else 1,
         routed_scaling_factor=float(factor) if factor is not None else 1.0)}
+
+
+def _deepseek_v3(cfg_file: Path, raw: dict[str, Any], first_dense: int) -> MoEConfig:
+    for key, only in (("topk_method", V3_TOPK_METHOD), ("scoring_func", "sigmoid")):
+        if raw.get(key, only) != only:
+            raise UserError(f"{cfg_file}: {key}: unsupported for DeepSeek-V3 {raw[key]!r}; "
+                            f"supported: {only}")
+    factor = raw.get("routed_scaling_factor", 1.0)
+    return _make(
+        cfg_file, num_experts=_count(cfg_file, raw, "n_routed_experts"),
+        num_experts_per_tok=_count(cfg_file, raw, "num_experts_per_tok"),
+        moe_intermediate_size=_count(cfg_file, raw, "moe_intermediate_size"),
+        num_shared_experts=_count(cfg_file, raw, "n_shared_experts", 0, minimum=0),
+        first_k_dense=first_dense, scoring="sigmoid", topk_method=V3_TOPK_METHOD,
+        norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
+        n_group=_count(cfg_file, raw, "n_group", 1),
+        topk_group=_count(cfg_file, raw, "topk_group", 1),
+        routed_scaling_factor=float(factor) if factor is not None else 1.0)

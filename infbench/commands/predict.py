@@ -293,6 +293,15 @@ def fmt_si(value: float) -> str:
     return f"{value:.3g}"
 
 
+def params_line(model: str, params: Any) -> str:
+    """`deepseek-v3: 671G parameters (36.6G active) + 13.5G MTP = 684G stored`: a checkpoint's
+    multi-token-prediction modules beside the main model (not in its count)."""
+    return (f"{model}: {fmt_si(params.total)} parameters ({fmt_si(params.active)} active) + "
+            f"{fmt_si(params.mtp)} MTP = "
+            f"{fmt_si(params.total + params.mtp)} stored (the MTP weights run only as "
+            "speculative.method: mtp)")
+
+
 def make_console(min_width: int = 120) -> Any:
     """A rich console at least `min_width` columns wide: tables stay readable when piped."""
     from rich.console import Console
@@ -393,6 +402,8 @@ def _print_details(console: Any, pp: PointPrice, p: Prediction) -> None:
             f"a={s.config.acceptance}: {s.expected_tokens_per_step:.2f} tokens/step, "
             f"{fmt_ms(s.step_time_s)} ms/step, {s.speedup:.2f}x over plain decode"
         )
+    if p.params.mtp:
+        console.print(params_line(p.model, p.params), highlight=False)
     if pp.note:
         console.print(f"note: {p.model} b={p.batch}: {pp.note}", highlight=False)
 

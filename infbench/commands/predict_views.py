@@ -34,6 +34,7 @@ from infbench.commands.predict import (
     note_source,
     parallel_config,
     parallel_flags,
+    params_line,
     parse_sizes,
     points_of,
 )
@@ -42,6 +43,7 @@ from infbench.measure.model_shapes import model_configs
 from infbench.measure.prediction import with_kv_bits
 from infbench.plots.analytic import check_size
 from infbench.roofline.analysis import OVERLAP_CHOICES
+from infbench.roofline.shapes import param_count
 
 SIZE_HELP = "column (3.5 in wide, 300 dpi, for a paper) | slide (16:9)."
 
@@ -141,7 +143,12 @@ def kv_command(
         table.add_row(r.model, r.attention, str(r.kv_heads), f"{r.kv_bytes_per_token:,}",
                       fmt_gb(r.kv_cache_bytes), fmt_gb(r.mha_kv_cache_bytes), f"{r.reduction:.1f}x",
                       f"{r.state_bytes_per_seq:,}", str(r.max_batch))
-    make_console().print(table)
+    console = make_console()
+    console.print(table)
+    for cfg in configs:
+        params = param_count(cfg)
+        if params.mtp:
+            console.print(params_line(cfg.name, params), highlight=False)
 
 
 def roofline_command(

@@ -196,6 +196,12 @@ class AttentionConfig:
 
 
 MOE_SCORING = ("softmax", "sigmoid")  # router gate functions the engine implements
+# How the router chooses its k experts (docs/moe.md).  greedy: the top k scores (with
+# n_group > 1 only among the topk_group groups of the highest single score: DeepSeek-V2's
+# group_limited_greedy); noaux_tc (DeepSeek-V3): a per-expert correction bias
+# (e_score_correction_bias) is added to the scores for choosing only, groups rank by the sum
+# of their two best biased scores, and the weights are the unbiased scores of the chosen.
+MOE_TOPK_METHODS = ("greedy", "noaux_tc")
 
 
 @dataclass(frozen=True)
@@ -214,6 +220,7 @@ class MoEConfig:
     n_group: int = 1
     topk_group: int = 1
     routed_scaling_factor: float = 1.0
+    topk_method: str = "greedy"  # greedy | noaux_tc (MOE_TOPK_METHODS)
     # Shared experts: width (None: moe_intermediate_size x num_shared_experts) and
     # Qwen2-MoE's sigmoid gate (one scalar per token) on their output.
     shared_intermediate_size: int | None = None
@@ -253,6 +260,13 @@ class MoEConfig:
         if self.scoring not in MOE_SCORING:
             raise ConfigError(f"moe.scoring: unsupported scoring function {self.scoring!r}; "
                               f"supported: {', '.join(MOE_SCORING)}")
+        if self.topk_method not in MOE_TOPK_METHODS:
+            raise ConfigError(f"moe.topk_method: unsupported expert choice {self.topk_method!r}; "
+                              f"supported: {', '.join(MOE_TOPK_METHODS)}")
+        if self.topk_method == "noaux_tc" and self.num_experts // self.n_group < 2:
+            raise ConfigError(f"moe.topk_method=noaux_tc scores a group by its two best experts: "
+                              f"moe.num_experts ({self.num_experts}) / moe.n_group "
+                              f"({self.n_group}) must be at least 2")
         if self.num_experts % self.n_group or self.topk_group > self.n_group:
             raise ConfigError(f"moe.n_group ({self.n_group}) must divide moe.num_experts "
                               f"({self.num_experts}) and moe.topk_group ({self.topk_group}) "
@@ -517,7 +531,7 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     attention: AttentionConfig = field(default_factory=AttentionConfig)
     moe: MoEConfig | None = None
-    arch: str = "llama"  # llama | mistral | deepseek_v2 | mamba (what a loader maps)
+    arch: str = "llama"  # llama | mistral | deepseek_v2 | deepseek_v3 | mamba | ... (a loader's)
     # Architecture features (docs/architectures.md); the defaults are Llama's.
     qkv_bias: bool = False  # Qwen2: biases on the q/k/v projections
     qk_norm: bool = False  # Qwen3, Gemma-3: per-head RMSNorm of q and k before RoPE
@@ -536,6 +550,11 @@ class ModelConfig:
     # attn_temperature_floor)) at position t; None: not tuned
     attn_temperature_floor: int | None = None
     attn_temperature_scale: float = 0.1
+    # DeepSeek-V3's multi-token-prediction modules (num_nextn_predict_layers), stored after the
+    # main layers: each an embedding/hidden merge (enorm, hnorm, eh_proj 2H -> H), one decoder
+    # layer and a norm before the shared head.  Not part of the main forward: counted
+    # separately (roofline.shapes.mtp_param_count) and run only as `speculative.method: mtp`.
+    num_mtp_layers: int = 0
 
     def __post_init__(self) -> None:
         _check_positive(
@@ -549,6 +568,7 @@ class ModelConfig:
         )
         check_count("model", "num_layers", self.num_layers, MAX_LAYERS)
         check_count("model", "max_seq_len", self.max_seq_len, MAX_TOKENS)
+        check_count("model", "num_mtp_layers", self.num_mtp_layers, MAX_LAYERS, minimum=0)
         check_real("model", "rope_theta", self.rope_theta)
         check_real("model", "rms_norm_eps", self.rms_norm_eps)
         if self.head_dim is None and self.hidden_size % self.num_heads:
@@ -913,6 +933,42 @@ PRESETS: dict[str, ModelConfig] = {
         ),
         moe=MoEConfig(num_experts=64, num_experts_per_tok=6, moe_intermediate_size=1408,
                       num_shared_experts=2, first_k_dense=1),
+    ),
+    # deepseek-ai/DeepSeek-V3 (also DeepSeek-V3-0324, R1, R1-0528: the same config.json shapes):
+    # 671B main model + one 14B MTP module (685B stored), 37B active; YaRN x40 from 4k.
+    "deepseek-v3": ModelConfig(
+        name="deepseek-v3", vocab_size=129280, hidden_size=7168, num_layers=61, num_heads=128,
+        num_kv_heads=128, intermediate_size=18432, max_seq_len=163840, rms_norm_eps=1e-6,
+        arch="deepseek_v3", num_mtp_layers=1,
+        rope_scaling=(("beta_fast", 32), ("beta_slow", 1), ("factor", 40.0), ("mscale", 1.0),
+                      ("mscale_all_dim", 1.0), ("original_max_position_embeddings", 4096),
+                      ("rope_type", "yarn")),
+        attention=AttentionConfig(
+            kind="mla", kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64,
+            qk_nope_head_dim=128, v_head_dim=128,
+        ),
+        moe=MoEConfig(num_experts=256, num_experts_per_tok=8, moe_intermediate_size=2048,
+                      num_shared_experts=1, first_k_dense=3, scoring="sigmoid",
+                      topk_method="noaux_tc", norm_topk_prob=True, n_group=8, topk_group=4,
+                      routed_scaling_factor=2.5),
+    ),
+    # moonshotai/Kimi-K2-Instruct (DeepseekV3ForCausalLM; 1.04T total, 32B active): 64 heads,
+    # 384 experts in one group, one dense layer, no MTP module; YaRN x32 from 4k.
+    "kimi-k2": ModelConfig(
+        name="kimi-k2", vocab_size=163840, hidden_size=7168, num_layers=61, num_heads=64,
+        num_kv_heads=64, intermediate_size=18432, max_seq_len=131072, rms_norm_eps=1e-6,
+        rope_theta=50000.0, arch="deepseek_v3",
+        rope_scaling=(("beta_fast", 1.0), ("beta_slow", 1.0), ("factor", 32.0), ("mscale", 1.0),
+                      ("mscale_all_dim", 1.0), ("original_max_position_embeddings", 4096),
+                      ("rope_type", "yarn")),
+        attention=AttentionConfig(
+            kind="mla", kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64,
+            qk_nope_head_dim=128, v_head_dim=128,
+        ),
+        moe=MoEConfig(num_experts=384, num_experts_per_tok=8, moe_intermediate_size=2048,
+                      num_shared_experts=1, first_k_dense=1, scoring="sigmoid",
+                      topk_method="noaux_tc", norm_topk_prob=True, n_group=1, topk_group=1,
+                      routed_scaling_factor=2.827),
     ),
     # HuggingFaceTB/SmolLM2-135M(-Instruct)
     "smollm2-135m": ModelConfig(

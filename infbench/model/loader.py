@@ -303,7 +303,8 @@ def _init_random(model: Transformer, seed: int) -> None:
     unit = 0.0 if model.config.is_gemma else 1.0  # Gemma's norms scale by (1 + weight)
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if name.endswith("qkv_proj.bias"):  # Qwen2's q/k/v biases start at zero
+            # Qwen2's q/k/v biases and DeepSeek-V3's router correction bias start at zero
+            if name.endswith(("qkv_proj.bias", "e_score_correction_bias")):
                 param.zero_()
             elif param.dim() == 1:  # RMSNorm weights
                 param.fill_(unit)

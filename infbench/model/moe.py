@@ -1,9 +1,10 @@
 """Mixture-of-experts MLP: router, grouped routed experts, shared experts, routing counts.
 
 The router follows the checkpoints it loads (docs/moe.md): softmax or sigmoid scores in
-float32, DeepSeek's group-limited top-k (keep the `topk_group` of `n_group` expert groups
+float32, DeepSeek-V2's group-limited top-k (keep the `topk_group` of `n_group` expert groups
 with the highest best score, zero the rest), top-k, optional renormalization of the k
-weights, then `routed_scaling_factor`.  Routed experts run grouped by expert
+weights, then `routed_scaling_factor`; DeepSeek-V3's noaux_tc chooses by the scores plus a
+per-expert correction bias (groups ranked by their two best) and weighs by the unbiased ones.  Routed experts run grouped by expert
 (`kernels.fused_moe`: the Triton kernel on the `triton` backend, the torch reference
 elsewhere); shared experts are one always-on SwiGLU, scaled per token by a sigmoid gate
 in Qwen2-MoE.
@@ -27,8 +28,12 @@ from infbench.model.ops import Ops
 from kernels.fused_moe import fused_moe, fused_moe_ref
 
 
-def route(logits: torch.Tensor, moe: MoEConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """Router logits (T, E) -> (weights (T, k) float32, expert ids (T, k) int64)."""
+def route(logits: torch.Tensor, moe: MoEConfig, bias: torch.Tensor | None = None
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Router logits (T, E) -> (weights (T, k) float32, expert ids (T, k) int64).
+
+    `bias`: noaux_tc's per-expert correction bias (E,), added to the scores only to choose.
+    """
     logits = logits.float()
     if moe.scoring == "softmax":
         scores = logits.softmax(dim=-1)
@@ -37,6 +42,9 @@ def route(logits: torch.Tensor, moe: MoEConfig) -> tuple[torch.Tensor, torch.Ten
     else:
         raise ConfigError(f"moe.scoring: unsupported scoring function {moe.scoring!r}; "
                           f"supported: {', '.join(MOE_SCORING)}")
+    if moe.topk_method == "noaux_tc":
+        assert bias is not None, "noaux_tc routes with the router's e_score_correction_bias"
+        return _route_noaux_tc(scores, scores + bias.float(), moe)
     if moe.n_group > 1:
         num_tokens = scores.shape[0]
         grouped = scores.view(num_tokens, moe.n_group, -1)  # (T, G, E / G)
@@ -47,6 +55,26 @@ def route(logits: torch.Tensor, moe: MoEConfig) -> tuple[torch.Tensor, torch.Ten
     weights, ids = scores.topk(moe.num_experts_per_tok, dim=-1)  # (T, k) each
     if moe.norm_topk_prob:
         weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights * moe.routed_scaling_factor, ids
+
+
+def _route_noaux_tc(scores: torch.Tensor, choice: torch.Tensor, moe: MoEConfig
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V3: choose by the biased scores `choice` (T, E), weigh by the unbiased ones.
+
+    Groups rank by the sum of their two best biased scores; experts outside the
+    `topk_group` kept groups cannot be chosen (-inf: biased scores may be negative)."""
+    num_tokens = scores.shape[0]
+    if moe.n_group > 1:
+        grouped = choice.view(num_tokens, moe.n_group, -1)  # (T, G, E / G)
+        group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)  # (T, G)
+        keep = group_scores.topk(moe.topk_group, dim=-1).indices  # (T, topk_group)
+        mask = torch.zeros_like(group_scores).scatter_(1, keep, 1.0).bool()  # (T, G)
+        choice = grouped.masked_fill(~mask[..., None], float("-inf")).view(num_tokens, -1)
+    ids = choice.topk(moe.num_experts_per_tok, dim=-1).indices  # (T, k)
+    weights = scores.gather(1, ids)  # (T, k): the unbiased scores of the chosen experts
+    if moe.norm_topk_prob:  # DeepSeek's guard against an all-zero row
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
     return weights * moe.routed_scaling_factor, ids
 
 
@@ -64,6 +92,9 @@ class MoEMLP(nn.Module):
         h, e, i = config.hidden_size, moe.num_experts, moe.moe_intermediate_size
         kw: dict[str, Any] = dict(dtype=dtype, device=device)
         self.gate = nn.Linear(h, e, bias=False, **kw)  # router: never quantized
+        if moe.topk_method == "noaux_tc":  # the checkpoint's mlp.gate.e_score_correction_bias
+            self.gate.e_score_correction_bias = nn.Parameter(torch.zeros(e, **kw),
+                                                             requires_grad=False)
         self.w13 = nn.Parameter(torch.empty(e, 2 * i, h, **kw))  # (E, 2I, H)
         self.w2 = nn.Parameter(torch.empty(e, h, i, **kw))  # (E, H, I)
         self.shared_experts: SwiGLUMLP | None = None
@@ -84,7 +115,8 @@ class MoEMLP(nn.Module):
 
     def routed(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Routing of x (T, H): weights (T, k) float32, ids (T, k) int64."""
-        return route(self.gate(x), self.moe)
+        bias = getattr(self.gate, "e_score_correction_bias", None)  # noaux_tc only
+        return route(self.gate(x), self.moe, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.routed(x)

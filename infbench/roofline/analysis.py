@@ -796,6 +796,7 @@ def prediction_dict(p: Prediction) -> dict[str, Any]:
         "gen_len": p.gen_len,
         "params": p.params.total,
         "active_params": p.params.active,
+        "mtp_params": p.params.mtp,  # DeepSeek-V3's MTP modules as stored (not in params)
         "weight_bytes": p.weight_bytes,
         "kv_bytes_per_token": p.kv_bytes_per_token,
         "kv_cache_bytes": p.kv_cache_bytes,

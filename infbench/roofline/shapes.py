@@ -15,6 +15,7 @@ recurrent state (linear attention, SSM) is held in the model dtype.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -53,6 +54,7 @@ class ParamCount:
     total: int
     active: int
     embedding: int
+    mtp: int = 0  # DeepSeek-V3's MTP modules as the checkpoint stores them (not in `total`)
 
 
 def dtype_bytes(dtype: str) -> int:
@@ -168,6 +170,8 @@ def _mlp_weights(cfg: ModelConfig, spec: LayerSpec) -> list[Weight]:
     assert moe is not None
     mi = moe.moe_intermediate_size
     ws = [Weight("moe_router", d, moe.num_experts, quantized=False)]
+    if moe.topk_method == "noaux_tc":  # the router's e_score_correction_bias
+        ws.append(Weight("moe_router", 1, moe.num_experts, quantized=False))
     if moe.num_shared_experts:
         fs = moe.shared_size
         ws += [Weight("moe_shared", d, 2 * fs), Weight("moe_shared", fs, d)]
@@ -206,6 +210,30 @@ def model_weights(cfg: ModelConfig, quant: QuantConfig | None = None) -> list[We
     return ws
 
 
+def mtp_layer(cfg: ModelConfig) -> LayerSpec:
+    """The decoder layer of an MTP module: indexed after the main layers (DeepSeek-V3's
+    `model.layers.61`), shaped like the last of them (so MoE in V3)."""
+    return dataclasses.replace(cfg.layers()[-1], index=cfg.num_layers, kv_source=cfg.num_layers)
+
+
+def mtp_weights(cfg: ModelConfig) -> list[Weight]:
+    """One MTP module as the engine holds it: enorm, hnorm, eh_proj (2H -> H), its decoder
+    layer and shared_head.norm; the embedding and the head are the main model's."""
+    d = cfg.hidden_size
+    merge = [Weight("norm", 1, d, quantized=False)] * 2 + [Weight("mtp_proj", 2 * d, d)]
+    return [*merge, *layer_weights(cfg, mtp_layer(cfg)), Weight("norm", 1, d, quantized=False)]
+
+
+def mtp_param_count(cfg: ModelConfig) -> int:
+    """Parameters of the MTP modules as the checkpoint stores them: each module also keeps
+    its own copy of the embedding and the head (`embed_tokens`, `shared_head.head`), which
+    is how DeepSeek-V3's 671B main model becomes 685B on disk."""
+    if not cfg.num_mtp_layers:
+        return 0
+    copies = 2 * cfg.vocab_size * cfg.hidden_size
+    return cfg.num_mtp_layers * (sum(w.numel for w in mtp_weights(cfg)) + copies)
+
+
 def _all_weights(cfg: ModelConfig, quant: QuantConfig | None = None) -> list[Weight]:
     ws = model_weights(cfg, quant)
     for spec in cfg.layers():
@@ -226,7 +254,7 @@ def param_count(cfg: ModelConfig) -> ParamCount:
     # An untied input embedding is a gather (one row per token), so like DeepSeek's
     # "activated parameters" the active count leaves it out; a tied one is the LM head.
     gathered = 0 if cfg.tie_word_embeddings else embedding
-    return ParamCount(total, total - inactive - gathered, embedding)
+    return ParamCount(total, total - inactive - gathered, embedding, mtp_param_count(cfg))
 
 
 def weight_bytes(cfg: ModelConfig, dtype: str, quant: QuantConfig | None = None) -> int:

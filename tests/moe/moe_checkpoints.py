@@ -1,5 +1,5 @@
-"""Tiny random Mixtral / Qwen2-MoE / Qwen3-MoE / DeepSeek-V2 MoE checkpoints written by
-transformers."""
+"""Tiny random Mixtral / Qwen2-MoE / Qwen3-MoE / DeepSeek-V2 / DeepSeek-V3 MoE checkpoints
+written by transformers."""
 
 from __future__ import annotations
 
@@ -40,6 +40,14 @@ def _build(kind: str, **cfg: Any) -> Any:
                     moe_intermediate_size=24, n_shared_experts=2, n_group=4, topk_group=2,
                     topk_method="group_limited_greedy", routed_scaling_factor=1.5)
         return tf.DeepseekV2ForCausalLM(tf.DeepseekV2Config(**{**base, **cfg}))
+    if kind == "deepseek_v3":  # V3's structure: q-LoRA, a dense layer, noaux_tc over 4 groups
+        base = dict(_COMMON, intermediate_size=96, num_hidden_layers=3, kv_lora_rank=32,
+                    q_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
+                    num_key_value_heads=4, first_k_dense_replace=1, n_routed_experts=16,
+                    num_experts_per_tok=4, moe_intermediate_size=24, n_shared_experts=1,
+                    n_group=4, topk_group=2, norm_topk_prob=True, routed_scaling_factor=2.5,
+                    num_nextn_predict_layers=0)
+        return tf.DeepseekV3ForCausalLM(tf.DeepseekV3Config(**{**base, **cfg}))
     raise ValueError(kind)
 
 
@@ -47,15 +55,21 @@ def write_hf_moe(tmp: Path, kind: str, seed: int = 0, **cfg: Any) -> Any:
     """Save a tiny random MoE model with save_pretrained; return it (eval, fp32).
 
     Router weights are drawn wide (std 1) so tokens spread over the experts with clear
-    score gaps; norms are random so a wrong mapping cannot hide behind all-ones."""
+    score gaps; norms are random so a wrong mapping cannot hide behind all-ones.  DeepSeek-V3's
+    sigmoid router gets std 0.1 (std 1 would saturate the sigmoids into ties) and a random
+    e_score_correction_bias of the scores' own spread, so it changes which experts win."""
     torch.manual_seed(seed)
     model = _build(kind, **cfg).eval()
+    gate_std = 0.1 if kind == "deepseek_v3" else 1.0
     with torch.no_grad():
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.normal_(0.0, 0.1)
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.uniform_(0.5, 1.5)
             elif name.endswith(("mlp.gate.weight", "block_sparse_moe.gate.weight")):
-                p.normal_(0.0, 1.0)
+                p.normal_(0.0, gate_std)
             elif p.dim() >= 2 or name.endswith(".bias"):  # Qwen2's q/k/v biases too
                 p.normal_(0.0, 0.05)
     model.save_pretrained(tmp)
