@@ -1,11 +1,12 @@
 """The MoE part of a Hugging Face config.json -> MoEConfig (no torch).
 
 Mixtral (MixtralForCausalLM), Qwen2-MoE (Qwen2MoeForCausalLM), Qwen3-MoE
-(Qwen3MoeForCausalLM) and DeepSeek-V2 (DeepseekV2ForCausalLM) spell the same router
-differently; this module reads each spelling into one `MoEConfig` (which layers are MoE:
-`first_k_dense`, `moe_step`, `dense_layers`) and refuses, in one line that lists what is
-supported, the variants the engine does not implement (another scoring function or top-k
-method, DeepSeek's MoE every n-th layer).
+(Qwen3MoeForCausalLM), DeepSeek-V2 (DeepseekV2ForCausalLM) and DeepSeek-V3
+(DeepseekV3ForCausalLM: noaux_tc) spell the same router differently; this module reads each
+spelling into one `MoEConfig` (which layers are MoE: `first_k_dense`, `moe_step`,
+`dense_layers`) and refuses, in one line that lists what is supported, the variants the
+engine does not implement (another scoring function or top-k method, DeepSeek's MoE every
+n-th layer).
 """
 
 from __future__ import annotations

@@ -298,8 +298,7 @@ def params_line(model: str, params: Any) -> str:
     multi-token-prediction modules beside the main model (not in its count)."""
     return (f"{model}: {fmt_si(params.total)} parameters ({fmt_si(params.active)} active) + "
             f"{fmt_si(params.mtp)} MTP = "
-            f"{fmt_si(params.total + params.mtp)} stored (the MTP weights run only as "
-            "speculative.method: mtp)")
+            f"{fmt_si(params.total + params.mtp)} stored; the MTP runs as speculative.method: mtp")
 
 
 def make_console(min_width: int = 120) -> Any:

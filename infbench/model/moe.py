@@ -4,10 +4,10 @@ The router follows the checkpoints it loads (docs/moe.md): softmax or sigmoid sc
 float32, DeepSeek-V2's group-limited top-k (keep the `topk_group` of `n_group` expert groups
 with the highest best score, zero the rest), top-k, optional renormalization of the k
 weights, then `routed_scaling_factor`; DeepSeek-V3's noaux_tc chooses by the scores plus a
-per-expert correction bias (groups ranked by their two best) and weighs by the unbiased ones.  Routed experts run grouped by expert
-(`kernels.fused_moe`: the Triton kernel on the `triton` backend, the torch reference
-elsewhere); shared experts are one always-on SwiGLU, scaled per token by a sigmoid gate
-in Qwen2-MoE.
+per-expert correction bias (groups ranked by their two best) and weighs by the unbiased
+ones.  Routed experts run grouped by expert (`kernels.fused_moe`: the Triton kernel on the
+`triton` backend, the torch reference elsewhere); shared experts are one always-on
+SwiGLU, scaled per token by a sigmoid gate in Qwen2-MoE.
 
 Every forward adds the tokens each routed expert received to `expert_counts`; the engine
 reads and clears them once per step (`take_routing_counts`) for the routing statistics.
