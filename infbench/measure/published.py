@@ -60,7 +60,7 @@ _REQUIRED = ("id", "engine", "model", "gpu", "gpus", "prompt_len", "gen_len", "b
              "metric", "scope", "value", "source")
 _OPTIONAL = ("published_model", "parallel", "dtype", "weights", "group_size", "activations",
              "kv", "needs", "gap", "notes")
-_LAYOUT_KEYS = ("tp", "pp", "ep", "attention_dp")
+_LAYOUT_KEYS = ("tp", "pp", "ep", "attention_dp", "redundant_experts")
 
 
 def data_path() -> Path:
@@ -183,7 +183,8 @@ def missing_features(row: PublishedRow) -> tuple[str, ...]:
         if peak is not None and peak not in HARDWARE[row.gpu].peak_flops:
             needs.append(f"peak:{row.gpu}/{peak}")
     fields = {f.name for f in dataclasses.fields(ParallelConfig)}
-    needs += [f"layout:{k}" for k, v in row.parallel if v > 1 and k not in fields]
+    needs += [f"layout:{k}" for k, v in row.parallel
+              if v > (0 if k == "redundant_experts" else 1) and k not in fields]
     return tuple(needs)
 
 
