@@ -226,7 +226,8 @@ def row_parallel(row: PublishedRow) -> ParallelConfig:
     if row.gpus % per_replica:
         raise ConfigError(f"{row.id}: gpus={row.gpus} is not a multiple of tp x pp = "
                           f"{per_replica}")
-    return ParallelConfig(replicas=row.gpus // per_replica, **layout)
+    values: dict[str, Any] = {"replicas": row.gpus // per_replica, **layout}
+    return ParallelConfig(**values)
 
 
 def measured_total(row: PublishedRow, hw: HardwareSpec) -> float:
