@@ -25,7 +25,7 @@ from infbench.measure.published import (
 START = "<!-- published-tables:start -->"
 END = "<!-- published-tables:end -->"
 UNITS = {"output_tokens_per_s": "output tok/s", "itl_ms": "ITL ms",
-         "decode_tokens_per_s": "decode tok/s"}
+         "decode_tokens_per_s": "decode tok/s", "prefill_tokens_per_s": "prefill tok/s"}
 
 
 def _num(x: float) -> str:
@@ -80,7 +80,12 @@ def render() -> str:
     rows = load_rows()
     priced = [r for r in rows if not missing_features(r)]
     fits = [fit_engine(e, rows) for e in fittable_engines(rows)]
-    lines = [START, "", f"{len(rows)} published rows, {len(priced)} priced now.", ""]
+    prices = [price_row(r) for r in priced]
+    bounds = sum(rp.is_bound for rp in prices)
+    useful = sum(rp.is_bound and rp.is_useful for rp in prices)
+    lines = [START, "", f"{len(rows)} published rows, {len(priced)} priced now: the roofline "
+             f"bounds {bounds} of them, {useful} within the bar (2x time per token, 3x "
+             "throughput).", ""]
     lines += rows_table(rows)
     lines += ["", "Fitted efficiencies (`infbench predict --efficiency ENGINE`):", ""]
     lines += fits_table(fits) if fits else ["No engine has 2 priced rows yet."]

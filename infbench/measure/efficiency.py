@@ -5,7 +5,8 @@ A fraction in (0, 1] derates the bandwidth and every compute peak by it.  An eng
 rows (`infbench/data/published/measurements.yaml`, the rows infbench prices):
 
 - Each row's predicted time (a wave's end-to-end time for output tokens/s, one decode step
-  for an inter-token latency or a decode-only rate) is split by what bounds it: the
+  for an inter-token latency or a decode-only rate, the prefill step for a prefill-only
+  rate) is split by what bounds it: the
   prefill and decode steps whose roofline is memory-bound scale as 1 / bandwidth
   fraction, the compute-bound ones as 1 / compute fraction, the communication not at all
   (`TimeParts`; exact at fractions 1, the split kept as they change).
@@ -64,15 +65,17 @@ def time_parts(rp: RowPrice) -> TimeParts:
     p = rp.price.prediction
     assert p is not None
     row = rp.row
-    decode = _stage_parts(p.decode, p.decode_comm.total_s,
-                          p.gen_len - 1 if row.metric == "output_tokens_per_s" else 1)
+    steps = {"output_tokens_per_s": p.gen_len - 1, "prefill_tokens_per_s": 0}
+    decode = _stage_parts(p.decode, p.decode_comm.total_s, steps.get(row.metric, 1))
     prefill = (_stage_parts(p.prefill, p.prefill_comm.total_s, 1.0)
-               if row.metric == "output_tokens_per_s" else (0.0, 0.0, 0.0))
+               if row.metric in steps else (0.0, 0.0, 0.0))
     memory, compute, fixed = (a + b for a, b in zip(decode, prefill, strict=True))
     if row.metric == "itl_ms":
         measured = row.value / 1e3
     elif row.metric == "decode_tokens_per_s":  # one step makes batch x replicas tokens
         measured = rp.batch * p.parallel.replicas / rp.measured
+    elif row.metric == "prefill_tokens_per_s":  # one prefill reads batch x replicas prompts
+        measured = rp.batch * p.parallel.replicas * p.prompt_len / rp.measured
     else:  # one wave makes batch x replicas x gen tokens
         measured = rp.batch * p.parallel.replicas * p.gen_len / rp.measured
     return TimeParts(memory, compute, fixed, measured)

@@ -49,7 +49,7 @@ from infbench.measure.prediction import (
 )
 from infbench.roofline.analysis import DEFAULT_RESERVE, max_batch
 
-METRICS = ("output_tokens_per_s", "itl_ms", "decode_tokens_per_s")
+METRICS = ("output_tokens_per_s", "itl_ms", "decode_tokens_per_s", "prefill_tokens_per_s")
 SCOPES = ("total", "per_gpu", "per_node")
 ENGINES = ("gpt-fast", "vllm", "sglang", "tensorrt-llm")
 USEFUL_TIME = 2.0
@@ -273,7 +273,9 @@ def price_row(row: PublishedRow, efficiency: Efficiency | None = None) -> RowPri
     assert p is not None  # price() always predicts
     predicted = {"output_tokens_per_s": batch * par.replicas * row.gen_len / p.e2e_s,
                  "itl_ms": p.time_per_token_s * 1e3,
-                 "decode_tokens_per_s": p.tokens_per_s}[row.metric]
+                 "decode_tokens_per_s": p.tokens_per_s,
+                 "prefill_tokens_per_s": batch * par.replicas * row.prompt_len / p.ttft_s,
+                 }[row.metric]
     return RowPrice(row, measured_total(row, hw), predicted, batch, pp)
 
 
