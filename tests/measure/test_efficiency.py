@@ -147,3 +147,19 @@ def test_the_flag_refuses_a_calibrated_profile() -> None:
     hw = dataclasses.replace(get_hardware("h100-sxm"), extra={"calibrated": True})
     with pytest.raises(UserError, match="calibrated profile"):
         derate(hw, Efficiency(0.5, 0.5))
+
+
+def test_the_flag_derates_a_scenario_and_the_set_path(tmp_path, capsys) -> None:
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text("name: s\nhardware: a100-80g\nmodel: {preset: llama2-7b}\n"
+                        "workload: {kind: static, batch_size: 1, prompt_len: 16, gen_len: 64}\n")
+    base = ["predict", "--json"]
+    plain = json.loads(_ok([*base, str(scenario)], capsys))[0]
+    half = json.loads(_ok([*base, str(scenario), "--efficiency", "0.5"], capsys))[0]
+    assert half["tpot_s"] == pytest.approx(2 * plain["tpot_s"])
+    sets = ["--model", "llama2-7b", "--set", "hardware=a100-80g", "--prompt", "16", "--gen",
+            "64"]
+    plain = json.loads(_ok([*base, *sets], capsys))[0]
+    half = json.loads(_ok([*base, *sets, "--efficiency", "0.5"], capsys))[0]
+    assert half["tpot_s"] == pytest.approx(2 * plain["tpot_s"])
+    assert half["efficiency"]["summary"].startswith("efficiency: 50%")
