@@ -35,6 +35,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from infbench.checkpoint.metadata import native_quant
 from infbench.core.config import ACTIVATION_QUANT, KV_QUANT, PRESETS, ModelConfig, make_quant
 from infbench.core.errors import ConfigError
 from infbench.core.formats import WEIGHT_QUANT
@@ -156,7 +157,13 @@ def load_rows(path: Path | None = None) -> list[PublishedRow]:
     import yaml
 
     path = path or data_path()
-    items = yaml.safe_load(path.read_text(encoding="utf-8"))
+    try:
+        items = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}:{where} not valid YAML "
+                          f"({getattr(exc, 'problem', None) or 'unreadable'})") from None
     if not isinstance(items, list):
         raise ConfigError(f"{path}: expected a list of rows")
     rows = [_row(item, f"{path.name}[{i}]") for i, item in enumerate(items)]
@@ -265,6 +272,8 @@ def price_row(row: PublishedRow, efficiency: Efficiency | None = None) -> RowPri
         hw = derate(hw, efficiency)
     quant = make_quant({"weights": row.weights, "group_size": row.group_size, "kv": row.kv,
                         "activations": row.activations})
+    if row.weights == "native":  # the formats the released checkpoint stores (a preset's)
+        quant = native_quant(quant, {"preset": row.model})
     par = row_parallel(row)
     batch = priced_batch(row, cfg, hw, quant, par)
     pp = price(cfg, hw, PricedWorkload(batch, batch, row.prompt_len, row.gen_len, row.dtype,

@@ -93,6 +93,7 @@ def test_max_load_is_priced_at_the_mean_context() -> None:
 
 
 BAD_ROWS = [
+    ("- {id: x, engine: vllm\n  colour: : red", "not valid YAML"),
     ("- {id: x, engine: vllm}", "missing key 'model'"),
     ("- {id: x, engine: nope, model: m, gpu: h200, gpus: 1, prompt_len: 1, gen_len: 2, "
      "batch: 1, metric: itl_ms, scope: total, value: 1, source: s}", "engine: 'nope'"),
