@@ -213,6 +213,11 @@ class RowPrice:
         return self.predicted / self.measured
 
     @property
+    def predicted_as_published(self) -> float:
+        """The prediction in the row's own scope (per GPU, per node or total)."""
+        return self.predicted * self.row.value / self.measured
+
+    @property
     def is_bound(self) -> bool:
         return self.ratio >= 1.0
 
