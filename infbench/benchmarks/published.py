@@ -45,8 +45,9 @@ def _row_cells(row: PublishedRow, rp: RowPrice | None) -> list[str]:
     status = f"gap: {row.gap}" if row.gap else "priced"
     useful = f"{'yes' if rp.is_useful else 'NO'} (<= {row.bar:g}x)"
     batch = "" if row.batch is not None else f"; batch {rp.batch}"
-    return [*head, _num(rp.predicted_as_published), f"{rp.ratio:.2f}", "yes" if rp.is_bound else "NO",
-            useful, status + batch]
+    bound = "yes" if rp.is_bound else "NO"
+    return [*head, _num(rp.predicted_as_published), f"{rp.ratio:.2f}", bound, useful,
+            status + batch]
 
 
 def rows_table(rows: list[PublishedRow]) -> list[str]:
