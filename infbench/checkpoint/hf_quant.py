@@ -44,6 +44,11 @@ METHODS = ("fp8", "compressed-tensors", "modelopt", "mxfp4")
 MODELOPT_ALGOS = {"FP8": "fp8/tensor", "FP8_PER_CHANNEL_PER_TOKEN": "fp8/channel",
                   "FP8_PB_WO": "fp8/block", "NVFP4": "nvfp4"}
 
+# Preset -> the quantization_config its released checkpoint ships (as config.json has it), so
+# `quant.weights: native` on the preset prices the stored formats without the directory.  A
+# preset released in float has no entry; a family adds its released checkpoints' entries.
+PUBLISHED_QUANTIZATION: dict[str, dict[str, Any]] = {}
+
 # roofline operator -> the Hugging Face leaves (under model.layers.N.) whose matrices it reads
 _LEAVES = {
     "qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
@@ -198,13 +203,26 @@ def hf_native_mix(root: Path, raw: dict[str, Any],
     """(roofline operator, stored format, layers) of a checkpoint's quantization_config
     (module docstring): what `QuantConfig.native_bits` prices under native weights."""
     cfg_file, qc = read_quantization_config(root, raw)
-    rules = _rules(cfg_file, qc)
+    return mix_of(str(cfg_file), qc, cfg)
+
+
+def preset_native_mix(name: str, cfg: ModelConfig) -> tuple[tuple[str, str, int], ...] | None:
+    """The mix of the quantization_config preset `name`'s released checkpoint ships
+    (`PUBLISHED_QUANTIZATION`), None for a preset released in float."""
+    qc = PUBLISHED_QUANTIZATION.get(name.lower())
+    return None if qc is None else mix_of(f"preset {name}", qc, cfg)
+
+
+def mix_of(origin: str, qc: dict[str, Any], cfg: ModelConfig) -> tuple[tuple[str, str, int], ...]:
+    """The native_mix of quantization_config `qc` over the layers of `cfg` (`origin` names
+    where it came from in an error)."""
+    rules = _rules(Path(origin), qc)
     rows: Counter[tuple[str, str]] = Counter()
     for index in range(cfg.num_layers):
         for op, names in _leaves(cfg, index).items():
             formats = {rules.format_of(name) for name in names}
             if len(formats) > 1:
-                raise UserError(f"{cfg_file}: quantization_config stores some matrices of "
+                raise UserError(f"{origin}: quantization_config stores some matrices of "
                                 f"{', '.join(names)} as {'/'.join(sorted(formats))}: an "
                                 "exclusion inside one operator is not priced; allowed: every "
                                 "matrix of an operator in one format")

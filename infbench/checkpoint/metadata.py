@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from infbench.checkpoint.families import FAMILY_ARCHITECTURES, FAMILY_MODEL_TYPES, family_config
-from infbench.checkpoint.hf_quant import hf_native_mix
+from infbench.checkpoint.hf_quant import hf_native_mix, preset_native_mix
 from infbench.checkpoint.llama4 import (
     LLAMA4_ARCHITECTURES,
     llama4_config,
@@ -588,6 +588,10 @@ def native_quant(quant: QuantConfig, source: dict[str, Any], weights: str = "aut
         root, raw = _read_config_json(value)
         mix = hf_native_mix(root, raw, config_from_source(source))
         return dataclasses.replace(quant, native_mix=mix)
+    if kind == "preset":  # a preset released quantized: its checkpoint's stored formats
+        published = preset_native_mix(value, config_from_source(source))
+        if published is not None:
+            return dataclasses.replace(quant, native_mix=published)
     file = native_gguf_file(source, weights, overrides)
     return dataclasses.replace(quant, native_mix=native_mix(gguf_tensor_infos(file)))
 

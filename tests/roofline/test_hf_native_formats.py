@@ -140,3 +140,20 @@ def test_predict_native_on_a_directory(tmp_path: Path, monkeypatch: pytest.Monke
     assert json.loads(out)[0]["weight_bytes"] == weight_bytes(cfg, "bfloat16", block)
     code, out, err = run_cli(monkeypatch, capsys, *args[:-1], "--activations", "fp4")
     assert code == 2 and "native weights stored as fp8" in err
+
+
+def test_a_preset_released_quantized_prices_its_published_formats(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`PUBLISHED_QUANTIZATION` (filled by the families whose checkpoints ship quantized):
+    native on the preset reads its entry as it would the checkpoint's config.json."""
+    from infbench.checkpoint import hf_quant
+
+    monkeypatch.setitem(hf_quant.PUBLISHED_QUANTIZATION, "deepseek-v2-lite", {
+        "quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn"]})
+    source = {"preset": "deepseek-v2-lite"}
+    cfg, quant = config_from_source(source), native_quant(NATIVE, source)
+    mx = QuantConfig(weights="mxfp4")
+    assert weight_bytes(cfg, "bfloat16", quant) == per_op_bytes(
+        cfg, {"moe_experts": mx, "moe_shared": mx, "mlp": mx})
+    with pytest.raises(UserError, match="native needs a GGUF model"):  # released in float
+        native_quant(NATIVE, {"preset": "llama3-8b"})
