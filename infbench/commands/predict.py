@@ -309,10 +309,17 @@ def make_console(min_width: int = 120) -> Any:
     return Console(width=max(width, min_width))
 
 
-def _devices(p: Prediction) -> str:
-    par = p.parallel
+def _layout(par: Any) -> str:
+    """tp x pp, the attention dp, the replicas: `8x1 dp8 x2`."""
     return (f"{par.tp}x{par.pp}" + (f" dp{par.attention_dp}" if par.attention_dp > 1 else "")
             + (f" x{par.replicas}" if par.replicas > 1 else ""))
+
+
+def _devices(p: Prediction) -> str:
+    pools = p.parallel.disaggregated
+    if pools is not None:
+        return f"P {_layout(pools.prefill)} + D {_layout(pools.decode)}"
+    return _layout(p.parallel)
 
 
 def print_predictions(prices: list[PointPrice], show_ops: bool,
@@ -373,10 +380,12 @@ def _print_details(console: Any, pp: PointPrice, p: Prediction) -> None:
             f"{fmt_gb(p.memory_capacity_bytes)} GB[/red]")
     w = pp.workload
     if w is not None and w.waves > 1:
+        how = "pipelined through the pools" if p.disaggregated else "back to back"
         console.print(f"{p.model} b={p.batch}: {w.num_sequences} requests in {w.waves} waves "
-                      f"of {p.batch}, back to back (e2e tok/s over all of them)",
-                      highlight=False)
-    if not p.parallel.trivial:
+                      f"of {p.batch}, {how} (e2e tok/s over all of them)", highlight=False)
+    if p.disaggregated is not None:
+        _print_pools(console, p)
+    elif not p.parallel.trivial:
         par = p.parallel
         comm = p.decode_comm
         dp = f", attention dp {par.attention_dp}" if par.attention_dp > 1 else ""
@@ -386,6 +395,7 @@ def _print_details(console: Any, pp: PointPrice, p: Prediction) -> None:
             f"{fmt_ms(comm.total_s)} ms of {fmt_ms(p.decode.time_s)} ms per step"
             + (f", pipeline bubble {p.pipeline_bubble:.0%}" if par.pp > 1 else ""),
             highlight=False)
+    if not p.parallel.trivial:
         for stage, a2a in (("prefill", p.prefill_all_to_all), ("decode", p.decode_all_to_all)):
             if a2a is not None:
                 console.print(
@@ -405,6 +415,25 @@ def _print_details(console: Any, pp: PointPrice, p: Prediction) -> None:
         console.print(params_line(p.model, p.params), highlight=False)
     if pp.note:
         console.print(f"note: {p.model} b={p.batch}: {pp.note}", highlight=False)
+
+
+def _print_pools(console: Any, p: Prediction) -> None:
+    """A disaggregated prediction's pools, the KV transfer and the throughput per device."""
+    d = p.disaggregated
+    assert d is not None
+    head = f"{p.model} b={p.batch} disaggregated"
+    for name, pool in (("prefill", d.prefill), ("decode", d.decode)):
+        fit = "" if pool.fits else " [red](does not fit)[/red]"
+        console.print(
+            f"{head}: {name} pool {pool.instances} x {pool.devices // pool.instances} "
+            f"devices: {fmt_ms(pool.batch_time_s)} ms per batch, {pool.requests_per_s:,.1f} "
+            f"requests/s, {fmt_gb(pool.memory_bytes)} GB per device{fit}", highlight=False)
+    t = d.transfer
+    console.print(
+        f"{head}: KV transfer {fmt_gb(t.bytes)} GB over {t.tier} on {t.links} links: "
+        f"{fmt_ms(t.time_s)} ms (in TTFT); {d.requests_per_s * p.gen_len:,.0f} output tok/s "
+        f"on {d.devices} devices ({d.requests_per_s * p.gen_len / d.devices:,.1f} per "
+        f"device), bound by the {d.bound} pool", highlight=False)
 
 
 def _print_ops(console: Any, p: Prediction) -> None:

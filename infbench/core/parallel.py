@@ -29,6 +29,10 @@ becomes this dataclass.
 - dispatch_dtype: what the MoE all-to-all's dispatch carries: the model dtype, or float8
   (DeepEP's FP8 dispatch: one byte per value plus a float32 scale per 128); the combine
   returns the expert outputs in the model dtype.
+- disaggregated: prefill and decode on separate pools (DistServe; SGLang's and vLLM's
+  prefill/decode disaggregation), each pool its own layout (`Disaggregation`): the prompt's
+  KV cache crosses from a prefill instance to a decode instance over the link between them.
+  The top-level degrees stay 1 then: each pool sets its own.
 - replicas: independent copies of the whole (tp x pp) model serving different requests
   (data parallel): throughput x replicas at unchanged per-request latency.
 - microbatches: how many micro-batches the batch is cut into for the pipeline (default:
@@ -82,6 +86,9 @@ class ParallelConfig:
     dispatch_dtype: Annotated[str, DispatchDtype] = "model"
     """What the MoE all-to-all dispatch carries: the model dtype, or float8 (the combine
     stays in the model dtype)."""
+    disaggregated: Disaggregation | None = None
+    """Prefill and decode on separate pools, {prefill: {tp, ...}, decode: {tp, ...}}, each
+    pool a layout of these keys (replicas: the pool's instances)."""
 
     def __post_init__(self) -> None:
         for key in ("tp", "pp", "ep", "replicas", "attention_dp"):
@@ -99,6 +106,8 @@ class ParallelConfig:
             raise ConfigError(f"parallel.attention_dp={self.attention_dp} must divide "
                               f"parallel.tp={self.tp} (each attention rank is tp / attention_dp "
                               f"devices); allowed: {_allowed(divisors(self.tp))}")
+        if self.disaggregated is not None:
+            self._check_pools(self.disaggregated)
         if self.attention_dp > 1:
             if self.ep not in (1, self.tp):
                 raise ConfigError(
@@ -107,10 +116,28 @@ class ParallelConfig:
                     f"{self.tp}, or leave it out")
             object.__setattr__(self, "ep", self.tp)  # the frozen field's derived value
 
+    def _check_pools(self, pools: Disaggregation) -> None:
+        """With disaggregation the pools carry the layouts: the top level stays at 1."""
+        top = {key: getattr(self, key) for key in ("tp", "pp", "ep", "replicas", "attention_dp")
+               if getattr(self, key) != 1}
+        if self.microbatches is not None:
+            top["microbatches"] = self.microbatches
+        if top:
+            key, value = next(iter(top.items()))
+            raise ConfigError(f"parallel.{key}={value} next to parallel.disaggregated: each "
+                              f"pool sets its own layout; allowed: disaggregated.prefill.{key} "
+                              f"and disaggregated.decode.{key}")
+        for name, pool in (("prefill", pools.prefill), ("decode", pools.decode)):
+            if pool.disaggregated is not None:
+                raise ConfigError(f"parallel.disaggregated.{name}.disaggregated: a pool is one "
+                                  "layout; allowed keys: tp, pp, ep, replicas, microbatches, "
+                                  "attention_dp, dispatch_dtype")
+
     @property
     def trivial(self) -> bool:
         """One device, one replica: the model is priced exactly as without parallelism."""
-        return (self.tp, self.pp, self.ep, self.replicas) == (1, 1, 1, 1)
+        return (self.tp, self.pp, self.ep, self.replicas) == (1, 1, 1, 1) and \
+            self.disaggregated is None
 
     @property
     def attention_tp(self) -> int:
@@ -123,10 +150,15 @@ class ParallelConfig:
 
     @property
     def devices_per_replica(self) -> int:
+        if self.disaggregated is not None:  # one prefill and one decode instance
+            d = self.disaggregated
+            return d.prefill.devices_per_replica + d.decode.devices_per_replica
         return self.tp * self.pp
 
     @property
     def devices(self) -> int:
+        if self.disaggregated is not None:
+            return self.disaggregated.prefill.devices + self.disaggregated.decode.devices
         return self.devices_per_replica * self.replicas
 
     def num_microbatches(self, batch: int) -> int:
@@ -137,7 +169,16 @@ class ParallelConfig:
         """The split must fit the model's shape: the attention's tp (tp / attention_dp)
         divides the heads (and the KV heads, or the KV heads divide it), pp is at most the
         layers, ep and attention_dp need routed experts ep divides.  Each refusal names
-        both numbers and the degrees that would divide."""
+        both numbers and the degrees that would divide.  Disaggregated: each pool's."""
+        if self.disaggregated is not None:
+            for name, pool in (("prefill", self.disaggregated.prefill),
+                               ("decode", self.disaggregated.decode)):
+                try:
+                    pool.check_model(cfg)
+                except ConfigError as exc:
+                    text = str(exc).replace("parallel.", f"parallel.disaggregated.{name}.")
+                    raise ConfigError(text) from None
+            return
         at = self.attention_tp
         what = f"parallel.tp={at}" if self.attention_dp == 1 else \
             f"parallel.tp / attention_dp = {self.tp} / {self.attention_dp} = {at}"
@@ -180,3 +221,16 @@ class ParallelConfig:
 
 
 SINGLE = ParallelConfig()
+
+
+@dataclass(frozen=True)
+class Disaggregation:
+    """Prefill and decode pools (`parallel.disaggregated`): TTFT is a prefill instance's
+    prefill plus the transfer of the prompts' KV cache to a decode instance, TPOT the decode
+    instance's step; the pools' `replicas` are their instances (xPyD), and the throughput is
+    the slower pool's, over the devices of both."""
+
+    prefill: ParallelConfig
+    """The layout of one prefill instance (replicas: how many there are)."""
+    decode: ParallelConfig
+    """The layout of one decode instance (replicas: how many there are)."""

@@ -15,6 +15,8 @@ numbers everywhere.  A point's prediction prices (docs/roofline.md has the page)
   scenario's `acceptance`, drafts at `draft_cost_ratio` of a target step;
 - `parallel:`: tp / pp / ep shards and their collectives; each of the replicas serves a copy
   of the workload (batch_size and the requests are per replica, as the roofline's batch);
+  `parallel.disaggregated`: the waves pipelined through a prefill and a decode pool (the
+  first wave's E2E, then a wave per batch / the slower pool's requests per second);
 - the hardware entry or calibrated profile (its measured rates and its flags), the operator
   overlap (auto: none on an engine-calibrated profile, full on a datasheet) and the reserve.
 
@@ -130,6 +132,8 @@ class PointPrice:
         d = prediction_dict(p)  # ttft_s, tpot_s, e2e_s, decode_tokens_per_s of one wave
         num_sequences = w.num_sequences * w.parallel.replicas
         wall = w.waves * p.e2e_s  # waves run back to back
+        if p.disaggregated is not None:  # pipelined: the pools work on different waves
+            wall = p.disaggregated.wall_s(p.e2e_s, w.waves, w.batch)
         d.update({
             "hardware": self.hardware,
             "output_tokens_per_s": num_sequences * w.gen_len / wall,

@@ -113,7 +113,8 @@ def check_single_device(point: ScenarioPoint) -> None:
     if par.trivial:
         return
     layout = ", ".join(f"{k} {v}" for k, v in (("tp", par.tp), ("pp", par.pp), ("ep", par.ep),
-                                               ("replicas", par.replicas)) if v != 1)
+                                               ("replicas", par.replicas)) if v != 1) \
+        or "disaggregated prefill and decode pools"
     raise UserError(f"{_where(point)}: parallel: {layout}: the engine runs on "
                     "one device, so run measures only parallel degrees of 1; price the layout "
                     "with `infbench predict` (or measure a server that runs it with target:)")

@@ -72,9 +72,12 @@ from infbench.roofline.layer_costs import FIELDS
 from infbench.roofline.parallel import (
     AllToAll,
     CommTime,
+    Disaggregated,
+    PoolPrice,
     all_to_all_plan,
     device_ops,
     hop_s,
+    kv_transfer,
     logits_bytes_per_seq,
     stage_comm,
     stage_kv_bytes_per_seq,
@@ -319,6 +322,7 @@ class Prediction:
     pipeline_bubble: float = 0.0  # decode: fraction of a round a device idles (pp > 1)
     prefill_all_to_all: AllToAll | None = None  # expert parallel: one MoE layer's, per device
     decode_all_to_all: AllToAll | None = None  # (pp > 1: one micro-batch's)
+    disaggregated: Disaggregated | None = None  # the pools and the KV transfer between them
 
     @property
     def decode_steps(self) -> int:
@@ -352,6 +356,9 @@ def _stage_memory(cfg: ModelConfig, dtype: str, quant: QuantConfig | None,
                   par: ParallelConfig, context_len: int) -> list[tuple[int, int, int]]:
     """(weights, KV per sequence, state per sequence) of one device of each stage; under
     attention dp a device holds the sequences of its rank only (`ParallelConfig.rank_batch`)."""
+    if par.disaggregated is not None:
+        raise ConfigError("parallel.disaggregated: each pool has its own memory per device; "
+                          "`infbench predict` prices the pools (their memory and max batch)")
     if par.tp == 1 and par.pp == 1:  # the single-device functions, to the byte
         return [(weight_bytes(cfg, dtype, quant), kv_cache_bytes(cfg, dtype, quant, context_len, 1),
                  state_bytes_per_seq(cfg, dtype))]
@@ -680,12 +687,16 @@ def predict(
     reserve: MemoryReserve = DEFAULT_RESERVE,
 ) -> Prediction:
     """Predict prefill, decode, memory and throughput for `batch` identical requests per
-    replica, on one device or `parallel.devices` of them."""
+    replica, on one device or `parallel.devices` of them (disaggregated: `batch` is what a
+    prefill instance prefills at once and a decode instance decodes)."""
     check_workload(batch, prompt_len, gen_len)
     check_overlap(overlap)
     if overlap == "auto":
         overlap = default_overlap(hw)
     parallel.check_model(cfg)
+    if parallel.disaggregated is not None:
+        return _disaggregated(cfg, hw, batch, prompt_len, gen_len, dtype, quant, speculative,
+                              parallel, overlap, reserve)
     if parallel.devices_per_replica > 1 and hw.interconnect is None:
         raise ConfigError(f"hardware {hw.name!r} has no interconnect figures (a calibrated "
                           "profile describes one device); tp and pp need a table entry")
@@ -750,6 +761,45 @@ def predict(
         prefill_all_to_all=all_to_all_plan(cfg, par, hw, dtype, prompts),
         decode_all_to_all=all_to_all_plan(cfg, par, hw, dtype, tokens),
     )
+
+
+def _disaggregated(cfg: ModelConfig, hw: HardwareSpec, batch: int, prompt_len: int,
+                   gen_len: int, dtype: str, quant: QuantConfig | None,
+                   speculative: SpeculativeConfig | None, parallel: ParallelConfig,
+                   overlap: str, reserve: MemoryReserve) -> Prediction:
+    """Prefill on the prefill pool (its memory at the prompt), the prompts' KV across, decode
+    on the decode pool (its memory at prompt + gen): TTFT = prefill + transfer (the first
+    token leaves with the cache), TPOT the decode instance's, the rest of the prediction
+    (memory, max batch, decode) the decode pool's, `fits` both pools'."""
+    pools = parallel.disaggregated
+    assert pools is not None
+    pre = predict(cfg, hw, batch=batch, prompt_len=prompt_len, gen_len=1, dtype=dtype,
+                  quant=quant, parallel=pools.prefill, overlap=overlap, reserve=reserve)
+    dec = predict(cfg, hw, batch=batch, prompt_len=prompt_len, gen_len=gen_len, dtype=dtype,
+                  quant=quant, speculative=speculative, parallel=pools.decode, overlap=overlap,
+                  reserve=reserve)
+    q = quant or QuantConfig()
+    held = kv_cache_bytes(cfg, dtype, q, prompt_len, batch) + \
+        state_bytes_per_seq(cfg, dtype) * batch
+    transfer = kv_transfer(held if gen_len > 1 else 0.0, pools, hw)
+    ttft = pre.ttft_s + (transfer.time_s if gen_len > 1 else 0.0)
+    decode_s = (gen_len - 1) * dec.time_per_token_s
+
+    def pool(p: Prediction, par: ParallelConfig, seconds: float) -> PoolPrice:
+        rate = par.replicas * batch / seconds if seconds > 0 else 0.0
+        return PoolPrice(par.replicas, par.devices, seconds, rate, p.memory_bytes, p.fits,
+                         p.max_batch)
+
+    # a prefill instance starts its next batch once this one's cache has left
+    prefill_s = max(pre.prefill.time_s, transfer.time_s)
+    summary = Disaggregated(pool(pre, pools.prefill, prefill_s),
+                            pool(dec, pools.decode, decode_s), transfer)
+    return replace(
+        dec, prefill=pre.prefill, ttft_s=ttft, e2e_s=ttft + decode_s, parallel=parallel,
+        fits=pre.fits and dec.fits, max_batch=min(pre.max_batch, dec.max_batch),
+        prefill_comm=pre.prefill_comm, prefill_all_to_all=pre.prefill_all_to_all,
+        tokens_per_s=batch * pools.decode.replicas / dec.time_per_token_s,
+        disaggregated=summary)
 
 
 def _stage_dict(stage: StagePrediction) -> dict[str, Any]:
@@ -820,15 +870,25 @@ def prediction_dict(p: Prediction) -> dict[str, Any]:
     }
 
 
+def layout_dict(par: ParallelConfig, batch: int) -> dict[str, Any]:
+    """A layout as `predict --json` shows it (disaggregated: each pool's)."""
+    if par.disaggregated is not None:
+        pools = par.disaggregated
+        return {"disaggregated": {"prefill": layout_dict(pools.prefill, batch),
+                                  "decode": layout_dict(pools.decode, batch)},
+                "devices": par.devices}
+    return {"tp": par.tp, "pp": par.pp, "ep": par.ep, "replicas": par.replicas,
+            "microbatches": par.num_microbatches(batch) if par.pp > 1 else 1,
+            "attention_dp": par.attention_dp, "dispatch_dtype": par.dispatch_dtype,
+            "devices": par.devices}
+
+
 def deployment_dict(p: Prediction) -> dict[str, Any]:
     """What `predict --json` adds to `prediction_dict` (a result file's prediction keeps the
     schema's keys): the parallel layout, the memory budget and the communication."""
     par = p.parallel
     return {
-        "parallel": {"tp": par.tp, "pp": par.pp, "ep": par.ep, "replicas": par.replicas,
-                     "microbatches": par.num_microbatches(p.batch) if par.pp > 1 else 1,
-                     "attention_dp": par.attention_dp, "dispatch_dtype": par.dispatch_dtype,
-                     "devices": par.devices},
+        "parallel": layout_dict(par, p.batch),
         "overlap": p.overlap,
         "usable_memory_bytes": p.usable_memory_bytes,
         "workspace_bytes": p.workspace_bytes,
@@ -838,4 +898,5 @@ def deployment_dict(p: Prediction) -> dict[str, Any]:
         # expert parallel: one MoE layer's dispatch and combine on one device, per step
         "all_to_all": {stage: a.to_dict() if a else None for stage, a in
                        (("prefill", p.prefill_all_to_all), ("decode", p.decode_all_to_all))},
+        "disaggregated": p.disaggregated.to_dict(p.gen_len) if p.disaggregated else None,
     }

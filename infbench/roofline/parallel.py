@@ -46,7 +46,7 @@ from typing import Any
 
 from infbench.core.config import LayerSpec, ModelConfig, QuantConfig
 from infbench.core.errors import ConfigError
-from infbench.core.parallel import FP8_SCALE_GROUP, ParallelConfig
+from infbench.core.parallel import FP8_SCALE_GROUP, Disaggregation, ParallelConfig
 from infbench.hardware.spec import HardwareSpec, MemoryReserve
 from infbench.roofline.costs import group_costs
 from infbench.roofline.ops import OpCost, SeqWork
@@ -285,6 +285,82 @@ def _dp_attention_comm(cfg: ModelConfig, par: ParallelConfig, hw: HardwareSpec, 
             all_gather_s(logits * cfg.vocab_size * a, par.tp, hw)
     return CommTime(all_reduce_s=reduces * rank_reduce, all_gather_s=gathers,
                     all_to_all_s=to_all)
+
+
+# ------------------------------------------------------------------ disaggregation
+@dataclass(frozen=True)
+class KVTransfer:
+    """The prompts' KV cache crossing from a prefill instance to a decode instance."""
+
+    bytes: float  # batch x prompt tokens x KV bytes per token (+ constant state)
+    tier: str  # the link between the instances: the scale-up link when both fit one domain
+    links: int  # device pairs sending at once: min(prefill, decode) devices of an instance
+    time_s: float  # bytes / links over the tier, plus one hop's latency
+
+
+@dataclass(frozen=True)
+class PoolPrice:
+    """One pool of a disaggregated deployment: its devices, the time one instance takes for
+    a batch (prefill: the prompts; decode: the gen_len - 1 decode steps), the requests per
+    second the pool sustains and its memory per device."""
+
+    instances: int
+    devices: int  # instances x devices per instance
+    batch_time_s: float
+    requests_per_s: float  # instances x batch / batch_time (0: the pool has no work)
+    memory_bytes: int  # per device
+    fits: bool
+    max_batch: int
+
+
+@dataclass(frozen=True)
+class Disaggregated:
+    """What `parallel.disaggregated` adds to a prediction: the pools and the transfer; the
+    throughput is the slower pool's, over the devices of both."""
+
+    prefill: PoolPrice
+    decode: PoolPrice
+    transfer: KVTransfer
+
+    @property
+    def requests_per_s(self) -> float:
+        rates = [r for r in (self.prefill.requests_per_s, self.decode.requests_per_s) if r]
+        return min(rates)
+
+    @property
+    def bound(self) -> str:
+        """The pool that sets the throughput."""
+        d = self.decode.requests_per_s
+        return "decode" if d and d < self.prefill.requests_per_s else "prefill"
+
+    @property
+    def devices(self) -> int:
+        return self.prefill.devices + self.decode.devices
+
+    def wall_s(self, first_e2e_s: float, waves: int, batch: int) -> float:
+        """W waves of `batch` requests pipelined through the pools: the first one's E2E, then
+        one more wave every batch / (the slower pool's requests per second)."""
+        return first_e2e_s + (waves - 1) * batch / self.requests_per_s
+
+    def to_dict(self, gen_len: int) -> dict[str, Any]:
+        out = self.requests_per_s * gen_len
+        return {**asdict(self), "bound": self.bound, "devices": self.devices,
+                "requests_per_s": self.requests_per_s, "output_tokens_per_s": out,
+                "output_tokens_per_s_per_device": out / self.devices}
+
+
+def kv_transfer(kv_bytes: float, pools: Disaggregation, hw: HardwareSpec) -> KVTransfer:
+    """`kv_bytes` (the batch's prompt cache) from a prefill to a decode instance: every
+    device of the smaller instance sends or takes its share at once, over the scale-up link
+    when both instances fit one domain (an HGX board, a GB200 NVL72 rack), else the tier
+    their joint span reaches (PCIe in a node, the network)."""
+    p, d = pools.prefill.devices_per_replica, pools.decode.devices_per_replica
+    links = min(p, d)
+    if hw.interconnect is None:
+        raise ConfigError(f"hardware {hw.name!r} has no interconnect figures (a calibrated "
+                          "profile describes one device); disaggregation needs a table entry")
+    tier = hw.interconnect.tier(2, p + d)[0]
+    return KVTransfer(kv_bytes, tier, links, hop_s(kv_bytes / links, p + d, hw))
 
 
 # ------------------------------------------------------------------ memory per device

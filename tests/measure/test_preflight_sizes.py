@@ -52,8 +52,9 @@ def test_a_normal_batch_passes_the_host_memory_check(tmp_path: Path) -> None:
     pf.check_host_memory(point, request_lengths(point.workload))
 
 
-@pytest.mark.parametrize(("layout", "named"), [("{tp: 2}", "tp 2"),
-                                               ("{pp: 2, replicas: 3}", "pp 2, replicas 3")])
+@pytest.mark.parametrize(("layout", "named"), [
+    ("{tp: 2}", "tp 2"), ("{pp: 2, replicas: 3}", "pp 2, replicas 3"),
+    ("{disaggregated: {prefill: {}, decode: {}}}", "disaggregated prefill and decode pools")])
 def test_an_engine_point_with_a_parallel_layout_is_refused(tmp_path: Path, layout: str,
                                                            named: str) -> None:
     """The engine runs one device: measuring a tp 2 scenario on it would sit beside a
