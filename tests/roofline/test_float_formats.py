@@ -84,13 +84,6 @@ def test_the_pairs_that_are_allowed() -> None:
         assert QuantConfig(weights=weights, activations=activations).activations == activations
 
 
-def test_the_engine_refuses_what_it_cannot_store_yet() -> None:
-    """Priced, not run: the engine says so in one line instead of running float weights."""
-    from infbench.model.loader import load_model
-
-    with pytest.raises(ConfigError, match="quant.weights=nvfp4: the engine has no kernel"):
-        load_model({"preset": "tiny"}, "float32", "cpu", quant=QuantConfig(weights="nvfp4"))
-
 
 # ------------------------------------------------------------------ pricing
 def small_moe() -> ModelConfig:
