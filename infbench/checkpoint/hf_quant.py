@@ -47,7 +47,12 @@ MODELOPT_ALGOS = {"FP8": "fp8/tensor", "FP8_PER_CHANNEL_PER_TOKEN": "fp8/channel
 # Preset -> the quantization_config its released checkpoint ships (as config.json has it), so
 # `quant.weights: native` on the preset prices the stored formats without the directory.  A
 # preset released in float has no entry; a family adds its released checkpoints' entries.
-PUBLISHED_QUANTIZATION: dict[str, dict[str, Any]] = {}
+# DeepSeek-V3 (and R1, V3-0324) and Kimi-K2 ship every decoder linear in fp8 128x128 blocks.
+_FP8_BLOCKS: dict[str, Any] = {"quant_method": "fp8", "fmt": "e4m3",
+                               "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+PUBLISHED_QUANTIZATION: dict[str, dict[str, Any]] = {
+    "deepseek-v3": _FP8_BLOCKS, "kimi-k2": _FP8_BLOCKS,
+}
 
 # roofline operator -> the Hugging Face leaves (under model.layers.N.) whose matrices it reads
 _LEAVES = {

@@ -157,3 +157,11 @@ def test_a_preset_released_quantized_prices_its_published_formats(
         cfg, {"moe_experts": mx, "moe_shared": mx, "mlp": mx})
     with pytest.raises(UserError, match="native needs a GGUF model"):  # released in float
         native_quant(NATIVE, {"preset": "llama3-8b"})
+
+
+@pytest.mark.parametrize("preset", ["deepseek-v3", "kimi-k2"])
+def test_deepseek_v3_and_kimi_k2_presets_price_their_fp8_blocks(preset: str) -> None:
+    source = {"preset": preset}
+    cfg, quant = config_from_source(source), native_quant(NATIVE, source)
+    block = QuantConfig(weights="fp8", fp8_scales="block")
+    assert weight_bytes(cfg, "bfloat16", quant) == weight_bytes(cfg, "bfloat16", block)
