@@ -298,6 +298,7 @@ class Prediction(_Closed):
     gen_len: int | None = None
     params: int | None = None
     active_params: int | None = None
+    mtp_params: int | None = None  # DeepSeek-V3's MTP modules as stored (not in params)
     weight_bytes: Number | None = None
     kv_bytes_per_token: Number | None = None
     kv_cache_bytes: Number | None = None
