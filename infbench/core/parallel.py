@@ -75,7 +75,8 @@ class ParallelConfig:
     pp: int = 1
     """Pipeline stages: the layers split into this many consecutive stages."""
     ep: int = 1
-    """Expert parallel degree within the tp devices of a stage (divides tp; MoE only)."""
+    """Expert parallel degree within the tp devices of a stage (divides tp; MoE only; all
+    tp devices under attention_dp)."""
     replicas: int = 1
     """Data-parallel replicas of the whole model: throughput x replicas."""
     microbatches: int | None = None
@@ -122,6 +123,8 @@ class ParallelConfig:
                if getattr(self, key) != 1}
         if self.microbatches is not None:
             top["microbatches"] = self.microbatches
+        if self.dispatch_dtype != "model":
+            top["dispatch_dtype"] = self.dispatch_dtype
         if top:
             key, value = next(iter(top.items()))
             raise ConfigError(f"parallel.{key}={value} next to parallel.disaggregated: each "

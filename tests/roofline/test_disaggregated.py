@@ -95,6 +95,8 @@ def test_one_output_token_needs_no_transfer() -> None:
     (lambda: P(tp=2, disaggregated=Disaggregation(P(), P())),
      "parallel.tp=2 next to parallel.disaggregated: each pool sets its own layout; allowed: "
      "disaggregated.prefill.tp and disaggregated.decode.tp"),
+    (lambda: P(dispatch_dtype="float8", disaggregated=Disaggregation(P(), P())),
+     "parallel.dispatch_dtype=float8 next to parallel.disaggregated"),
     (lambda: pools(P(disaggregated=Disaggregation(P(), P())), P()),
      "parallel.disaggregated.prefill.disaggregated: a pool is one layout"),
 ])
