@@ -34,10 +34,17 @@ NO_WINDOW = 1 << 30
 
 
 def window_arg(window: int | None) -> int:
+    """A window (or a chunk) as the kernels take it: NO_WINDOW for none."""
     if window is None:
         return NO_WINDOW
     assert window > 0, f"window must be a positive token count, got {window}"
     return int(window)
+
+
+@triton.jit
+def chunk_start(pos, chunk):
+    """First position of the attention chunk holding `pos` (chunk NO_WINDOW: 0)."""
+    return pos - pos % chunk
 
 
 @triton.jit
@@ -47,7 +54,7 @@ def attend_kv_range(
     q_pos,  # (BLOCK_M,) position of each query row; -1 for padding rows
     k_cache_ptr, v_cache_ptr, block_table_ptr,  # block_table_ptr: this sequence's row
     k_scales_ptr, v_scales_ptr,  # KV_QUANT: (num_blocks, block_size, Hkv) float32
-    kv_head, start, end, window, qk_scale,  # qk_scale = softmax scale * log2(e)
+    kv_head, start, end, window, chunk, qk_scale,  # qk_scale = softmax scale * log2(e)
     stride_kb, stride_ko, stride_kh, stride_kd,
     stride_vb, stride_vo, stride_vh, stride_vd,
     stride_ksb, stride_kso, stride_ksh,
@@ -80,6 +87,8 @@ def attend_kv_range(
             s = s * k_scale[None, :]
         delta = q_pos[:, None] - pos[None, :]  # query position - key position
         visible = (delta >= 0) & (delta < window) & in_range[None, :]
+        # chunked attention: only the keys of the query's own chunk (chunk NO_WINDOW: all)
+        visible = visible & (pos[None, :] >= q_pos[:, None] - q_pos[:, None] % chunk)
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         # Rows with nothing visible yet keep max -inf; subtract 0 there to avoid inf - inf.
@@ -160,18 +169,23 @@ def attention_ref(
     q_pos: torch.Tensor,
     scale: float,
     window: int | None,
+    chunk: int | None = None,
 ) -> torch.Tensor:
     """Grouped-query attention of queries at positions q_pos over keys at 0..L-1, fp32 softmax.
 
     q: (B, Q, Hq, D); k: (B, Hkv, L, D); v: (B, Hkv, L, Dv); q_pos: (B, Q).
-    Key p is visible to a query at t iff p <= t and t - p < window.  Queries that see no
-    key (padding: q_pos < 0) return zeros.  Returns (B, Q, Hq, Dv) in q.dtype.
+    Key p is visible to a query at t iff p <= t and t - p < window, and with a chunk iff
+    p // chunk == t // chunk as well.  Queries that see no key (padding: q_pos < 0) return
+    zeros.  Returns (B, Q, Hq, Dv) in q.dtype.
     """
     num_keys = k.shape[2]
-    delta = q_pos[:, :, None] - torch.arange(num_keys, device=q.device)  # (B, Q, L)
+    keys_at = torch.arange(num_keys, device=q.device)
+    delta = q_pos[:, :, None] - keys_at  # (B, Q, L)
     visible = delta >= 0
     if window is not None:
         visible &= delta < window
+    if chunk is not None:
+        visible &= keys_at >= (q_pos - q_pos.remainder(chunk))[:, :, None]
     batch, num_q, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
     group = num_heads // num_kv_heads
@@ -187,7 +201,7 @@ def attention_ref(
     # Decode: fold each KV head's query group into the query axis, (B, Hkv, G, D), so
     # the KV is read once per KV head (what the Triton kernel does) instead of copied.
     qg = q.float().view(batch, num_kv_heads, group, head_dim)
-    if window is None and bool((q_pos == num_keys - 1).all()):
+    if window is None and chunk is None and bool((q_pos == num_keys - 1).all()):
         # Every sequence sees all L keys (equal lengths, no window): no mask to build.
         out = F.scaled_dot_product_attention(qg, k.float(), v.float(), scale=scale)
         return out.reshape(batch, 1, num_heads, v.shape[-1]).to(q.dtype)  # (B, Q, Hq, Dv)

@@ -10,7 +10,8 @@ are long; with one split the main kernel writes the output directly.
 
 With Q > 1 query tokens (speculative verification) query i sits at position
 context_len - Q + i and attends causally.  A sliding window restricts the blocks a
-program visits, so blocks fully outside the window are never read.
+program visits, so blocks fully outside the window are never read; so does a chunk
+(Llama-4's chunked attention: a query sees only the keys of its own chunk).
 
 A quantized cache (int8 / float8_e4m3fn with per-token, per-head scales, see
 `kernels/kv_quant.py`) is passed with its `k_scales` / `v_scales` and read in place,
@@ -30,6 +31,7 @@ from kernels._paged_attention import (
     attended_pairs,
     attention_ref,
     check_cache,
+    chunk_start,
     dequantized_rows,
     kv_tokens_read,
     scale_args,
@@ -48,7 +50,7 @@ def _paged_decode_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
     out_ptr, lse_ptr,  # out: final output or fp32 partials; lse: per-split log2-sum-exp
     k_scales_ptr, v_scales_ptr,  # KV_QUANT: (num_blocks, block_size, Hkv) float32
-    qk_scale, window, num_q_tokens, block_size,
+    qk_scale, window, chunk, num_q_tokens, block_size,
     stride_qb, stride_qt, stride_qh, stride_qd,
     stride_kb, stride_ko, stride_kh, stride_kd,
     stride_vb, stride_vo, stride_vh, stride_vd,
@@ -78,8 +80,9 @@ def _paged_decode_attention_kernel(
               + offs_d[None, :] * stride_qd)
     q = tl.load(q_ptrs, mask=row_mask[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
 
-    # Visible positions [lo, hi): the earliest query's window start up to the context end.
-    lo = tl.maximum(context_len - num_q_tokens - window + 1, 0)
+    # Visible positions [lo, hi): the earliest query's window (or chunk) start up to the end.
+    first_q = context_len - num_q_tokens
+    lo = tl.maximum(tl.maximum(first_q - window + 1, 0), chunk_start(first_q, chunk))
     hi = context_len
     first_block = lo // block_size
     num_blocks = tl.cdiv(hi, block_size) - first_block
@@ -92,7 +95,7 @@ def _paged_decode_attention_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     acc, l_i, m_i = attend_kv_range(
         acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, block_tables_ptr + seq * stride_btb,
-        k_scales_ptr, v_scales_ptr, kv_head, start, end, window, qk_scale,
+        k_scales_ptr, v_scales_ptr, kv_head, start, end, window, chunk, qk_scale,
         stride_kb, stride_ko, stride_kh, stride_kd, stride_vb, stride_vo, stride_vh, stride_vd,
         stride_ksb, stride_kso, stride_ksh, stride_vsb, stride_vso, stride_vsh,
         block_size, HEAD_DIM, V_HEAD_DIM, BLOCK_N, BLOCK_D, BLOCK_DV, DOT_PRECISION, KV_QUANT,
@@ -161,6 +164,7 @@ def paged_decode_attention(
     num_splits: int | None = None,
     k_scales: torch.Tensor | None = None,
     v_scales: torch.Tensor | None = None,
+    chunk: int | None = None,
 ) -> torch.Tensor:
     """Attention of the last Q tokens of each sequence over its paged KV cache.
 
@@ -168,8 +172,9 @@ def paged_decode_attention(
     v_cache: (num_blocks, block_size, Hkv, Dv); block_tables: (B, max_blocks) int32;
     context_lens: (B,) int32, total tokens of each sequence including the Q queries.
     A quantized cache (int8 / float8_e4m3fn) comes with k_scales / v_scales
-    (num_blocks, block_size, Hkv) float32.  Returns q's shape with D replaced by Dv, in
-    q.dtype.
+    (num_blocks, block_size, Hkv) float32.  `chunk`: chunked attention (a query sees only
+    the earlier keys of its own chunk of `chunk` positions).  Returns q's shape with D
+    replaced by Dv, in q.dtype.
     """
     check_cache(k_cache, v_cache, block_tables, q, k_scales, v_scales)
     is_single = q.dim() == 3
@@ -208,7 +213,7 @@ def paged_decode_attention(
     ks, vs, *scale_strides = scale_args(k_scales, v_scales, context_lens)
     _paged_decode_attention_kernel[grid](
         q4, k_cache, v_cache, block_tables, context_lens, partial, lse, ks, vs,
-        scale * LOG2E, window_arg(window), num_q, block_size,
+        scale * LOG2E, window_arg(window), window_arg(chunk), num_q, block_size,
         *q4.stride(), *k_cache.stride(), *v_cache.stride(), *scale_strides,
         block_tables.stride(0), *partial.stride(), *lse_strides,
         GROUP=group, NUM_SPLITS=num_splits, HEAD_DIM=head_dim, V_HEAD_DIM=v_head_dim,
@@ -238,6 +243,7 @@ def paged_decode_attention_ref(
     num_splits: int | None = None,
     k_scales: torch.Tensor | None = None,
     v_scales: torch.Tensor | None = None,
+    chunk: int | None = None,
 ) -> torch.Tensor:
     """Torch reference (and CPU backend): gather each sequence's KV, masked fp32 softmax.
 
@@ -269,7 +275,7 @@ def paged_decode_attention_ref(
         values.masked_fill_(is_pad[:, :, None, None], 0.0)
     q_pos = ctx[:, None] - num_q + torch.arange(num_q, device=q.device)  # (B, Q)
     out = attention_ref(q4, keys.transpose(1, 2), values.transpose(1, 2), q_pos, scale,
-                        window)  # (B, Q, Hq, Dv)
+                        window, chunk)  # (B, Q, Hq, Dv)
     return out.squeeze(1) if is_single else out
 
 
@@ -284,13 +290,18 @@ def paged_decode_attention_cpu(
     num_splits: int | None = None,
     k_scales: torch.Tensor | None = None,
     v_scales: torch.Tensor | None = None,
+    chunk: int | None = None,
 ) -> torch.Tensor:
     """C++ CPU kernel (kernels/csrc/attention.cpp, the `cpu` backend): the same attention,
     K/V read in place through the block table (no gather), fp32 online softmax, one work
     item per (sequence, KV head).  An int8 cache goes through kernels/csrc/attention_kvq.cpp
     (one byte per value read, scales folded in per key).  `num_splits` is accepted for
-    signature compatibility.
+    signature compatibility.  The C++ kernels have no chunk mask: a chunked layer falls back
+    to the torch reference (`paged_decode_attention_ref`).
     """
+    if chunk is not None:
+        return paged_decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens,
+                                          scale, window, num_splits, k_scales, v_scales, chunk)
     del num_splits
     if k_scales is not None or v_scales is not None:
         return cpu_module().paged_decode_attention_int8(  # type: ignore[no-any-return]

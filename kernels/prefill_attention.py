@@ -30,6 +30,7 @@ from kernels._paged_attention import (
     attended_pairs,
     attention_ref,
     check_cache,
+    chunk_start,
     dequantized_rows,
     gather_kv_ref,
     kv_tokens_read,
@@ -59,7 +60,7 @@ def _find_sequence(cu_seqlens_ptr, tile, num_seqs, BLOCK_Q: tl.constexpr):
 @triton.jit
 def _prefill_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, cu_seqlens_ptr, context_lens_ptr, block_tables_ptr,
-    out_ptr, k_scales_ptr, v_scales_ptr, qk_scale, window, num_seqs, block_size,
+    out_ptr, k_scales_ptr, v_scales_ptr, qk_scale, window, chunk, num_seqs, block_size,
     stride_qt, stride_qh, stride_qd,
     stride_kb, stride_ko, stride_kh, stride_kd,
     stride_vb, stride_vo, stride_vh, stride_vd,
@@ -94,15 +95,16 @@ def _prefill_attention_kernel(
               + offs_d[None, :] * stride_qd)
     q = tl.load(q_ptrs, mask=row_mask[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
 
-    # Keys from the first query's window start to the last query of the tile.
-    start = tl.maximum(first_q_pos - window + 1, 0)
+    # Keys from the first query's window (or chunk) start to the last query of the tile.
+    start = tl.maximum(tl.maximum(first_q_pos - window + 1, 0),
+                       chunk_start(first_q_pos, chunk))
     end = tl.minimum(first_q_pos + BLOCK_Q, context_len)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     acc, l_i, m_i = attend_kv_range(
         acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, block_tables_ptr + seq * stride_btb,
-        k_scales_ptr, v_scales_ptr, kv_head, start, end, window, qk_scale,
+        k_scales_ptr, v_scales_ptr, kv_head, start, end, window, chunk, qk_scale,
         stride_kb, stride_ko, stride_kh, stride_kd, stride_vb, stride_vo, stride_vh, stride_vd,
         stride_ksb, stride_kso, stride_ksh, stride_vsb, stride_vso, stride_vsh,
         block_size, HEAD_DIM, V_HEAD_DIM, BLOCK_N, BLOCK_D, BLOCK_DV, DOT_PRECISION, KV_QUANT,
@@ -125,13 +127,15 @@ def prefill_attention(
     window: int | None = None,
     k_scales: torch.Tensor | None = None,
     v_scales: torch.Tensor | None = None,
+    chunk: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of the new tokens of B sequences over their paged KV cache.
 
     q: (T, Hq, D) new tokens of all sequences; cu_seqlens_q: (B+1,) int32 row offsets;
     context_lens: (B,) int32 total tokens per sequence (cached + new, all in the cache);
     block_tables: (B, max_blocks) int32.  A quantized cache comes with k_scales /
-    v_scales (num_blocks, block_size, Hkv) float32.  Returns (T, Hq, Dv) in q.dtype.
+    v_scales (num_blocks, block_size, Hkv) float32.  `chunk`: chunked attention (a query
+    sees only the earlier keys of its own chunk).  Returns (T, Hq, Dv) in q.dtype.
     """
     check_cache(k_cache, v_cache, block_tables, q, k_scales, v_scales)
     assert q.dim() == 3, f"q must be (T, Hq, D), got {tuple(q.shape)}"
@@ -158,7 +162,7 @@ def prefill_attention(
     ks, vs, *scale_strides = scale_args(k_scales, v_scales, context_lens)
     _prefill_attention_kernel[grid](
         q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, out, ks, vs,
-        scale * LOG2E, window_arg(window), batch, block_size,
+        scale * LOG2E, window_arg(window), window_arg(chunk), batch, block_size,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *scale_strides,
         block_tables.stride(0), *out.stride(),
         GROUP=group, HEAD_DIM=head_dim, V_HEAD_DIM=v_head_dim,
@@ -181,6 +185,7 @@ def prefill_attention_ref(
     window: int | None = None,
     k_scales: torch.Tensor | None = None,
     v_scales: torch.Tensor | None = None,
+    chunk: int | None = None,
 ) -> torch.Tensor:
     """Torch reference (and CPU backend): per sequence, gather its KV and run masked softmax.
 
@@ -202,8 +207,8 @@ def prefill_attention_ref(
                 v_scales.unsqueeze(-1), block_tables[b], context_len)[..., 0])
         q_pos = torch.arange(context_len - (q_end - q_start), context_len, device=q.device)
         out[q_start:q_end] = attention_ref(
-            q[None, q_start:q_end], keys[None], values[None], q_pos[None], scale, window
-        )[0]
+            q[None, q_start:q_end], keys[None], values[None], q_pos[None], scale, window,
+            chunk)[0]
     return out
 
 
@@ -218,10 +223,15 @@ def prefill_attention_cpu(
     window: int | None = None,
     k_scales: torch.Tensor | None = None,
     v_scales: torch.Tensor | None = None,
+    chunk: int | None = None,
 ) -> torch.Tensor:
     """C++ CPU kernel (kernels/csrc/attention.cpp, the `cpu` backend): the same causal
     attention, K/V read in place through the block table, work items of (sequence, KV
-    head, query tile).  An int8 cache goes through kernels/csrc/attention_kvq.cpp."""
+    head, query tile).  An int8 cache goes through kernels/csrc/attention_kvq.cpp.  The
+    C++ kernels have no chunk mask: a chunked layer falls back to `prefill_attention_ref`."""
+    if chunk is not None:
+        return prefill_attention_ref(q, k_cache, v_cache, cu_seqlens_q, context_lens,
+                                     block_tables, scale, window, k_scales, v_scales, chunk)
     if k_scales is not None or v_scales is not None:
         return cpu_module().prefill_attention_int8(  # type: ignore[no-any-return]
             q, k_cache, v_cache, k_scales, v_scales, cu_seqlens_q, context_lens, block_tables,

@@ -643,6 +643,10 @@ class ModelConfig:
         if uses and kind not in ("mha", "gqa", "mqa"):
             raise ConfigError(f"model.{uses[0]} needs plain softmax attention, not "
                               f"attention.kind {kind!r}; allowed kinds: mha, gqa, mqa")
+        if self.attention_chunk is not None and self.attn_logit_softcap is not None:
+            raise ConfigError("model.attention_chunk does not combine with "
+                              "model.attn_logit_softcap (no soft-capped chunked attention path); "
+                              "allowed: one of them")
         if self.qk_l2_norm and self.qk_norm:
             raise ConfigError("model.qk_l2_norm and model.qk_norm are two q/k norms; "
                               "allowed: one of them")
@@ -828,7 +832,7 @@ class PruneConfig:
             raise ConfigError(f"prune.layers ({self.layers}) must be less than model.num_layers "
                               f"({cfg.num_layers}); allowed: 0..{cfg.num_layers - 1}")
         if self.layers:
-            kinds = {(s.mixer, s.window, s.owns_kv) for s in cfg.layers()}
+            kinds = {(s.mixer, s.window, s.chunk, s.rope, s.owns_kv) for s in cfg.layers()}
             if len(kinds) > 1 or cfg.attention.kind in ("linear", "cla"):
                 raise ConfigError(
                     f"prune.layers: model {cfg.name!r} (attention.kind {cfg.attention.kind}) "

@@ -1,7 +1,9 @@
 """Per-layer-group KV pools for models that mix windowed and full attention layers.
 
 vLLM's hybrid KV-cache allocator in its simplest form: the KV-owning layers are
-grouped by window (None = full attention), each group has its own pool of blocks
+grouped by window (None = full attention; a chunked layer's span is its chunk,
+`LayerSpec.kv_span`: its queries never look behind their chunk's start, so it frees
+behind the chunk like a window of that size), each group has its own pool of blocks
 (same block size, its own num_blocks and tensors) and each sequence one block
 table per group.  A windowed group frees the blocks behind its window, a full
 group keeps the whole context, so a sliding model with global layers holds
@@ -29,15 +31,16 @@ from infbench.engine.sequence import Sequence
 
 
 def kv_group_windows(cfg: ModelConfig) -> list[int | None]:
-    """Windows of the KV groups: full attention (None) first, then windows ascending."""
-    windows = {spec.window for spec in cfg.layers() if spec.has_kv_cache}
+    """Windows of the KV groups (a window or a chunk: `LayerSpec.kv_span`): full attention
+    (None) first, then windows ascending."""
+    windows = {spec.kv_span for spec in cfg.layers() if spec.has_kv_cache}
     return sorted(windows, key=lambda w: -1 if w is None else w)
 
 
 def layer_groups(cfg: ModelConfig) -> dict[int, int]:
     """KV-owning layer index -> its group (a CLA reader uses its `kv_source`'s group)."""
     windows = kv_group_windows(cfg)
-    return {spec.index: windows.index(spec.window)
+    return {spec.index: windows.index(spec.kv_span)
             for spec in cfg.layers() if spec.has_kv_cache}
 
 

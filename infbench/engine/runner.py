@@ -180,23 +180,29 @@ class PagedAttentionContext:
             self.ops.store_kv(k, v, k_cache, v_cache, slot_mapping, k_scales, v_scales)
         nd = inp.num_decode
         if layer.softcap is not None:  # no kernel caps scores: model/softcap.py, any backend
+            assert layer.chunk is None, "soft-capped chunked attention is refused at build"
             return self._softcapped(layer, q, k_cache, v_cache, k_scales, v_scales, scale)
+        # Llama-4's chunk masks like the window (the cpu backend's C++ kernels have no chunk
+        # mask: a chunked layer runs their torch references, kernels/*_attention_cpu).
+        chunk = layer.chunk
         if nd == q.shape[0]:
             return self.ops.decode_attention(  # type: ignore[no-any-return]
                 q, k_cache, v_cache, decode_tables, inp.decode_context_lens, scale,
-                layer.window, k_scales=k_scales, v_scales=v_scales)
+                layer.window, k_scales=k_scales, v_scales=v_scales, chunk=chunk)
         if nd == 0:
             return self.ops.prefill_attention(  # type: ignore[no-any-return]
                 q, k_cache, v_cache, inp.prefill_cu_seqlens, inp.prefill_context_lens,
-                prefill_tables, scale, layer.window, k_scales=k_scales, v_scales=v_scales)
+                prefill_tables, scale, layer.window, k_scales=k_scales, v_scales=v_scales,
+                chunk=chunk)
         out = torch.empty(q.shape[0], q.shape[1], v_cache.shape[-1], dtype=q.dtype,
                           device=q.device)  # (T, Hq, Dv)
         out[:nd] = self.ops.decode_attention(
             q[:nd], k_cache, v_cache, decode_tables, inp.decode_context_lens, scale,
-            layer.window, k_scales=k_scales, v_scales=v_scales)
+            layer.window, k_scales=k_scales, v_scales=v_scales, chunk=chunk)
         out[nd:] = self.ops.prefill_attention(
             q[nd:], k_cache, v_cache, inp.prefill_cu_seqlens, inp.prefill_context_lens,
-            prefill_tables, scale, layer.window, k_scales=k_scales, v_scales=v_scales)
+            prefill_tables, scale, layer.window, k_scales=k_scales, v_scales=v_scales,
+            chunk=chunk)
         return out
 
 

@@ -96,24 +96,29 @@ class AttentionContext(Protocol):
         ...
 
 
-def causal_window_mask(length: int, window: int | None, device: torch.device) -> torch.Tensor:
-    """Boolean (L, L) mask, True where key p is visible to query t: p <= t and t - p < window."""
+def causal_window_mask(length: int, window: int | None, device: torch.device,
+                       chunk: int | None = None) -> torch.Tensor:
+    """Boolean (L, L) mask, True where key p is visible to query t: p <= t and t - p < window
+    (and p // chunk == t // chunk, Llama-4's chunked attention)."""
     t = torch.arange(length, device=device)[:, None]  # (L, 1) query index
     p = torch.arange(length, device=device)[None, :]  # (1, L) key index
     visible = p <= t
     if window is not None:
         visible = visible & (t - p < window)  # HF Mistral: kv_idx > q_idx - window
+    if chunk is not None:
+        visible = visible & (p // chunk == t // chunk)
     return visible  # (L, L)
 
 
 def _causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None,
-                 scale: float, is_gqa: bool) -> torch.Tensor:
-    """Causal (optionally windowed) attention of one sequence in SDPA's (1, H, L, D) layout."""
+                 scale: float, is_gqa: bool, chunk: int | None = None) -> torch.Tensor:
+    """Causal (optionally windowed or chunked) attention of one sequence in SDPA's
+    (1, H, L, D) layout."""
     length = q.shape[2]
-    if window is None or window >= length:
+    if (window is None or window >= length) and (chunk is None or chunk >= length):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale,
                                               enable_gqa=is_gqa)
-    mask = causal_window_mask(length, window, q.device)  # (L, L)
+    mask = causal_window_mask(length, window, q.device, chunk)  # (L, L)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
                                           enable_gqa=is_gqa)
 
@@ -210,7 +215,7 @@ class DenseContext:
                     q[start:end], ks[0], vs[0], torch.arange(end - start, device=q.device),
                     scale, layer.window, layer.softcap)
                 continue
-            o = _causal_sdpa(qs, ks, vs, layer.window, scale, is_gqa)
+            o = _causal_sdpa(qs, ks, vs, layer.window, scale, is_gqa, layer.chunk)
             out[start:end] = o.squeeze(0).transpose(0, 1)  # (L, Hq, D)
         return out
 

@@ -184,6 +184,8 @@ class _BatchCache:
         visible = p <= t
         if layer.window is not None:
             visible = visible & (t - p < layer.window)
+        if layer.chunk is not None:  # Llama-4: the keys of the query's own chunk
+            visible = visible & (p // layer.chunk == t // layer.chunk)
         qs = q.reshape(self.batch, num_new, q.shape[1], q.shape[2]).transpose(1, 2)
         out = F.scaled_dot_product_attention(  # (B, Hq, n, D)
             qs, keys.transpose(1, 2), values.transpose(1, 2), attn_mask=visible, scale=scale,

@@ -26,7 +26,9 @@ def first_layers(model: Transformer, n: int) -> Transformer:
     view._parameters = dict(model._parameters)
     view._buffers = dict(model._buffers)
     view.layers = nn.ModuleList(list(model.layers)[:n])
-    view.config = model.config.with_overrides(num_layers=n)
+    # the first n layers keep their kinds (Llama-4's NoPE layers among them)
+    view.config = model.config.with_overrides(
+        num_layers=n, nope_layers=tuple(i for i in model.config.nope_layers if i < n))
     view.layer_specs = model.layer_specs[:n]
     fused = getattr(model, "decode_layers", None)
     if fused is not None:

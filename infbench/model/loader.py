@@ -469,6 +469,46 @@ class _WeightSink:
             )
 
 
+_LLAMA4_SKIPPED = ("vision_model.", "multi_modal_projector.")  # a multimodal file's others
+
+
+def llama4_tensors(cfg: ModelConfig, name: str, tensor: torch.Tensor
+                   ) -> Iterator[tuple[str, torch.Tensor]]:
+    """A Llama-4 checkpoint tensor in the names and layouts the sink knows.
+
+    `feed_forward.*` is `mlp.*` (the router `mlp.gate`); the stacked experts (gate_up_proj
+    (E, H, 2I), down_proj (E, I, H), input-major) become per-expert (out, in) matrices;
+    the q/k rows of the RoPE layers go from interleaved pairs (Llama-4 rotates (2i, 2i+1)
+    as complex numbers) to rotate-half halves, which the RoPE kernels apply (scores are
+    unchanged: q and k are permuted alike).  A multimodal file's text model is read under
+    `language_model.`; its vision tower is skipped."""
+    if name.startswith(_LLAMA4_SKIPPED):
+        return
+    name = name.removeprefix("language_model.")
+    match = _LAYER.fullmatch(name)
+    if match is None:
+        yield name, tensor
+        return
+    index, leaf = int(match.group(1)), match.group(2).replace("feed_forward.", "mlp.", 1)
+    prefix = f"model.layers.{index}."
+    if leaf == "mlp.router.weight":
+        yield prefix + "mlp.gate.weight", tensor
+    elif leaf == "mlp.experts.gate_up_proj":
+        inter = tensor.shape[2] // 2
+        for e in range(tensor.shape[0]):
+            yield f"{prefix}mlp.experts.{e}.gate_proj.weight", tensor[e, :, :inter].t()
+            yield f"{prefix}mlp.experts.{e}.up_proj.weight", tensor[e, :, inter:].t()
+    elif leaf == "mlp.experts.down_proj":
+        for e in range(tensor.shape[0]):
+            yield f"{prefix}mlp.experts.{e}.down_proj.weight", tensor[e].t()
+    elif leaf in ("self_attn.q_proj.weight", "self_attn.k_proj.weight") and (
+            index not in cfg.nope_layers):
+        heads = cfg.num_heads if leaf.startswith("self_attn.q") else cfg.kv_heads
+        yield prefix + leaf, unpermute_rope_rows(tensor, heads)
+    else:
+        yield prefix + leaf, tensor
+
+
 def _load_safetensors(model: Transformer, root: Path) -> None:
     index = root / "model.safetensors.index.json"
     if index.is_file():
@@ -484,7 +524,11 @@ def _load_safetensors(model: Transformer, root: Path) -> None:
         if not file.is_file():
             raise UserError(f"{index}: shard {file.name} is missing")
         for name, tensor in _safetensors_tensors(file):
-            sink.put(name, tensor)
+            if model.config.arch == "llama4":
+                for part, rows in llama4_tensors(model.config, name, tensor):
+                    sink.put(part, rows)
+            else:
+                sink.put(name, tensor)
     sink.finish()
 
 

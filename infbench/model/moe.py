@@ -126,7 +126,14 @@ class MoEMLP(nn.Module):
         flat = ids.reshape(-1)  # (T*k,)
         self.expert_counts.index_add_(0, flat, torch.ones_like(flat))  # in place: graph-safe
         run = fused_moe if self.use_kernel else fused_moe_ref  # triton: also interpreted
-        out = run(x.contiguous(), self.w13, self.w2, weights.to(x.dtype), ids)  # (T, H)
+        if self.moe.scale_input:  # Llama-4: each (token, expert) pair runs expert(w * x)
+            num_tokens, k = ids.shape
+            scaled = (x[:, None, :] * weights.to(x.dtype)[..., None]).reshape(num_tokens * k, -1)
+            ones = torch.ones(num_tokens * k, 1, dtype=x.dtype, device=x.device)
+            pairs = run(scaled, self.w13, self.w2, ones, ids.reshape(-1, 1))  # (T*k, H)
+            out = pairs.view(num_tokens, k, -1).sum(dim=1)  # (T, H)
+        else:
+            out = run(x.contiguous(), self.w13, self.w2, weights.to(x.dtype), ids)  # (T, H)
         if self.shared_experts is not None:
             shared = self.shared_experts(x)  # (T, H)
             if self.shared_expert_gate is not None:

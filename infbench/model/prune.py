@@ -118,7 +118,8 @@ def drop_layers(model: Transformer, k: int, scores: Sequence[float]) -> list[int
     old = model.layer_specs
     for new_index, old_index in enumerate(kept):
         a, b = old[old_index], specs[new_index]
-        if (a.mixer, a.window, a.owns_kv) != (b.mixer, b.window, b.owns_kv):
+        if (a.mixer, a.window, a.chunk, a.rope, a.owns_kv) != (
+                b.mixer, b.window, b.chunk, b.rope, b.owns_kv):
             raise ConfigError(f"prune.layers: layer {old_index} ({a.mixer}) cannot become layer "
                               f"{new_index} ({b.mixer}) of the pruned model; allowed: 0")
     model.layers = nn.ModuleList(model.layers[i] for i in kept)

@@ -33,7 +33,8 @@ from kernels.cpu_decode_layer import MAX_ROWS as MAX_FUSED_DECODES
 
 
 class Attention(nn.Module):
-    """Softmax attention (MHA/GQA/MQA, sliding window, CLA) with a fused qkv projection."""
+    """Softmax attention (MHA/GQA/MQA, sliding window, CLA, Llama-4's chunked and NoPE
+    layers) with a fused qkv projection."""
 
     def __init__(
         self,
@@ -67,6 +68,12 @@ class Attention(nn.Module):
             norm_cls = GemmaRMSNorm if config.is_gemma else RMSNorm
             self.q_norm = norm_cls(self.head_dim, config.rms_norm_eps, dtype, device)
             self.k_norm = norm_cls(self.head_dim, config.rms_norm_eps, dtype, device)
+        # Llama-4: a weightless RMS ("L2") norm of q and k after RoPE on the RoPE layers, and
+        # on the NoPE layers (no RoPE) the query temperature (floor, scale).
+        self.l2_eps = config.rms_norm_eps if config.qk_l2_norm and layer.rope else None
+        self.temperature: tuple[int, float] | None = None
+        if config.attn_temperature_floor is not None and not layer.rope:
+            self.temperature = (config.attn_temperature_floor, config.attn_temperature_scale)
 
     def set_ops(self, ops: Ops) -> None:
         self.ops = ops
@@ -88,13 +95,33 @@ class Attention(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q = self.q_norm(q)  # (T, Hq, D), a new tensor
             k = self.k_norm(k) if k is not None else None
-        if self.ops is not None and k is not None:
+        if self.layer.rope and self.ops is not None and k is not None:
             # in place, on the qkv views (or the normed copies)
             q, k = self.ops.rope(q, k, positions, rope_cache, self.rotary_dim)
-        else:
+        elif self.layer.rope:  # (a NoPE layer, Llama-4's, rotates nothing)
             q, k = apply_rope(q, k, positions, rope_cache)
+        if self.l2_eps is not None:
+            q = l2_norm(q, self.l2_eps)
+            k = l2_norm(k, self.l2_eps) if k is not None else None
+        if self.temperature is not None:
+            scale = query_temperature(positions, *self.temperature)[:, None, None]  # (T, 1, 1)
+            q = (q * scale).to(q.dtype)  # in float32, as transformers scales
         out = ctx.attention(self.layer, q, k, v, self.scale)  # (T, Hq, D)
         return self.o_proj(out.reshape(num_tokens, -1))  # (T, H)
+
+
+def l2_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """Llama-4's q/k norm: x / sqrt(mean(x^2) + eps) over the last dim, in float32, no
+    weight (transformers' Llama4TextL2Norm)."""
+    x32 = x.float()
+    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def query_temperature(positions: torch.Tensor, floor: int, scale: float) -> torch.Tensor:
+    """Llama-4's NoPE-layer query scale at each position t (T,) float32:
+    1 + scale * log(1 + floor((t + 1) / floor))."""
+    steps = torch.floor((positions.float() + 1.0) / floor)
+    return torch.log1p(steps) * scale + 1.0
 
 
 # Mixer registry: LayerSpec.mixer -> module class, every class built as
@@ -234,13 +261,6 @@ class Transformer(nn.Module):
         self.config = config
         self.dtype = dtype
         self.layer_specs = config.layers()
-        llama4 = [key for key, on in (
-            ("attention_chunk", config.attention_chunk is not None),
-            ("nope_layers", bool(config.nope_layers)), ("qk_l2_norm", config.qk_l2_norm),
-            ("moe.scale_input", config.moe is not None and config.moe.scale_input)) if on]
-        if llama4:
-            raise ConfigError(f"model {config.name!r}: model.{llama4[0]} (Llama-4) is priced by "
-                              "predict/kv but the engine does not run it yet")
         # nn.Embedding, or model/quant.QuantEmbedding for a GGUF's quantized token_embd
         self.embed_tokens: nn.Module = nn.Embedding(
             config.vocab_size, config.hidden_size, dtype=dtype, device=device

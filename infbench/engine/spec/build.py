@@ -116,7 +116,7 @@ def _draft_proposer(spec: SpeculativeConfig, target: LoadedModel, engine: Any,
         model = first_layers(model, spec.draft_layers)
     cfg = model.config
     layers = cfg.layers()
-    if any(s.mixer != "attention" for s in layers) or len({s.window for s in layers}) > 1:
+    if any(s.mixer != "attention" for s in layers) or len({s.kv_span for s in layers}) > 1:
         raise ConfigError(f"speculative.draft_model={spec.draft_model!r}: a draft model needs "
                           "plain attention layers with one window (GQA/MHA/MQA, sliding)")
     return DraftModelProposer(model, cfg, engine.kv.num_blocks, engine.kv.block_size,
