@@ -1116,7 +1116,7 @@ def _llama4(name: str, experts: int, moe_step: int, context: int, qk_norm: bool,
     expert of the routed experts' width (checkpoint/llama4.py reads the same keys)."""
     return ModelConfig(
         name=name, vocab_size=202048, hidden_size=5120, num_layers=48, num_heads=40,
-        num_kv_heads=8, head_dim=128, intermediate_size=16384, max_seq_len=context,
+        num_kv_heads=8, intermediate_size=16384, max_seq_len=context,
         rope_theta=500000.0, rope_scaling=rope_scaling, attention=_GQA, arch="llama4",
         moe=MoEConfig(num_experts=experts, num_experts_per_tok=1, moe_intermediate_size=8192,
                       num_shared_experts=1, scoring="sigmoid", moe_step=moe_step,

@@ -58,6 +58,16 @@ _QWEN3_MOE = dict(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe",
                   decoder_sparse_step=1, mlp_only_layers=[], use_sliding_window=False,
                   sliding_window=None)
 
+# meta-llama/Llama-4-{Scout-17B-16E,Maverick-17B-128E}: the text_config of their (multimodal)
+# config.json, as a Llama4ForCausalLM config
+_LLAMA4 = dict(architectures=["Llama4ForCausalLM"], model_type="llama4_text",
+               vocab_size=202048, hidden_size=5120, intermediate_size=8192,
+               intermediate_size_mlp=16384, num_hidden_layers=48, num_attention_heads=40,
+               num_key_value_heads=8, head_dim=128, num_experts_per_tok=1, hidden_act="silu",
+               attention_bias=False, attention_chunk_size=8192, attn_temperature_tuning=True,
+               floor_scale=8192, attn_scale=0.1, rms_norm_eps=1e-5, rope_theta=500000.0,
+               tie_word_embeddings=False, no_rope_layers=[int((i + 1) % 4 != 0)
+                                                          for i in range(48)])
 PUBLISHED = [
     # Qwen/Qwen3-30B-A3B, Qwen/Qwen3-235B-A22B: "30.5B in total and 3.3B activated",
     # "235B in total and 22B activated"
@@ -83,6 +93,18 @@ PUBLISHED = [
     Published("mixtral-8x22b", dict(_MIXTRAL, hidden_size=6144, num_hidden_layers=56,
                                     num_attention_heads=48, intermediate_size=16384,
                                     max_position_embeddings=65536), "141B", "39B"),
+    # "17B active, 109B total" (Scout) / "17B active, 400B total" (Maverick): the cards'
+    # totals count the vision encoder too, which is not part of the text model (Scout's
+    # decoder alone is 107.77B, the figure pinned here; Maverick's 400.7B rounds to 400B).
+    Published("llama-4-scout", dict(
+        _LLAMA4, num_local_experts=16, interleave_moe_layer_step=1, use_qk_norm=True,
+        max_position_embeddings=10485760, rope_scaling={
+            "factor": 16.0, "low_freq_factor": 1.0, "high_freq_factor": 1.0,
+            "original_max_position_embeddings": 8192, "rope_type": "llama3"}),
+        "107.8B", "17B"),
+    Published("llama-4-maverick", dict(
+        _LLAMA4, num_local_experts=128, interleave_moe_layer_step=2, use_qk_norm=False,
+        max_position_embeddings=1048576), "400B", "17B"),
 ]
 _IDS = [row.preset for row in PUBLISHED]
 
