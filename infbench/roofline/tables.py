@@ -121,7 +121,8 @@ def kv_rows(models: Sequence[ModelConfig], *, context_len: int, batch: int, hw: 
 
 
 def scheme_name(cfg: ModelConfig) -> str:
-    """A short name of the KV scheme: gqa-8, mla-64+16, cla-2, sliding-4096/g4, ssm-16, ..."""
+    """A short name of the KV scheme: gqa-8, mla-64+16, cla-2, sliding-4096/g4, ssm-16,
+    gqa-8 chunk-8192/nope-12 (Llama-4: chunked layers, and how many NoPE layers), ..."""
     a = cfg.attention
     names = {
         "mha": "mha", "mqa": "mqa", "gqa": f"gqa-{cfg.kv_heads}",
@@ -133,6 +134,9 @@ def scheme_name(cfg: ModelConfig) -> str:
     name = names[a.kind]
     if a.kind in ("linear", "ssm") and a.attn_every:
         name += f" + attn 1:{a.attn_every - 1}"
+    if cfg.attention_chunk is not None:
+        name += f" chunk-{cfg.attention_chunk}" + (
+            f"/nope-{len(cfg.nope_layers)}" if cfg.nope_layers else "")
     return name
 
 

@@ -121,7 +121,10 @@ def test_presets_match_the_published_configs_and_transformers_counts(
 
 
 def test_kv_cache_caps_the_chunked_layers_at_the_chunk() -> None:
+    from infbench.roofline.tables import scheme_name
+
     cfg = ModelConfig.from_name("llama-4-scout")
+    assert scheme_name(cfg) == "gqa-8 chunk-8192/nope-12"
     per_layer = 2 * 8 * 128 * 2  # K and V, 8 KV heads of 128, bfloat16
     assert kv_bytes_per_token(cfg, "bfloat16") == 48 * per_layer
     # 12 NoPE layers hold the context, 36 chunked layers min(context, 8192)
