@@ -112,10 +112,9 @@ class Fp8Weight:
     @property
     def granularity(self) -> str:
         """`tensor`, `channel` or `block` (FP8_SCALES)."""
-        n, k = self.shape
-        if self.block_n >= n and self.block_k >= k:
-            return "tensor"
-        return "channel" if self.block_n == 1 else "block"
+        if self.block_n == 1 and self.block_k >= self.shape[1]:
+            return "channel"
+        return "tensor" if (self.block_n, self.block_k) == self.shape else "block"
 
     def dequantize_rows(self, start: int, stop: int) -> torch.Tensor:
         """Rows start:stop of W as (stop - start, K) float32."""

@@ -55,8 +55,9 @@ from infbench.core.gguf_types import (
     native_mix,
     stored_formats,
 )
-from infbench.model import dtypes
+from infbench.model import dtypes, fp_checkpoint
 from infbench.model.calibrated_quant import quantize_with_calibration
+from infbench.model.float_quant import use_float_activations
 from infbench.model.gemma import GeGLUMLP
 from infbench.model.gguf_blocks import empty_format, format_parts, map_rows, native_weight
 from infbench.model.layers import SwiGLUMLP
@@ -127,9 +128,9 @@ def load_model(
                           "quant.activations float|int8")
     native = quant is not None and quant.weights == "native"
     if native:
-        native_gguf_file(source, weights, overrides)  # a one-line error without a GGUF
+        _check_native_source(source, weights, overrides)
     loaded = _load(source, dtype, device, seed, overrides, weights, native)
-    quantizes = quant is not None and quant.weights in QUANTIZED_WEIGHTS
+    quantizes = quant is not None and quant.weights in (*QUANTIZED_WEIGHTS, *FLOAT_CODE_WEIGHTS)
     if loaded.config.moe is not None and quant is not None and quantizes:
         raise ConfigError(f"quant.weights={quant.weights}: the routed experts of an MoE model "
                           f"are not quantized in the engine (model {loaded.config.name!r}); "
@@ -157,7 +158,34 @@ def load_model(
             raise ConfigError("quant.activations=int8: the model has no quantized projection "
                               "to apply it to; allowed here: float")
         loaded.source += f"; int8 activations x{count}"
+    if quant is not None and quant.activations in ("fp8", "fp4"):
+        _use_float_activations(loaded, quant.activations)
     return loaded
+
+
+def _check_native_source(source: dict[str, str], weights: str,
+                         overrides: dict[str, Any] | None) -> None:
+    """`quant.weights: native` needs a GGUF file or an HF directory with its own weights
+    (whose fp8 / nvfp4 tensors `_load` then finds); a one-line error otherwise."""
+    kind = next(iter(source)) if isinstance(source, dict) and len(source) == 1 else None
+    if kind != "path":
+        native_gguf_file(source, weights, overrides)
+    elif weights == "random":
+        raise UserError("model.quant.weights=native runs a checkpoint's own stored weights; "
+                        "model.weights: random has none (allowed with native: auto, real)")
+
+
+def _use_float_activations(loaded: LoadedModel, activations: str) -> None:
+    """W8A8 / W4A4 numerics: every fp8 / mxfp4 / nvfp4 projection rounds its inputs."""
+    try:
+        count = use_float_activations(loaded.model, activations)
+    except ValueError as exc:  # a stored format the activations do not pair with
+        raise ConfigError(f"quant.activations={activations}: {exc}; allowed: float, or fp8 "
+                          "with fp8 weights, fp4 with mxfp4 / nvfp4 weights") from None
+    if count == 0:
+        raise ConfigError(f"quant.activations={activations}: the model has no fp8 / mxfp4 / "
+                          "nvfp4 projection to apply it to; allowed here: float")
+    loaded.source += f"; {activations} activations x{count} (numerics only)"
 
 
 def _load(
@@ -199,15 +227,26 @@ def _load(
         _init_random(model, seed)
         return _finish(model, config, None, f"preset {config.name} (seed {seed})", random_note)
     if kind == "path":
+        root = Path(value)
         config = _with_overrides(config_from_hf_dir(value), overrides)
-        model = _materialize(config, torch_dtype, dev)
+        files = _safetensors_files(root) if weights != "random" else []
+        matrices = fp_checkpoint.plan(root, files) if files else []
+        if native and not matrices:
+            raise UserError(f"model.quant.weights=native: {root} stores no fp8 / nvfp4 "
+                            "projections (F8_E4M3 weights with weight_scale(_inv), or U8 with "
+                            "F8_E4M3 weight_scale); allowed for it: none, int8, int4, fp8, "
+                            "mxfp4, nvfp4")
+        model, stored = _materialize_hf(config, torch_dtype, dev, root, matrices, native)
+        summary = f"hf {value}"
         if weights == "random":
             _init_random(model, seed)
         else:
-            _load_safetensors(model, Path(value))
-        has_tokenizer = (Path(value) / "tokenizer.json").is_file()
+            _load_safetensors(model, root, files, matrices, stored)
+        if matrices:
+            summary += f" ({fp_checkpoint.describe(matrices, native)})"
+        has_tokenizer = (root / "tokenizer.json").is_file()
         tokenizer = Tokenizer.from_hf_dir(value) if has_tokenizer else None
-        return _finish(model, config, tokenizer, f"hf {value}",
+        return _finish(model, config, tokenizer, summary,
                        random_note if weights == "random" else f"real: {value}")
     file = resolve_gguf(value)
     reader = open_gguf(file)
@@ -288,6 +327,22 @@ def _materialize(config: ModelConfig, dtype: torch.dtype, device: torch.device,
     model.to_empty(device=device)
     model.init_rope_cache()
     return model.eval().requires_grad_(False)
+
+
+def _materialize_hf(config: ModelConfig, dtype: torch.dtype, device: torch.device, root: Path,
+                    matrices: list[fp_checkpoint.StoredMatrix], native: bool,
+                    ) -> tuple[Transformer, fp_checkpoint.Loader | None]:
+    """`_materialize` for an HF directory: with native weights the projections the file
+    stores in fp8 / nvfp4 become FloatCodeLinears on the meta device first, so only their
+    codes and scales are ever allocated; returns the loader that fills them."""
+    if not (native and matrices):
+        return _materialize(config, dtype, device), None
+    _check_fits(config, dtype, device)  # the float size: an upper bound of the stored one
+    model = Transformer(config, dtype=dtype, device="meta")
+    loader = fp_checkpoint.swap(model, _WeightSink(model, str(root)), matrices, root, dtype)
+    model.to_empty(device=device)
+    model.init_rope_cache()
+    return model.eval().requires_grad_(False), loader
 
 
 def _finish(
@@ -509,7 +564,8 @@ def llama4_tensors(cfg: ModelConfig, name: str, tensor: torch.Tensor
         yield prefix + leaf, tensor
 
 
-def _load_safetensors(model: Transformer, root: Path) -> None:
+def _safetensors_files(root: Path) -> list[Path]:
+    """The checkpoint's safetensors files (the index's shards, or every *.safetensors)."""
     index = root / "model.safetensors.index.json"
     if index.is_file():
         with reading(index, "safetensors index (JSON with a weight_map)"):
@@ -519,17 +575,36 @@ def _load_safetensors(model: Transformer, root: Path) -> None:
         files = sorted(root.glob("*.safetensors"))
     if not files:
         raise UserError(f"{root}: no *.safetensors weights (other formats are not supported)")
-    sink = _WeightSink(model, str(root))
     for file in files:
         if not file.is_file():
             raise UserError(f"{index}: shard {file.name} is missing")
+    return files
+
+
+def _load_safetensors(model: Transformer, root: Path, files: list[Path],
+                      matrices: list[fp_checkpoint.StoredMatrix],
+                      stored: fp_checkpoint.Loader | None) -> None:
+    """Stream every tensor into the model.  The fp8 / nvfp4 matrices of `matrices` go as
+    stored into `stored`'s FloatCodeLinears (native), or are dequantized to the model
+    dtype one matrix at a time (no `stored`)."""
+    sink = _WeightSink(model, str(root))
+    dequant = fp_checkpoint.Dequantizer({m.prefix: m for m in matrices})
+    for file in files:
         for name, tensor in _safetensors_tensors(file):
-            if model.config.arch == "llama4":
+            if stored is not None and stored.owns(name):
+                stored.put(name, tensor)
+            elif stored is None and fp_checkpoint.owned(dequant.matrices, name):
+                done = dequant.take(name, tensor)
+                if done is not None:
+                    sink.put(*done)
+            elif model.config.arch == "llama4":
                 for part, rows in llama4_tensors(model.config, name, tensor):
                     sink.put(part, rows)
             else:
                 sink.put(name, tensor)
     sink.finish()
+    if stored is not None:
+        stored.finish()
 
 
 def _safetensors_tensors(file: Path) -> Iterator[tuple[str, torch.Tensor]]:

@@ -2,7 +2,8 @@
 
 `quantize_model(model, quant)` replaces every projection inside the decoder layers (the
 attention / MLA / SSM projections and the MLP matrices) with a `QuantLinear` holding the
-packed weights of `kernels/quant_format.py`; the float weights are dropped, so the model
+packed weights of `kernels/quant_format.py` (int8 / int4), or a `FloatCodeLinear`
+(`model/float_quant.py`) holding fp8 / mxfp4 / nvfp4 codes; the float weights are dropped, so the model
 holds only what `QuantConfig.weight_bits` prices.  The embedding, the LM head and the norms
 stay in the model dtype (as in AWQ/GPTQ checkpoints and `roofline/shapes.py`), except
 `quant.head: int8` (`quantize_head`) and a GGUF file's quantized `token_embd` / `output`
@@ -26,7 +27,8 @@ from torch import nn
 
 from infbench.core.config import QuantConfig
 from infbench.core.errors import ConfigError
-from infbench.core.formats import QUANTIZED_WEIGHTS
+from infbench.core.formats import FLOAT_CODE_WEIGHTS, QUANTIZED_WEIGHTS
+from infbench.model.float_quant import FloatCodeLinear, float_code_linear
 from infbench.model.gguf_blocks import map_rows
 from kernels.cpu_linear import gemm
 from kernels.cpu_quant_linear import MAX_ROWS as CPU_MAX_ROWS
@@ -213,13 +215,20 @@ def quantizable_linears(model: nn.Module) -> Iterator[tuple[nn.Module, str, nn.L
                     yield parent, name, child
 
 
-Quantizer = Callable[[nn.Linear, QuantConfig], QuantLinear]
+Quantizer = Callable[[nn.Linear, QuantConfig], nn.Module]
 
 
-def rtn(linear: nn.Linear, quant: QuantConfig) -> QuantLinear:
-    """Round-to-nearest quantization of one projection."""
+def rtn(linear: nn.Linear, quant: QuantConfig) -> QuantLinear | FloatCodeLinear:
+    """Round-to-nearest quantization of one projection (fp8 / mxfp4 / nvfp4: a
+    `FloatCodeLinear`, model/float_quant.py)."""
     w = linear.weight
     n, k = w.shape
+    if quant.weights in FLOAT_CODE_WEIGHTS:
+        try:
+            return float_code_linear(linear, quant.weights, quant.fp8_scales or "channel")
+        except ValueError as exc:  # fp4: K not a multiple of the scale block
+            raise ConfigError(f"quant.weights={quant.weights}: {exc}; allowed for this "
+                              "model: fp8, int8") from None
     if quant.weights == "int8":
         fmt: Int8Weight | Int4Weight = quantize_int8(w)
     else:
@@ -232,9 +241,9 @@ def rtn(linear: nn.Linear, quant: QuantConfig) -> QuantLinear:
 
 def quantize_model(model: nn.Module, quant: QuantConfig,
                    quantizer: Quantizer | None = None) -> int:
-    """Replace the projections of `model` by QuantLinear (RTN unless `quantizer` is given);
-    returns how many.  `quant.weights` none/native does nothing here."""
-    if quant.weights not in QUANTIZED_WEIGHTS:
+    """Replace the projections of `model` by QuantLinear / FloatCodeLinear (RTN unless
+    `quantizer` is given); returns how many.  `quant.weights` none/native does nothing here."""
+    if quant.weights not in (*QUANTIZED_WEIGHTS, *FLOAT_CODE_WEIGHTS):
         return 0
     make = quantizer or rtn
     count = 0
