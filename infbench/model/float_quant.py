@@ -76,9 +76,8 @@ class FloatCodeLinear(nn.Module):
     def format_name(self) -> str:
         """The stored format as `core/formats.float_code_format` names it: fp8/tensor,
         fp8/channel, fp8/block, mxfp4, nvfp4."""
-        if self.kind != "fp8":
-            return self.kind
-        return f"fp8/{self.weight_format().granularity}"
+        fmt = self.weight_format()
+        return f"fp8/{fmt.granularity}" if isinstance(fmt, Fp8Weight) else self.kind
 
     def dequantized_weight(self) -> torch.Tensor:
         """(N, K) float32: what the product multiplies by."""

@@ -280,7 +280,7 @@ def swap(model: nn.Module, sink: Any, matrices: list[StoredMatrix], root: Path,
             raise UserError(f"{root}: {path}: the file stores only some parts of this fused "
                             "projection quantized; allowed: all its parts quantized, or none")
         parts = []
-        for shard, matrix in sorted(shards.items()):
+        for _, matrix in sorted(shards.items()):
             part = FloatCodeLinear(matrix.empty("meta"), None, dtype)
             loader.parts[matrix.prefix] = part
             loader.pending |= {matrix.weight, *matrix.scales}

@@ -111,21 +111,15 @@ def load_model(
     the same shapes (a benchmark of shapes needs no checkpoint).  `LoadedModel.weights` says
     which one was used.
 
-    quant (`model.quant`): int8 / int4 weights are quantized here, after the float weights
-    are read, and the float copies dropped (`model/quant.py`); native weights (a GGUF
-    source only) are read from the file's blocks as they are stored (`core/gguf_types.py`).
+    quant (`model.quant`): int8 / int4 / fp8 / mxfp4 / nvfp4 weights are quantized here,
+    after the float weights are read, and the float copies dropped (`model/quant.py`,
+    `model/float_quant.py`); native weights are read as they are stored: a GGUF file's
+    blocks (`core/gguf_types.py`), or an HF directory's fp8 / nvfp4 tensors
+    (`model/fp_checkpoint.py`).
 
     prune (`model.prune`): layers and MLP channels are removed first, measured on calibration
     text (`model/prune.py`), so quantization sees the pruned model.
     """
-    if quant is not None and (quant.weights in FLOAT_CODE_WEIGHTS
-                              or quant.activations in ("fp8", "fp4")):
-        what = (f"quant.weights={quant.weights}" if quant.weights in FLOAT_CODE_WEIGHTS
-                else f"quant.activations={quant.activations}")
-        raise ConfigError(f"{what}: the engine has no kernel for this format yet (the analytic "
-                          "model prices it: infbench predict); allowed in the engine: "
-                          f"quant.weights {'|'.join(QUANTIZED_WEIGHTS)}|native, "
-                          "quant.activations float|int8")
     native = quant is not None and quant.weights == "native"
     if native:
         _check_native_source(source, weights, overrides)

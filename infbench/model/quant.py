@@ -3,9 +3,9 @@
 `quantize_model(model, quant)` replaces every projection inside the decoder layers (the
 attention / MLA / SSM projections and the MLP matrices) with a `QuantLinear` holding the
 packed weights of `kernels/quant_format.py` (int8 / int4), or a `FloatCodeLinear`
-(`model/float_quant.py`) holding fp8 / mxfp4 / nvfp4 codes; the float weights are dropped, so the model
-holds only what `QuantConfig.weight_bits` prices.  The embedding, the LM head and the norms
-stay in the model dtype (as in AWQ/GPTQ checkpoints and `roofline/shapes.py`), except
+(`model/float_quant.py`) holding fp8 / mxfp4 / nvfp4 codes; the float weights are dropped,
+so the model holds only what `QuantConfig.weight_bits` prices.  The embedding, the LM head
+and the norms stay in the model dtype (as in AWQ/GPTQ checkpoints and `roofline/shapes.py`), except
 `quant.head: int8` (`quantize_head`) and a GGUF file's quantized `token_embd` / `output`
 under `weights: native`, which the loader builds as a `QuantEmbedding` / `QuantLinear`
 of the file's own format.

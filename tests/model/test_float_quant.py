@@ -96,7 +96,7 @@ def test_low_precision_activations_round_the_inputs(quant, act):
     x = torch.randn(3, linear.in_features)
     rounded = linear._rounded(x)
     assert not torch.equal(rounded, x)
-    torch.testing.assert_close(linear(x), x.new_tensor(rounded) @ linear.dequantized_weight().t(),
+    torch.testing.assert_close(linear(x), rounded @ linear.dequantized_weight().t(),
                                atol=1e-5, rtol=1e-5)
     diff = (_logits(loaded) - _logits(weight_only)).abs().max().item()
     assert 0 < diff < 1.0
