@@ -30,7 +30,8 @@ STYLES = {
 }
 
 
-def _stored(style: str, w: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+def _stored(style: str, w: torch.Tensor, block: int = 32
+            ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """The tensors one projection is stored as (suffix -> tensor) and its float values."""
     if style == "nvfp4":
         q = quantize_nvfp4(w)
@@ -39,25 +40,26 @@ def _stored(style: str, w: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch
     if style == "deepseek-block":
         from kernels.fp_format import Fp8Weight, round_e4m3
 
-        # 32x32 tiles (the config's weight_block_size), each scaled by its max / 448
+        # block x block tiles (the config's weight_block_size), each scaled by its max / 448
         n, k = w.shape
-        gn, gk = -(-n // 32), -(-k // 32)
+        gn, gk = -(-n // block), -(-k // block)
         amax = torch.zeros(gn, gk)
         for i in range(gn):
             for j in range(gk):
-                amax[i, j] = w[i * 32:(i + 1) * 32, j * 32:(j + 1) * 32].abs().max()
+                amax[i, j] = w[i * block:(i + 1) * block, j * block:(j + 1) * block].abs().max()
         scales = amax / 448
-        full = scales.repeat_interleave(32, 0)[:n].repeat_interleave(32, 1)[:, :k]
-        q = Fp8Weight(round_e4m3(w / full), scales, 32, 32)
+        full = scales.repeat_interleave(block, 0)[:n].repeat_interleave(block, 1)[:, :k]
+        q = Fp8Weight(round_e4m3(w / full), scales, block, block)
         return {"weight": q.codes, "weight_scale_inv": q.scales}, q.dequantize()
     q = quantize_fp8(w, "tensor" if style == "ct-tensor" else "channel")
     scale = q.scales.reshape(()) if style == "ct-tensor" else q.scales  # () or (N, 1)
     return {"weight": q.codes, "weight_scale": scale}, q.dequantize()
 
 
-def write_fp_checkpoint(tmp: Path, style: str, input_scales: bool = False,
+def write_fp_checkpoint(tmp: Path, style: str, input_scales: bool = False, block: int = 32,
                         **cfg: Any) -> tuple[Path, Path]:
-    """(quantized checkpoint dir, float twin dir holding the dequantized weights)."""
+    """(quantized checkpoint dir, float twin dir holding the dequantized weights); `block`:
+    the fp8 tile of the deepseek-block style."""
     float_dir, quant_dir, twin_dir = tmp / "float", tmp / style, tmp / f"{style}-twin"
     write_hf_llama(float_dir, **cfg)
     tensors = load_file(str(float_dir / "model.safetensors"))
@@ -68,7 +70,7 @@ def write_fp_checkpoint(tmp: Path, style: str, input_scales: bool = False,
         if prefix.rpartition(".")[2] not in PROJECTIONS:
             quant[name] = twin[name] = tensor
             continue
-        stored, values = _stored(style, tensor.float())
+        stored, values = _stored(style, tensor.float(), block)
         for suffix, t in stored.items():
             quant[f"{prefix}.{suffix}"] = t.contiguous()
         if input_scales:
@@ -78,7 +80,9 @@ def write_fp_checkpoint(tmp: Path, style: str, input_scales: bool = False,
         out.mkdir()
         config = json.loads((float_dir / "config.json").read_text())
         if qc is not None:
-            config["quantization_config"] = qc
+            config["quantization_config"] = dict(qc)
+            if "weight_block_size" in qc:
+                config["quantization_config"]["weight_block_size"] = [block, block]
         (out / "config.json").write_text(json.dumps(config))
         save_file(payload, str(out / "model.safetensors"))
     return quant_dir, twin_dir
