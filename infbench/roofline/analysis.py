@@ -167,14 +167,16 @@ def quantized_rates(cfg: ModelConfig, hw: HardwareSpec, quant: QuantConfig | Non
 LOW_PRECISION_PEAKS = {"fp8": ("float8", ("fp8",)), "fp4": ("float4", FP4_WEIGHTS)}
 
 
-def low_precision_rates(cfg: ModelConfig, hw: HardwareSpec,
-                        quant: QuantConfig | None) -> dict[str, float]:
+def low_precision_rates(cfg: ModelConfig, hw: HardwareSpec, quant: QuantConfig | None,
+                        base: float) -> dict[str, float]:
     """Operator -> FLOP/s for W8A8 / W4A4 (`quant.activations` fp8 / fp4): the projections
     stored in fp8 (mxfp4 / nvfp4) multiply at the hardware's `float8` (`float4`) peak, in
-    prefill and decode alike; under native weights only the operators whose stored format is
-    that one (a checkpoint's bf16 attention stays at the model dtype's).  Weight-only formats
-    (float activations) keep the model dtype's peak: the weights are dequantized into the
-    matmul.  A hardware entry without the peak is refused in one line."""
+    prefill and decode alike.  Under native weights an operator the checkpoint keeps in the
+    model dtype stays at `base` (the model dtype's matmul rate), and one stored so in only
+    some layers (a share s of its rows; one shape per operator, so of its FLOPs too) runs at
+    1 / (s / peak + (1 - s) / base): its time summed over the layers, exactly.  Weight-only
+    formats (float activations) keep the model dtype's peak: the weights are dequantized into
+    the matmul.  A hardware entry without the peak is refused in one line."""
     if quant is None or quant.activations not in LOW_PRECISION_PEAKS:
         return {}
     key, needs = LOW_PRECISION_PEAKS[quant.activations]
@@ -183,13 +185,21 @@ def low_precision_rates(cfg: ModelConfig, hw: HardwareSpec,
                         f"quant.activations={quant.activations} runs the projections at; it "
                         f"has: {', '.join(hw.peak_flops)}; allowed here: quant.activations "
                         "float (weight-only, at the model dtype's peak)")
+    peak = hw.peak_flops[key]
     ops = {w.op for spec in cfg.layers() for w in layer_weights(cfg, spec) if w.quantized}
-    if quant.weights == "native":
-        kinds: dict[str, set[str]] = {}
-        for op, fmt, _ in quant.native_mix:
-            kinds.setdefault(op, set()).add(fmt.split("/")[0])
-        ops = {op for op in ops if op in kinds and kinds[op] <= set(needs)}
-    return dict.fromkeys(sorted(ops), hw.peak_flops[key])
+    if quant.weights != "native":
+        return dict.fromkeys(sorted(ops), peak)
+    rows: dict[str, list[float]] = {}  # op -> [rows in the format, all rows]
+    for op, fmt, n in quant.native_mix:
+        counts = rows.setdefault(op, [0.0, 0.0])
+        counts[0] += n if fmt.split("/")[0] in needs else 0
+        counts[1] += n
+    rates = {}
+    for op in sorted(ops & set(rows)):
+        share = rows[op][0] / rows[op][1]
+        if share:
+            rates[op] = peak if share == 1 else 1.0 / (share / peak + (1 - share) / base)
+    return rates
 
 
 def step_rates(cfg: ModelConfig, hw: HardwareSpec, dtype: str, num_tokens: int | None,
@@ -200,7 +210,7 @@ def step_rates(cfg: ModelConfig, hw: HardwareSpec, dtype: str, num_tokens: int |
     kernels and keeps the bandwidth and the matmul rate.  Quantized projections of decode
     and verify steps run at the profile's quantized-kernel curve (`quantized_rates`); W8A8 /
     W4A4 projections at the float8 / float4 peak in every stage (`low_precision_rates`)."""
-    low = low_precision_rates(cfg, hw, quant)
+    low = low_precision_rates(cfg, hw, quant, hw.peak_at(dtype, num_tokens))
     if stage == "prefill":  # the engine dequantizes and runs the float GEMM there
         rates = Rates(hw.bandwidth, hw.peak_at(dtype, num_tokens), quantized=low)
         measured = hw.prefill_attention_flops

@@ -86,6 +86,9 @@ def test_the_pairs_that_are_allowed() -> None:
 
 
 # ------------------------------------------------------------------ pricing
+BF16_H100 = get_hardware("h100-sxm").peak("bfloat16")
+
+
 def small_moe() -> ModelConfig:
     """Layer 0 dense, layer 1 MoE (4 experts of 128): 16 projection matrices, all listed in
     `test_weight_bytes_of_a_known_matrix_set`."""
@@ -121,11 +124,13 @@ def test_the_peak_each_pairing_runs_at() -> None:
     cfg, h100, b200 = small_moe(), get_hardware("h100-sxm"), get_hardware("b200")
     projections = ["mlp", "moe_experts", "o_proj", "qkv_proj"]
     for weights in FLOAT_CODE_WEIGHTS:  # weight-only: the model dtype's peak (no entry)
-        assert low_precision_rates(cfg, h100, QuantConfig(weights=weights)) == {}
-    w8a8 = low_precision_rates(cfg, h100, QuantConfig(weights="fp8", activations="fp8"))
+        assert low_precision_rates(cfg, h100, QuantConfig(weights=weights), BF16_H100) == {}
+    w8a8 = low_precision_rates(cfg, h100, QuantConfig(weights="fp8", activations="fp8"),
+                               BF16_H100)
     assert w8a8 == dict.fromkeys(projections, h100.peak_flops["float8"])
     for weights in ("mxfp4", "nvfp4"):
-        w4a4 = low_precision_rates(cfg, b200, QuantConfig(weights=weights, activations="fp4"))
+        w4a4 = low_precision_rates(cfg, b200, QuantConfig(weights=weights, activations="fp4"),
+                                   b200.peak("bfloat16"))
         assert w4a4 == dict.fromkeys(projections, 9e15)
     rates = step_rates(cfg, h100, "bfloat16", 4096, "prefill",
                        QuantConfig(weights="fp8", activations="fp8"))
@@ -137,8 +142,19 @@ def test_native_w8a8_runs_only_the_fp8_operators_at_the_fp8_peak() -> None:
            ("o_proj", "float", 9))
     quant = QuantConfig(weights="native", activations="fp8", native_mix=mix)
     h100 = get_hardware("h100-sxm")
-    assert low_precision_rates(small_moe(), h100, quant) == dict.fromkeys(
+    assert low_precision_rates(small_moe(), h100, quant, BF16_H100) == dict.fromkeys(
         ["mlp", "moe_experts"], h100.peak_flops["float8"])
+
+
+def test_an_operator_stored_fp8_in_some_layers_blends_the_two_peaks() -> None:
+    """1 layer of 4 kept in bf16: its time and the three fp8 layers' add up exactly."""
+    mix = (("mlp", "fp8/channel", 3), ("mlp", "float", 1))
+    quant = QuantConfig(weights="native", activations="fp8", native_mix=mix)
+    h100 = get_hardware("h100-sxm")
+    fp8 = h100.peak_flops["float8"]
+    rate = low_precision_rates(small_moe(), h100, quant, BF16_H100)["mlp"]
+    flops = 4e12  # one layer's 1e12 each
+    assert flops / rate == pytest.approx(3e12 / fp8 + 1e12 / BF16_H100)
 
 
 def test_w8a8_shortens_a_compute_bound_prefill_and_w8a16_does_not() -> None:
