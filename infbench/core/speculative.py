@@ -12,7 +12,7 @@ from infbench.core.config import check_count, check_real
 from infbench.core.errors import ConfigError
 from infbench.core.formats import DraftQuant, Int4GroupSize
 
-SpeculativeMethod = Literal["none", "ngram", "draft", "medusa", "eagle"]
+SpeculativeMethod = Literal["none", "ngram", "draft", "medusa", "eagle", "mtp"]
 SPECULATIVE_METHODS: tuple[str, ...] = typing.get_args(SpeculativeMethod)
 # The methods whose proposer is a trained head checkpoint (`infbench train-draft`).
 HeadMethod = Literal["medusa", "eagle"]
@@ -30,14 +30,17 @@ class SpeculativeConfig:
     method: SpeculativeMethod = "none"
     """ngram: prompt lookup; draft: a draft model (by default the target itself, cut by
     draft_layers or quantized by draft_quant); medusa / eagle: heads trained by
-    `infbench train-draft` (checkpoint in `heads`)."""
+    `infbench train-draft` (checkpoint in `heads`); mtp: DeepSeek-V3's multi-token-prediction
+    module stored in the target's checkpoint (num_tokens 1: the module once, as trained; more:
+    applied again on its own output)."""
     num_tokens: int = 4
     """Draft tokens proposed per step (k)."""
     acceptance: float = 0.7
     """`infbench predict` only: per-token acceptance probability a (a run measures it)."""
     draft_cost_ratio: float = 0.0
     """`infbench predict` only: cost of one draft step relative to one target step
-    (default: ngram 0, draft 0.1; a run measures it)."""
+    (default: ngram 0, draft 0.1; mtp 0: priced from the MTP module's own layer and head;
+    a run measures it)."""
     draft_model: str | None = None
     """method draft: a preset, HF directory or .gguf sharing the target's vocabulary;
     unset: the target's own weights."""

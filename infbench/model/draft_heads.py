@@ -214,31 +214,43 @@ class EagleHead(nn.Module):
         g = self.layer(self._rows(features, embeds), positions, ctx, rope)  # (T, H)
         return g, ctx.out
 
+    def logits(self, target: Transformer, g: torch.Tensor) -> torch.Tensor:
+        """Draft logits of the head's outputs g (N, H): the target's own LM head."""
+        return target.compute_logits(g.to(_target_dtype(target)))
+
     def draft(self, target: Transformer, last_g: torch.Tensor, caches: list[EagleKV],
               num_drafts: list[int]) -> list[list[int]]:
         """Greedy drafts of B sequences whose caches hold every real row (through j = L-2)
         and whose last row gave last_g (B, H), g_{L-2}: draft 1 is argmax logits(g_{L-2}),
         then row (g, embed(draft)) feeds the next; these speculative rows extend copies of
         the caches only.  Sequence b gets num_drafts[b] tokens."""
-        drafts: list[list[int]] = [[] for _ in caches]
-        live = [b for b, k in enumerate(num_drafts) if k > 0]
-        g = last_g[torch.tensor(live, dtype=torch.long, device=last_g.device)]  # (B', H)
-        step = 0
-        while live:
-            logits = target.compute_logits(g.to(_target_dtype(target)))  # (len(live), V)
-            tokens = logits.argmax(-1).tolist()
-            for b, token in zip(live, tokens, strict=True):
-                drafts[b].append(int(token))
-            step += 1
-            keep = [i for i, b in enumerate(live) if num_drafts[b] > step]
-            if not keep:
-                break
-            live = [live[i] for i in keep]
-            index = torch.tensor(keep, device=g.device)
-            ids = torch.tensor([drafts[b][-1] for b in live], device=g.device)  # (B',)
-            g, new = self.extend(g[index], target.embed_tokens(ids), [1] * len(live),
-                                 [caches[b] for b in live])
-            caches = list(caches)
-            for b, cache in zip(live, new, strict=True):
-                caches[b] = cache
-        return drafts
+        return greedy_drafts(self, target, last_g, caches, num_drafts)
+
+
+def greedy_drafts(head: Any, target: Transformer, last_g: torch.Tensor, caches: list[Any],
+                  num_drafts: list[int]) -> list[list[int]]:
+    """The autoregressive greedy loop of a draft layer with per-sequence caches (EAGLE, and
+    DeepSeek's MTP module in `model/mtp.py`): `head.logits(target, g)` drafts a token from
+    each row's output, `head.extend` builds the next row (g, embed(draft)) on copies of the
+    caches.  Sequence b gets num_drafts[b] tokens."""
+    drafts: list[list[int]] = [[] for _ in caches]
+    live = [b for b, k in enumerate(num_drafts) if k > 0]
+    g = last_g[torch.tensor(live, dtype=torch.long, device=last_g.device)]  # (B', H)
+    step = 0
+    while live:
+        tokens = head.logits(target, g).argmax(-1).tolist()  # (len(live),)
+        for b, token in zip(live, tokens, strict=True):
+            drafts[b].append(int(token))
+        step += 1
+        keep = [i for i, b in enumerate(live) if num_drafts[b] > step]
+        if not keep:
+            break
+        live = [live[i] for i in keep]
+        index = torch.tensor(keep, device=g.device)
+        ids = torch.tensor([drafts[b][-1] for b in live], device=g.device)  # (B',)
+        g, new = head.extend(g[index], target.embed_tokens(ids), [1] * len(live),
+                             [caches[b] for b in live])
+        caches = list(caches)
+        for b, cache in zip(live, new, strict=True):
+            caches[b] = cache
+    return drafts

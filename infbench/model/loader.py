@@ -91,6 +91,7 @@ class LoadedModel:
     weight_bytes: int  # bytes of all parameters as loaded (a tied embedding counted once)
     source: str  # e.g. "preset tiny", "hf /ckpt", "gguf /x.gguf (Q4_1 x210, F32 x61)"
     weights: str = ""  # "real: <file or dir>" or "random (seed N)", for notes and results
+    checkpoint: str | None = None  # the HF directory the weights came from (MTP loads there)
 
 
 def load_model(
@@ -240,8 +241,10 @@ def _load(
             summary += f" ({fp_checkpoint.describe(matrices, native)})"
         has_tokenizer = (root / "tokenizer.json").is_file()
         tokenizer = Tokenizer.from_hf_dir(value) if has_tokenizer else None
-        return _finish(model, config, tokenizer, summary,
-                       random_note if weights == "random" else f"real: {value}")
+        loaded = _finish(model, config, tokenizer, summary,
+                         random_note if weights == "random" else f"real: {value}")
+        loaded.checkpoint = None if weights == "random" else str(value)
+        return loaded
     file = resolve_gguf(value)
     reader = open_gguf(file)
     config = _with_overrides(config_from_gguf(reader), overrides)
@@ -398,7 +401,7 @@ _MAMBA_LAYER = re.compile(r"backbone\.layers\.(\d+)\.(norm\.weight|mixer\.(.+))"
 class _WeightSink:
     """Copies checkpoint tensors (HF names) into the model's (fused) parameters."""
 
-    def __init__(self, model: Transformer, origin: str) -> None:
+    def __init__(self, model: torch.nn.Module, origin: str) -> None:
         self.origin = origin
         self.params = dict(model.named_parameters())
         # Native projections, under the name their float weight would have; a quantized
@@ -425,6 +428,11 @@ class _WeightSink:
             for s in range(len(self.shards.get(name, [0])))
         }
         self.is_tied = model.lm_head is None
+        # DeepSeek-V3's MTP modules follow the main layers (model.layers.{N}..): not the
+        # main model's; `load_mtp_head` reads them when speculative decoding asks.
+        cfg = model.config if isinstance(model, Transformer) else None
+        self.mtp_layers = range(0) if cfg is None else range(
+            cfg.num_layers, cfg.num_layers + cfg.num_mtp_layers)
         # MoE: per-expert checkpoint tensors fill views of the stacked expert parameters.
         views, view_shards, stacked = expert_views(model)
         self.params.update(views)
@@ -440,6 +448,9 @@ class _WeightSink:
             return None
         if hf_name in _TOP:
             return _TOP[hf_name], 0
+        match = _LAYER.fullmatch(hf_name)
+        if match and int(match.group(1)) in self.mtp_layers:
+            return None
         moe = moe_target(hf_name)  # routed and shared experts (model/moe.py)
         if moe is not None:
             return moe
@@ -599,6 +610,39 @@ def _load_safetensors(model: Transformer, root: Path, files: list[Path],
     sink.finish()
     if stored is not None:
         stored.finish()
+
+
+def load_mtp_head(loaded: LoadedModel) -> Any:
+    """DeepSeek-V3's MTP module (`model/mtp.py`) of a loaded checkpoint, filled from its
+    `model.layers.{num_hidden_layers}.*` tensors; a one-line UserError when the model has
+    no MTP module or its checkpoint does not store one."""
+    from infbench.model.mtp import MTPHead
+
+    cfg = loaded.config
+    if cfg.num_mtp_layers < 1:
+        raise UserError(f"speculative.method=mtp: model {cfg.name!r} has no MTP module "
+                        "(config.json num_nextn_predict_layers 0 or absent); allowed: a "
+                        "DeepSeek-V3 checkpoint that keeps its MTP weights")
+    if loaded.checkpoint is None:
+        raise UserError(f"speculative.method=mtp reads the MTP weights of a Hugging Face "
+                        f"checkpoint; {loaded.source} has none (allowed: model.path with "
+                        "real weights)")
+    root, prefix = Path(loaded.checkpoint), f"model.layers.{cfg.num_layers}."
+    skipped = (prefix + "embed_tokens.weight", prefix + "shared_head.head.weight")  # copies
+    head = MTPHead(loaded.model)
+    sink = _WeightSink(head, str(root))
+    found = False
+    for file in _safetensors_files(root):
+        for name, tensor in _safetensors_tensors(file):
+            if name.startswith(prefix) and name not in skipped:
+                found = found or name == prefix + "eh_proj.weight"
+                sink.put("model.layers.0." + name.removeprefix(prefix), tensor)
+    if not found:
+        raise UserError(f"speculative.method=mtp: {root} has no MTP weights "
+                        f"({prefix}eh_proj.weight and the rest of layer {cfg.num_layers}); "
+                        "allowed: a checkpoint saved with its MTP module (DeepSeek's own)")
+    sink.finish()
+    return head.eval()
 
 
 def _safetensors_tensors(file: Path) -> Iterator[tuple[str, torch.Tensor]]:

@@ -84,7 +84,7 @@ from infbench.roofline.parallel import (
     stage_weight_bytes,
     workspace_bytes,
 )
-from infbench.roofline.shapes import dtype_bytes, layer_weights
+from infbench.roofline.shapes import Weight, dtype_bytes, layer_weights, mtp_model
 
 OverlapMode = Literal["full", "none"]  # how a step's operators share the roofline (module doc)
 OVERLAP_MODES: tuple[str, ...] = get_args(OverlapMode)
@@ -618,11 +618,35 @@ def _speculative(cfg: ModelConfig, hw: HardwareSpec, dtype: str, quant: QuantCon
                         overlap, par)
     comm = stage_comm(cfg, par, hw, dtype, cfg.layers(), [(SeqWork(q, lo + q - 1, q), batch)],
                       True, True)
-    draft = spec.num_tokens * spec.draft_cost_ratio * decode.time_s
+    if spec.method == "mtp" and spec.draft_cost_ratio == 0:  # priced from the module itself
+        draft = spec.num_tokens * mtp_step_s(cfg, hw, dtype, quant, batch, lo, hi, overlap,
+                                             par)
+    else:
+        draft = spec.num_tokens * spec.draft_cost_ratio * decode.time_s
     step = draft + verify.time_s + comm.total_s
     per_token = step / spec.expected_tokens
     return SpecPrediction(spec, spec.expected_tokens, draft, verify.time_s, step, per_token,
                           decode.time_s / per_token)
+
+
+def mtp_step_s(cfg: ModelConfig, hw: HardwareSpec, dtype: str, quant: QuantConfig,
+               batch: int, lo: int, hi: int, overlap: str = "full",
+               par: ParallelConfig = SINGLE) -> float:
+    """One draft token of DeepSeek-V3's MTP module for the batch, mean over contexts lo..hi:
+    its decoder layer over its own cache, the embedding gather, shared_head.norm and the LM
+    head (`mtp_model`, priced as a one-layer model's decode step), plus the eh_proj merge
+    (2H -> H: its weights read once, 2 FLOPs per weight per token, at the roofline; not
+    sharded, as vLLM keeps it whole on every device)."""
+    if cfg.num_mtp_layers < 1:
+        raise ConfigError(f"speculative.method=mtp: model {cfg.name!r} has no MTP module "
+                          "(num_mtp_layers 0); allowed: a model whose checkpoint has one "
+                          "(num_nextn_predict_layers >= 1, e.g. deepseek-v3)")
+    step = mean_stage(mtp_model(cfg), hw, dtype, quant, lambda x: [(SeqWork(1, x), batch)],
+                      1, lo, hi, "mtp", overlap, par)
+    merge = Weight("mtp_proj", 2 * cfg.hidden_size, cfg.hidden_size)
+    merge_s = max(2.0 * batch * merge.numel / hw.peak(dtype),
+                  merge.nbytes(quant, dtype_bytes(dtype)) / hw.bandwidth)
+    return step.time_s + merge_s
 
 
 def _pipeline(cfg: ModelConfig, hw: HardwareSpec, dtype: str, quant: QuantConfig,

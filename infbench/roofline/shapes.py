@@ -216,6 +216,18 @@ def mtp_layer(cfg: ModelConfig) -> LayerSpec:
     return dataclasses.replace(cfg.layers()[-1], index=cfg.num_layers, kv_source=cfg.num_layers)
 
 
+def mtp_model(cfg: ModelConfig) -> ModelConfig:
+    """The MTP module's decoder layer, embedding, norm and head as a one-layer model: what one
+    MTP draft step runs besides its eh_proj merge (`mtp_weights`' "mtp_proj")."""
+    moe = cfg.moe
+    if moe is not None and moe.is_moe(cfg.num_layers):
+        moe = dataclasses.replace(moe, first_k_dense=0, moe_step=1, dense_layers=())
+    else:
+        moe = None
+    return dataclasses.replace(cfg, name=f"{cfg.name} mtp", num_layers=1, moe=moe,
+                               num_mtp_layers=0)
+
+
 def mtp_weights(cfg: ModelConfig) -> list[Weight]:
     """One MTP module as the engine holds it: enorm, hnorm, eh_proj (2H -> H), its decoder
     layer and shared_head.norm; the embedding and the head are the main model's."""

@@ -44,7 +44,8 @@ class _SpeculativeChecks(Section):
         return self
 
     def config(self) -> SpeculativeConfig:
-        """The resolved config: draft_cost_ratio unset -> 0.1 for method draft, else 0."""
+        """The resolved config: draft_cost_ratio unset -> 0.1 for method draft, else 0 (for
+        mtp: priced from the MTP module's layer and head, roofline.analysis.mtp_step_s)."""
         values = self.model_dump()
         if values["draft_cost_ratio"] is None:
             values["draft_cost_ratio"] = 0.1 if values["method"] == "draft" else 0.0

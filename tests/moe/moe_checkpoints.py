@@ -74,3 +74,30 @@ def write_hf_moe(tmp: Path, kind: str, seed: int = 0, **cfg: Any) -> Any:
                 p.normal_(0.0, 0.05)
     model.save_pretrained(tmp)
     return model
+
+
+def write_hf_deepseek_v3_mtp(tmp: Path, seed: int = 0, **cfg: Any) -> Any:
+    """A tiny DeepSeek-V3 checkpoint (num_nextn_predict_layers 1) plus its MTP module, as
+    DeepSeek stores it: `model.layers.{N}.*` in a safetensors file of its own (transformers
+    neither builds nor reads it).  The module's decoder layer starts from layer N-1's
+    tensors plus noise, its norms and eh_proj are random; `embed_tokens` and
+    `shared_head.head` are the checkpoint's copies of the main model's.  Returns the
+    transformers model of the main layers."""
+    from safetensors.torch import load_file, save_file
+
+    hf = write_hf_moe(tmp, "deepseek_v3", seed=seed, num_nextn_predict_layers=1, **cfg)
+    n = hf.config.num_hidden_layers
+    h = hf.config.hidden_size
+    gen = torch.Generator().manual_seed(seed + 100)
+    main = load_file(str(tmp / "model.safetensors"))
+    last = f"model.layers.{n - 1}."
+    mtp = {f"model.layers.{n}." + k.removeprefix(last):
+           v + 0.02 * torch.randn(v.shape, generator=gen) for k, v in main.items()
+           if k.startswith(last)}
+    for name in ("enorm", "hnorm", "shared_head.norm"):
+        mtp[f"model.layers.{n}.{name}.weight"] = 0.5 + torch.rand(h, generator=gen)
+    mtp[f"model.layers.{n}.eh_proj.weight"] = 0.1 * torch.randn(h, 2 * h, generator=gen)
+    mtp[f"model.layers.{n}.embed_tokens.weight"] = main["model.embed_tokens.weight"].clone()
+    mtp[f"model.layers.{n}.shared_head.head.weight"] = main["lm_head.weight"].clone()
+    save_file({k: v.contiguous() for k, v in mtp.items()}, str(tmp / "mtp.safetensors"))
+    return hf

@@ -138,3 +138,33 @@ def test_moe_topk_method_is_checked() -> None:
         base.with_overrides(moe={"n_group": 256, "topk_group": 8})
     with pytest.raises(ConfigError, match="num_mtp_layers must be >= 0"):
         base.with_overrides(num_mtp_layers=-1)
+
+
+def test_mtp_speculation_is_priced_from_the_module() -> None:
+    from infbench.core.speculative import SpeculativeConfig
+    from infbench.hardware.spec import get_hardware
+    from infbench.roofline.analysis import predict
+    from infbench.roofline.shapes import mtp_model
+
+    v3, hw = PRESETS["deepseek-v3"], get_hardware("h100-sxm")
+
+    def run(cfg: ModelConfig, k: int, ratio: float = 0.0) -> Any:
+        spec = SpeculativeConfig("mtp", k, acceptance=0.8, draft_cost_ratio=ratio)
+        return predict(cfg, hw, batch=4, prompt_len=512, gen_len=64, speculative=spec)
+
+    one, three = run(v3, 1).speculative, run(v3, 3).speculative
+    assert one is not None and three is not None
+    assert three.draft_time_s == pytest.approx(3 * one.draft_time_s)  # the module applied 3 times
+    assert one.expected_tokens_per_step == pytest.approx(1 + 0.8)
+    # One MoE layer + eh_proj + the head: more than a 61st of a target decode step (the
+    # head and eh_proj are extra), far less than the whole step.
+    decode = run(v3, 1).decode.time_s
+    assert decode / 61 < one.draft_time_s < decode / 4
+    # The one-layer model it prices is the MTP layer: MoE like V3's last layer.
+    m = mtp_model(v3)
+    assert m.num_layers == 1 and m.moe is not None and m.moe.is_moe(0)
+    # An explicit draft_cost_ratio still wins.
+    given = run(v3, 1, ratio=0.5).speculative
+    assert given is not None and given.draft_time_s == pytest.approx(0.5 * decode)
+    with pytest.raises(ConfigError, match="model 'kimi-k2' has no MTP module"):
+        run(PRESETS["kimi-k2"], 1)

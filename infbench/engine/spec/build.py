@@ -10,6 +10,8 @@
               draft_model SRC: any preset, HF directory or GGUF with the same vocabulary
     medusa  Medusa heads on the target's hidden states              (spec/heads.py)
     eagle   an EAGLE draft layer on the target's hidden states      (spec/heads.py)
+    mtp     DeepSeek-V3's MTP module from the target's checkpoint    (spec/heads.py,
+              model/mtp.py), applied recursively past the first draft
 """
 
 from __future__ import annotations
@@ -34,8 +36,6 @@ def speculation_refusal(engine: Any) -> str | None:
                 "be rolled back past rejected drafts")
     if len(engine.kv.group_num_blocks) > 1:
         return "models with several KV groups (windowed and full layers) do not speculate yet"
-    if any(spec.mixer == "mla" for spec in engine.cfg.layers()):
-        return "MLA's multi-token verification path is not built yet"
     return None
 
 
@@ -51,6 +51,16 @@ def build_proposer(spec: SpeculativeConfig, target: LoadedModel, engine: Any, *,
         return NgramProposer(spec.ngram_max, spec.ngram_min)
     if spec.method == "draft":
         return _draft_proposer(spec, target, engine, target_source, seed)
+    if spec.method == "mtp":
+        from infbench.engine.spec.heads import MTPProposer
+        from infbench.model.loader import load_mtp_head
+
+        head = load_mtp_head(target)
+        for module in (head.layer.self_attn, head.layer.mlp):
+            set_ops = getattr(module, "set_ops", None)
+            if set_ops is not None:  # the routed experts' kernel on the triton backend
+                set_ops(engine.ops)
+        return MTPProposer(target.model, head)
     if spec.method in HEAD_METHODS:
         from infbench.engine.spec.heads import load_head_proposer
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 from abc import abstractmethod
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
 
@@ -33,6 +34,7 @@ from infbench.core.errors import UserError
 from infbench.engine.spec.base import Proposal, Proposer, SpecRequest
 from infbench.model.draft_heads import EagleHead, EagleKV, MedusaHeads
 from infbench.model.draft_train import DraftHeads, load_draft_heads
+from infbench.model.mtp import MTPCache, MTPHead
 from infbench.model.transformer import Transformer
 
 
@@ -77,7 +79,7 @@ class _Features:
 class _Seq:
     epoch: int
     features: _Features = field(default_factory=_Features)
-    kv: EagleKV | None = None  # EAGLE: entries j = 0..len-1 from (f_j, x_{j+1})
+    kv: EagleKV | MTPCache | None = None  # EAGLE / MTP: entries j from (f_j, x_{j+1})
     kv_tokens: list[int] = field(default_factory=list)  # x_{j+1} of every entry
     last_g: torch.Tensor | None = None  # (H,) the output of the last entry
 
@@ -149,12 +151,25 @@ class MedusaProposer(_HeadProposer):
         return [[int(t) for t in row[:count]] for row, count in zip(drafts, counts, strict=True)]
 
 
+class _DraftLayer(Protocol):
+    """What EagleProposer needs of its draft layer (EagleHead, MTPHead): per-sequence
+    immutable caches, extended by rows, and the greedy draft loop."""
+
+    def empty_cache(self) -> Any: ...
+
+    def extend(self, features: torch.Tensor, embeds: torch.Tensor, counts: list[int],
+               caches: list[Any]) -> tuple[torch.Tensor, list[Any]]: ...
+
+    def draft(self, target: Transformer, last_g: torch.Tensor, caches: list[Any],
+              num_drafts: list[int]) -> list[list[int]]: ...
+
+
 class EagleProposer(_HeadProposer):
     name = "eagle"
 
-    def __init__(self, target: Transformer, head: EagleHead) -> None:
+    def __init__(self, target: Transformer, head: EagleHead | MTPHead) -> None:
         super().__init__(target)
-        self.head = head
+        self.head: _DraftLayer = head
 
     def _valid_entries(self, seq: _Seq, token_ids: list[int]) -> int:
         """How many cache entries still match the features and tokens (then truncated)."""
@@ -206,7 +221,14 @@ class EagleProposer(_HeadProposer):
             seq.kv, seq.last_g = cache, g[end - 1]
 
 
-def _kv(seq: _Seq) -> EagleKV:
+class MTPProposer(EagleProposer):
+    """DeepSeek-V3's MTP module as the draft layer (`model/mtp.py`): EAGLE's bookkeeping
+    (rows from real features kept, rows from drafts dropped), the checkpoint's own weights."""
+
+    name = "mtp"
+
+
+def _kv(seq: _Seq) -> Any:
     assert seq.kv is not None
     return seq.kv
 
