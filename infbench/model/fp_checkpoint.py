@@ -1,4 +1,5 @@
-"""Safetensors checkpoints that store their projections in FP8 or NVFP4, loaded as stored.
+"""Safetensors checkpoints that store their projections in FP8, MXFP4 or NVFP4, loaded as
+stored.
 
 A projection `P` of such a checkpoint is stored as (read from the tensors' own dtypes and
 names, so any `quantization_config` spelling of the same layout loads):
@@ -10,8 +11,11 @@ names, so any `quantization_config` spelling of the same layout loads):
     nvfp4, NVIDIA ModelOpt (`quant_algo: NVFP4`):
         P.weight uint8 (N, K/2) E2M1 pairs, P.weight_scale float8_e4m3fn (N, K/16),
         P.weight_scale_2 float32 ()
+    mxfp4 (OCP MX, one E8M0 byte per 32 inputs; gpt-oss stores its experts so, as
+    `_blocks` / `_scales`, which this loader does not read):
+        P.weight uint8 (N, K/2) E2M1 pairs, P.weight_scale uint8 or float8_e8m0fnu (N, K/32)
 
-Both scale tensors multiply the codes (DeepSeek's "inv" is the inverse of the quantizer's
+The scale tensors multiply the codes (DeepSeek's "inv" is the inverse of the quantizer's
 division).  A static activation scale (`P.input_scale`) is not used: activations are
 whatever `quant.activations` says.
 
@@ -38,24 +42,23 @@ from infbench.core.errors import UserError
 from infbench.model.float_quant import FloatCodeLinear, ShardedLinear
 from kernels.fp_format import (
     FP8_BLOCK,
+    MX_BLOCK,
     NV_BLOCK,
     FloatQuantWeight,
     Fp8Weight,
+    Mxfp4Weight,
     Nvfp4Weight,
 )
 
 SCALE_SUFFIXES = ("weight_scale_inv", "weight_scale", "weight_scale_2")
 SKIPPED_SUFFIXES = ("input_scale",)  # static activation scales: activations are quant's
-_DTYPES = {"F8_E4M3": torch.float8_e4m3fn, "F32": torch.float32, "U8": torch.uint8,
-           "BF16": torch.bfloat16, "F16": torch.float16}
-
 
 @dataclass(frozen=True)
 class StoredMatrix:
     """One quantized projection of the file: its weight's name, format and (N, K)."""
 
     weight: str  # "model.layers.0.self_attn.q_proj.weight"
-    kind: str  # fp8 | nvfp4
+    kind: str  # fp8 | mxfp4 | nvfp4
     shape: tuple[int, int]  # (N, K) of the float matrix
     block: tuple[int, int]  # fp8: (block_n, block_k); nvfp4: (1, 16)
     scales: tuple[str, ...]  # the names of its scale tensors
@@ -66,6 +69,9 @@ class StoredMatrix:
 
     def empty(self, device: str | torch.device) -> FloatQuantWeight:
         n, k = self.shape
+        if self.kind == "mxfp4":
+            return Mxfp4Weight(torch.empty(n, k // 2, dtype=torch.uint8, device=device),
+                               torch.empty(n, k // MX_BLOCK, dtype=torch.uint8, device=device))
         if self.kind == "fp8":
             bn, bk = self.block
             codes = torch.empty(n, k, dtype=torch.float8_e4m3fn, device=device)
@@ -112,11 +118,15 @@ def plan(root: Path, files: list[Path]) -> list[StoredMatrix]:
         if dtype == "F8_E4M3":
             out.append(_fp8_matrix(root, name, shape, heads, scale))
         elif scale is not None and dtype == "U8":
-            out.append(_nvfp4_matrix(root, name, shape, heads))
+            scale_dtype = heads.get(f"{prefix}.weight_scale", ("", ()))[0]
+            if scale_dtype in ("U8", "F8_E8M0"):
+                out.append(_mxfp4_matrix(root, name, shape, heads))
+            else:
+                out.append(_nvfp4_matrix(root, name, shape, heads))
         elif scale is not None:
             raise UserError(f"{root}: tensor {name!r} has scales ({prefix}.{scale}) but is "
                             f"stored as {dtype}; allowed quantized weights: F8_E4M3 (fp8), "
-                            "U8 (nvfp4 E2M1 pairs)")
+                            "U8 (E2M1 pairs: nvfp4, mxfp4)")
     return out
 
 
@@ -140,6 +150,19 @@ def _fp8_matrix(root: Path, name: str, shape: tuple[int, ...],
         raise UserError(f"{root}: {prefix}.{scale} is {s_dtype} {s_shape}; a {n}x{k} fp8 "
                         f"weight needs F32 of shape {' or '.join(map(str, expect))}")
     return StoredMatrix(name, "fp8", (n, k), (bn, bk), (f"{prefix}.{scale}",))
+
+
+def _mxfp4_matrix(root: Path, name: str, shape: tuple[int, ...],
+                  heads: dict[str, tuple[str, tuple[int, ...]]]) -> StoredMatrix:
+    prefix = name.removesuffix(".weight")
+    n, half = shape if len(shape) == 2 else (0, 0)
+    got = heads[f"{prefix}.weight_scale"]
+    want = (n, 2 * half // MX_BLOCK)
+    if len(shape) != 2 or got[1] != want or (2 * half) % MX_BLOCK:
+        raise UserError(f"{root}: mxfp4 tensor {name!r} {shape} needs {prefix}.weight_scale "
+                        f"U8 / F8_E8M0 of shape {want}, found {got}")
+    return StoredMatrix(name, "mxfp4", (n, 2 * half), (1, MX_BLOCK),
+                        (f"{prefix}.weight_scale",))
 
 
 def _nvfp4_matrix(root: Path, name: str, shape: tuple[int, ...],
@@ -228,8 +251,9 @@ class Loader:
             elif leaf == "weight_scale_2":
                 assert part.global_scale is not None
                 part.global_scale.copy_(tensor.reshape(()))
-            else:
-                part.scales.copy_(tensor.reshape(part.scales.shape))
+            else:  # E8M0 scales are kept as their bytes (uint8)
+                raw = tensor.view(torch.uint8) if tensor.dtype == torch.float8_e8m0fnu else tensor
+                part.scales.copy_(raw.reshape(part.scales.shape))
         self.pending.discard(name)
 
     def finish(self) -> None:
@@ -249,6 +273,10 @@ def dequantized(matrix: StoredMatrix, tensors: dict[str, torch.Tensor]) -> torch
         bn, bk = matrix.block
         return Fp8Weight(weight, scale.float().reshape(-(-n // bn), -(-k // bk)),
                          bn, bk).dequantize()
+    if matrix.kind == "mxfp4":
+        scale = tensors[f"{p}.weight_scale"]
+        return Mxfp4Weight(weight, scale.view(torch.uint8) if scale.dtype != torch.uint8
+                           else scale).dequantize()
     return Nvfp4Weight(weight, tensors[f"{p}.weight_scale"],
                        tensors[f"{p}.weight_scale_2"].float().reshape(())).dequantize()
 

@@ -12,7 +12,7 @@ import torch
 from model_checkpoints import write_hf_llama
 from safetensors.torch import load_file, save_file
 
-from kernels.fp_format import quantize_fp8, quantize_nvfp4
+from kernels.fp_format import quantize_fp8, quantize_mxfp4, quantize_nvfp4
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 STYLES = {
@@ -27,12 +27,20 @@ STYLES = {
                        "num_bits": 8, "type": "float", "strategy": "channel"}}},
                    "ignore": ["lm_head"]},
     "nvfp4": {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16},
+    "mxfp4": {"quant_method": "compressed-tensors", "format": "mxfp4-pack-quantized",
+              "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
+                  "num_bits": 4, "type": "float", "group_size": 32}}},
+              "ignore": ["lm_head"]},
 }
 
 
 def _stored(style: str, w: torch.Tensor, block: int = 32
             ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """The tensors one projection is stored as (suffix -> tensor) and its float values."""
+    if style == "mxfp4":  # the scales as torch's E8M0 dtype (F8_E8M0 in the file)
+        q = quantize_mxfp4(w)
+        return {"weight": q.packed, "weight_scale": q.scales.view(torch.float8_e8m0fnu)}, \
+            q.dequantize()
     if style == "nvfp4":
         q = quantize_nvfp4(w)
         return {"weight": q.packed, "weight_scale": q.scales,

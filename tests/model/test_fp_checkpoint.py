@@ -54,7 +54,7 @@ def test_native_load_runs_the_stored_codes(tmp_path, style):
     floats = sum(p.numel() * p.element_size() for p in loaded.model.parameters())
     assert loaded.weight_bytes == floats + _file_bytes(quant_dir, quantized_only=True)
     assert loaded.weight_bytes == _file_bytes(quant_dir, quantized_only=False)
-    kind = "nvfp4" if style == "nvfp4" else "fp8/" + {"deepseek-block": "block",
+    kind = style if style in ("nvfp4", "mxfp4") else "fp8/" + {"deepseek-block": "block",
                                                       "ct-tensor": "tensor",
                                                       "ct-channel": "channel"}[style]
     assert f"{kind} x14, run as stored" in loaded.source
@@ -134,4 +134,16 @@ def test_block_size_is_checked(tmp_path):
     config["quantization_config"]["weight_block_size"] = [32]
     (quant_dir / "config.json").write_text(json.dumps(config))
     with pytest.raises(UserError, match="weight_block_size must be two positive integers"):
+        load_model({"path": str(quant_dir)}, quant=NATIVE)
+
+
+def test_mxfp4_scale_shape_is_checked(tmp_path):
+    quant_dir, _ = write_fp_checkpoint(tmp_path, "mxfp4")
+    name = "model.layers.0.mlp.down_proj.weight_scale"
+
+    def bad(t):
+        t[name] = t[name][:, :1].contiguous()
+
+    _rewrite(quant_dir, bad)
+    with pytest.raises(UserError, match=r"mxfp4 tensor .*down_proj.weight.*\(64, 3\)"):
         load_model({"path": str(quant_dir)}, quant=NATIVE)
