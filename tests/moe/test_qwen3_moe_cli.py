@@ -1,5 +1,6 @@
 """A Qwen3-MoE checkpoint (decoder_sparse_step 2, an mlp_only_layers entry) through
-`generate`, `serve` and `run`: transformers' greedy tokens, and the cost model's MoE layers."""
+`generate`, `serve`, the engine (chunked prefill, two sequences, paged blocks of 4)
+and `run`: transformers' greedy tokens, and the cost model's MoE layers."""
 
 from __future__ import annotations
 
@@ -18,19 +19,43 @@ from cli_helpers import run_cli
 from moe_checkpoints import write_hf_moe
 
 PROMPT = [3, 17, 42, 5, 9, 61, 2, 8, 30, 11]
+OTHER_PROMPT = [7, 7, 1, 90, 44, 12, 13]
 NEW_TOKENS = 8
 _FLAGS = ["--device", "cpu", "--dtype", "float32", "--backend", "torch"]
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int]]:
-    """The checkpoint and transformers' greedy continuation of PROMPT."""
-    root = tmp_path_factory.mktemp("qwen3_moe")
-    hf = write_hf_moe(root, "qwen3_moe", seed=7)
+def _greedy(hf: Any, prompt: list[int]) -> list[int]:
     with torch.no_grad():
-        out = hf.generate(torch.tensor([PROMPT]), max_new_tokens=NEW_TOKENS, do_sample=False,
+        out = hf.generate(torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, do_sample=False,
                           min_new_tokens=NEW_TOKENS, pad_token_id=0)
-    return root, [int(t) for t in out[0, len(PROMPT):]]
+    return [int(t) for t in out[0, len(prompt):]]
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    root = tmp_path_factory.mktemp("qwen3_moe")
+    return root, write_hf_moe(root, "qwen3_moe", seed=7)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(written: tuple[Path, Any]) -> tuple[Path, list[int]]:
+    """The checkpoint and transformers' greedy continuation of PROMPT."""
+    root, hf = written
+    return root, _greedy(hf, PROMPT)
+
+
+def test_engine_batch_with_chunked_prefill_is_transformers_greedy(written) -> None:
+    from infbench.engine.llm import LLM
+    from infbench.engine.request import SamplingParams
+    from infbench.model.loader import load_model
+
+    root, hf = written
+    llm = LLM(load_model({"path": str(root)}), backend="torch", max_model_len=64,
+              num_kv_blocks=32, block_size=4, max_num_batched_tokens=8)
+    outs = llm.generate([PROMPT, OTHER_PROMPT],
+                        SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True))
+    assert [o.outputs[0].token_ids for o in outs] == [_greedy(hf, PROMPT),
+                                                      _greedy(hf, OTHER_PROMPT)]
 
 
 def test_generate_emits_transformers_greedy_tokens(monkeypatch, capsys, checkpoint) -> None:
