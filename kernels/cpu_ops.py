@@ -16,10 +16,13 @@ the two on one machine.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import os
 import platform
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -122,18 +125,37 @@ def _load() -> ModuleType:
         raise CpuKernelsUnavailable(f"torch.utils.cpp_extension is missing: {exc}") from exc
     directory = build_dir()
     directory.mkdir(parents=True, exist_ok=True)
-    try:
-        return load_extension(
-            name=module_name(),
-            sources=[str(p) for p in sources()],
-            extra_cflags=list(CFLAGS),
-            extra_ldflags=list(LDFLAGS),
-            build_directory=str(directory),
-            verbose=False,
-        )
-    except Exception as exc:  # a compiler error, no g++ or ninja: one line, then fall back
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CpuKernelsUnavailable(f"building the C++ CPU kernels failed: {first}") from exc
+    with _build_lock(directory):
+        try:
+            return load_extension(
+                name=module_name(),
+                sources=[str(p) for p in sources()],
+                extra_cflags=list(CFLAGS),
+                extra_ldflags=list(LDFLAGS),
+                build_directory=str(directory),
+                verbose=False,
+            )
+        except Exception as exc:  # a compiler error, no g++ or ninja: one line, then fall back
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise CpuKernelsUnavailable(f"building the C++ CPU kernels failed: {first}") from exc
+
+
+@contextlib.contextmanager
+def _build_lock(directory: Path) -> Iterator[None]:
+    """Hold an flock on `directory/build.flock` while torch builds or loads the module.
+
+    torch's own build lock is a plain file (`lock`) that a killed build leaves behind, and
+    every later load then waits on it forever (seen: a test timed out mid-build and every
+    process of every checkout hung).  The kernel releases an flock when its process dies, so
+    whoever holds this one is the only builder, and a `lock` file found then is stale.
+    """
+    with open(directory / "build.flock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            (directory / "lock").unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def available() -> tuple[bool, str]:
