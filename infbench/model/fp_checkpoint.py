@@ -188,14 +188,16 @@ def owned(matrices: dict[str, StoredMatrix], name: str) -> bool:
     return prefix in matrices and leaf in ("weight", *SCALE_SUFFIXES)
 
 
-def describe(matrices: list[StoredMatrix], native: bool) -> str:
-    """`fp8/block x14, stored` / `... dequantized to the model dtype`: the load summary."""
+def describe(matrices: list[StoredMatrix], native: bool, kept: int = 0) -> str:
+    """`fp8/block x14, run as stored` / `... dequantized to the model dtype`: the load
+    summary; `kept`: how many of them native weights keep in the model dtype."""
     counts: dict[str, int] = {}
     for m in matrices:
         name = m.kind if m.kind != "fp8" else f"fp8/{_granularity(m)}"
         counts[name] = counts.get(name, 0) + 1
     what = ", ".join(f"{k} x{n}" for k, n in sorted(counts.items()))
-    return f"{what}, {'run as stored' if native else 'dequantized to the model dtype'}"
+    note = f" ({kept} kept in the model dtype: MLA's kv_b_proj)" if kept else ""
+    return f"{what}, {'run as stored' if native else 'dequantized to the model dtype'}{note}"
 
 
 def _granularity(m: StoredMatrix) -> str:
@@ -231,11 +233,14 @@ class Loader:
     root: Path
     matrices: dict[str, StoredMatrix]  # by checkpoint prefix
     parts: dict[str, FloatCodeLinear] = field(default_factory=dict)  # by checkpoint prefix
+    dequantized: dict[str, StoredMatrix] = field(default_factory=dict)  # kept in float
     pending: set[str] = field(default_factory=set)  # "prefix.weight" / "prefix.<scale>"
 
     def owns(self, name: str) -> bool:
-        """Whether `name` is a quantized matrix's weight or scale (or a skipped tensor)."""
-        return owned(self.matrices, name)
+        """Whether `name` is a weight or scale of a matrix stored as such (or a skipped
+        tensor); those of `dequantized` matrices go through a `Dequantizer`."""
+        return owned({p: m for p, m in self.matrices.items() if p not in self.dequantized},
+                     name)
 
     def put(self, name: str, tensor: torch.Tensor) -> None:
         prefix, _, leaf = name.rpartition(".")
@@ -298,6 +303,11 @@ def swap(model: nn.Module, sink: Any, matrices: list[StoredMatrix], root: Path,
     for path, shards in by_module.items():
         parent_path, _, attr = path.rpartition(".")
         linear = _linear(model, parent_path, attr)
+        if linear is not None and attr in getattr(model.get_submodule(parent_path),
+                                                  "float_children", ()):
+            # kept in the model dtype (MLA's kv_b_proj): dequantized as it is read
+            loader.dequantized.update({m.prefix: m for m in shards.values()})
+            continue
         if linear is None:
             names = ", ".join(sorted(m.weight for m in shards.values()))
             raise UserError(f"{root}: {names}: quantized tensors are run only for the "

@@ -238,7 +238,8 @@ def _load(
         else:
             _load_safetensors(model, root, files, matrices, stored)
         if matrices:
-            summary += f" ({fp_checkpoint.describe(matrices, native)})"
+            kept = len(stored.dequantized) if stored is not None else 0
+            summary += f" ({fp_checkpoint.describe(matrices, native, kept)})"
         has_tokenizer = (root / "tokenizer.json").is_file()
         tokenizer = Tokenizer.from_hf_dir(value) if has_tokenizer else None
         loaded = _finish(model, config, tokenizer, summary,
@@ -593,12 +594,13 @@ def _load_safetensors(model: Transformer, root: Path, files: list[Path],
     stored into `stored`'s FloatCodeLinears (native), or are dequantized to the model
     dtype one matrix at a time (no `stored`)."""
     sink = _WeightSink(model, str(root))
-    dequant = fp_checkpoint.Dequantizer({m.prefix: m for m in matrices})
+    dequant = fp_checkpoint.Dequantizer(
+        stored.dequantized if stored is not None else {m.prefix: m for m in matrices})
     for file in files:
         for name, tensor in _safetensors_tensors(file):
             if stored is not None and stored.owns(name):
                 stored.put(name, tensor)
-            elif stored is None and fp_checkpoint.owned(dequant.matrices, name):
+            elif fp_checkpoint.owned(dequant.matrices, name):
                 done = dequant.take(name, tensor)
                 if done is not None:
                     sink.put(*done)

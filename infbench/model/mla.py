@@ -77,6 +77,9 @@ def rotate_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) ->
 class MLAAttention(nn.Module):
     """DeepSeek-V2 attention: low-rank q (optional), latent KV, absorbed cached attention."""
 
+    # Projections the weight quantizers leave in the model dtype (`quant.quantizable_linears`)
+    float_children = ("kv_b_proj",)
+
     def __init__(
         self,
         config: ModelConfig,

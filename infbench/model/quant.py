@@ -204,14 +204,17 @@ def quantized_head(model: nn.Module) -> QuantLinear | None:
 
 
 def quantizable_linears(model: nn.Module) -> Iterator[tuple[nn.Module, str, nn.Linear]]:
-    """(parent, attribute, linear) for every projection inside the decoder layers."""
+    """(parent, attribute, linear) for every projection inside the decoder layers, except
+    those a module names in its `float_children` (MLA's kv_b_proj: decode multiplies by
+    per-head slices of its float weight)."""
     layers = getattr(model, "layers", None)
     if layers is None:
         return
     for layer in layers:
         for parent in layer.modules():
+            keep = getattr(parent, "float_children", ())
             for name, child in list(parent.named_children()):
-                if isinstance(child, nn.Linear):
+                if isinstance(child, nn.Linear) and name not in keep:
                     yield parent, name, child
 
 

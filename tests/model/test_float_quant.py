@@ -112,3 +112,16 @@ def test_fp4_needs_whole_scale_blocks():
 def test_moe_models_are_refused():
     with pytest.raises(ConfigError, match="routed experts"):
         load_model({"preset": "tiny-moe"}, quant=QuantConfig(weights="fp8"))
+
+
+@pytest.mark.parametrize("weights", ["int8", "fp8"])
+def test_mla_keeps_kv_b_proj_in_float(weights):
+    """MLA's cached decode multiplies by per-head slices of kv_b_proj's float weight: the
+    quantizers leave it (it once became a QuantLinear and decode failed)."""
+    loaded = load_model({"preset": "tiny-mla"}, quant=QuantConfig(weights=weights))
+    attn = loaded.model.layers[0].self_attn
+    assert type(attn.kv_b_proj) is nn.Linear
+    requests = random_requests([5, 4], gen=3, vocab=loaded.config.vocab_size)
+    out = make_engine(loaded, requests, backend="torch").run(requests, realtime_arrivals=False)
+    for r in requests:
+        assert out.outputs[r.request_id] == greedy_recompute(loaded.model, r.prompt_ids, 3)
