@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from infbench.checkpoint.families import FAMILY_ARCHITECTURES, FAMILY_MODEL_TYPES, family_config
+from infbench.checkpoint.gpt_oss import GPT_OSS_ARCHITECTURES, gpt_oss_config
 from infbench.checkpoint.hf_quant import hf_native_mix, preset_native_mix
 from infbench.checkpoint.llama4 import (
     LLAMA4_ARCHITECTURES,
@@ -53,6 +54,7 @@ HF_ARCHITECTURES = {
     **FAMILY_ARCHITECTURES,  # Qwen2/2.5, Qwen3, Gemma-2, Gemma-3 (text), Phi-3
     **MOE_ARCHITECTURES,  # Mixtral, Qwen2-MoE, Qwen3-MoE (checkpoint/moe.py)
     **LLAMA4_ARCHITECTURES,  # Llama-4 text models (checkpoint/llama4.py)
+    **GPT_OSS_ARCHITECTURES,  # gpt-oss (checkpoint/gpt_oss.py)
 }
 # config.json model_type -> ModelConfig.arch where the two differ
 MODEL_TYPE_ALIASES = {**FAMILY_MODEL_TYPES}
@@ -218,6 +220,8 @@ def _config_from_raw(root: Path, raw: dict[str, Any]) -> ModelConfig:
         text = llama4_text(cfg_file, raw)
         _check_types(cfg_file, text)
         return llama4_config(cfg_file, text, root.resolve().name)
+    if arch == "gpt_oss":
+        return gpt_oss_config(cfg_file, raw, root.resolve().name)
     if raw.get("hidden_act", "silu") != "silu":
         raise UserError(f"{cfg_file}: hidden_act {raw['hidden_act']!r} unsupported; allowed: silu")
     for key in ("attention_bias", "mlp_bias"):

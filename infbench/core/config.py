@@ -195,7 +195,12 @@ class AttentionConfig:
             raise ConfigError("attention.qk_rope_head_dim must be even (RoPE rotates pairs)")
 
 
-MOE_SCORING = ("softmax", "sigmoid")  # router gate functions the engine implements
+# Router gate functions the engine implements: softmax or sigmoid over all E logits, then
+# top-k; topk_softmax picks the top-k logits first and softmaxes over those k (gpt-oss).
+MOE_SCORING = ("softmax", "sigmoid", "topk_softmax")
+# Routed experts' gated activation: silu is SiLU(gate) * up; clamped_swiglu is gpt-oss's
+# (gate clamped to <= limit, up to [-limit, limit], gate * sigmoid(alpha * gate) * (up + 1)).
+MOE_ACTIVATIONS = ("silu", "clamped_swiglu")
 # How the router chooses its k experts (docs/moe.md).  greedy: the top k scores (with
 # n_group > 1 only among the topk_group groups of the highest single score: DeepSeek-V2's
 # group_limited_greedy); noaux_tc (DeepSeek-V3): a per-expert correction bias
@@ -234,6 +239,13 @@ class MoEConfig:
     # Llama-4: the router weight scales each expert's input (expert(w * x)) rather than its
     # output (w * expert(x)); with a SwiGLU expert the two differ.
     scale_input: bool = False
+    # gpt-oss: a bias on the router logits and on every expert's gate_up and down outputs,
+    # and the clamped SwiGLU (`activation`, with `swiglu_alpha` and `swiglu_limit`).
+    router_bias: bool = False
+    expert_bias: bool = False
+    activation: str = "silu"  # silu | clamped_swiglu
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
 
     def __post_init__(self) -> None:
         _check_positive(
@@ -267,6 +279,15 @@ class MoEConfig:
             raise ConfigError(f"moe.topk_method=noaux_tc scores a group by its two best experts: "
                               f"moe.num_experts ({self.num_experts}) / moe.n_group "
                               f"({self.n_group}) must be at least 2")
+        if self.activation not in MOE_ACTIVATIONS:
+            raise ConfigError(f"moe.activation: unsupported expert activation "
+                              f"{self.activation!r}; supported: {', '.join(MOE_ACTIVATIONS)}")
+        check_real("moe", "swiglu_alpha", self.swiglu_alpha)
+        check_real("moe", "swiglu_limit", self.swiglu_limit)
+        if self.scoring == "topk_softmax" and (self.n_group > 1 or self.topk_method != "greedy"):
+            raise ConfigError("moe.scoring=topk_softmax does not combine with group-limited "
+                              f"routing (moe.n_group {self.n_group}, moe.topk_method "
+                              f"{self.topk_method}); allowed: n_group 1, topk_method greedy")
         if self.num_experts % self.n_group or self.topk_group > self.n_group:
             raise ConfigError(f"moe.n_group ({self.n_group}) must divide moe.num_experts "
                               f"({self.num_experts}) and moe.topk_group ({self.topk_group}) "
@@ -494,6 +515,7 @@ class LayerSpec:
     # of its own chunk (p // chunk == t // chunk); None: no chunking
     chunk: int | None = None
     rope: bool = True  # False: a NoPE layer (Llama-4), q and k are not rotated
+    sinks: bool = False  # attention only: a learned logit per head joins the softmax (gpt-oss)
 
     @property
     def has_kv_cache(self) -> bool:
@@ -555,6 +577,10 @@ class ModelConfig:
     # layer and a norm before the shared head.  Not part of the main forward: counted
     # separately (roofline.shapes.mtp_param_count) and run only as `speculative.method: mtp`.
     num_mtp_layers: int = 0
+    # gpt-oss: biases on the q, k, v and o projections (qkv_bias is Qwen2's q/k/v only), and
+    # attention sinks: one learned logit per query head in every softmax denominator.
+    attention_bias: bool = False
+    attention_sinks: bool = False
 
     def __post_init__(self) -> None:
         _check_positive(
@@ -618,6 +644,18 @@ class ModelConfig:
             if value is not None:
                 check_real("model", key, value)
         self._check_llama4()
+        self._check_gpt_oss()
+
+    def _check_gpt_oss(self) -> None:
+        """Attention sinks need softmax attention and no soft-capping (gpt-oss)."""
+        if self.attention_sinks and KIND_MIXER[self.attention.kind] != SOFTMAX_MIXER:
+            raise ConfigError(f"model.attention_sinks: attention.kind {self.attention.kind!r} "
+                              "has no softmax over cached keys; allowed with sinks: "
+                              "mha, gqa, mqa, cla, sliding")
+        if self.attention_sinks and self.attn_logit_softcap is not None:
+            raise ConfigError("model.attention_sinks does not combine with "
+                              "model.attn_logit_softcap (no attention path has both); allowed: "
+                              "one of the two")
 
     def _check_llama4(self) -> None:
         """Chunked attention, NoPE layers and temperature tuning (Llama-4)."""
@@ -708,6 +746,9 @@ class ModelConfig:
             nope = set(self.nope_layers)  # NoPE layers: no RoPE, full causal attention
             specs = [dataclasses.replace(s, rope=s.index not in nope,
                                          chunk=None if s.index in nope else self.attention_chunk)
+                     for s in specs]
+        if self.attention_sinks:
+            specs = [dataclasses.replace(s, sinks=True) if s.mixer == SOFTMAX_MIXER else s
                      for s in specs]
         return tuple(specs)
 
@@ -1136,6 +1177,30 @@ LLAMA4_PRESETS: dict[str, ModelConfig] = {
     "llama-4-maverick": _llama4("llama-4-maverick", 128, 2, 1048576, False, None),
 }
 PRESETS.update(LLAMA4_PRESETS)
+# gpt-oss (docs/architectures.md), from openai/gpt-oss-{20b,120b}'s config.json: the two
+# differ only in depth and expert count.  The checkpoints store the experts in MXFP4.
+_GPT_OSS_ROPE = (("beta_fast", 32.0), ("beta_slow", 1.0), ("factor", 32.0),
+                 ("original_max_position_embeddings", 4096), ("rope_type", "yarn"),
+                 ("truncate", False))
+
+
+def _gpt_oss(name: str, layers: int, experts: int) -> ModelConfig:
+    return ModelConfig(
+        name=name, vocab_size=201088, hidden_size=2880, num_layers=layers, num_heads=64,
+        num_kv_heads=8, head_dim=64, intermediate_size=2880, max_seq_len=131072,
+        rope_theta=150000.0, rope_scaling=_GPT_OSS_ROPE, rms_norm_eps=1e-5,
+        attention=AttentionConfig(kind="sliding", window=128, global_every=2, kv_heads=8),
+        moe=MoEConfig(num_experts=experts, num_experts_per_tok=4, moe_intermediate_size=2880,
+                      scoring="topk_softmax", router_bias=True, expert_bias=True,
+                      activation="clamped_swiglu", swiglu_alpha=1.702, swiglu_limit=7.0),
+        arch="gpt_oss", attention_bias=True, attention_sinks=True)
+
+
+GPT_OSS_PRESETS: dict[str, ModelConfig] = {
+    "gpt-oss-20b": _gpt_oss("gpt-oss-20b", 24, 32),  # 20.9B total, 3.6B active
+    "gpt-oss-120b": _gpt_oss("gpt-oss-120b", 36, 128),  # 116.8B total, 5.1B active
+}
+PRESETS.update(GPT_OSS_PRESETS)
 
 # Presets that name a released model -> the weights file `model.loader` reads for it (a name
 # `checkpoint.metadata.resolve_gguf` knows).  Other presets always get seeded random weights.

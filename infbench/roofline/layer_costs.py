@@ -106,7 +106,7 @@ def _attention(acc: Totals, cfg: ModelConfig, spec: LayerSpec, groups: Groups, t
     kv_scales = 2 * kvh * sb if spec.owns_kv else 0  # a quantized cache's row scales
     add(acc, "qkv_proj", "matmul", flops=2.0 * t * d * (h * hd + kv_width),
         act=t * (d + h * hd) * a, kv_write=t * (kv_width * kvb + kv_scales))
-    if cfg.qkv_bias:  # Qwen2: one add per projected value
+    if cfg.qkv_bias or cfg.attention_bias:  # Qwen2, gpt-oss: one add per projected value
         add(acc, "qkv_proj", "matmul", flops=t * (h * hd + kv_width))
     if cfg.qk_norm or (cfg.qk_l2_norm and spec.rope):  # Qwen3, Gemma-3, Llama-4 RoPE layers:
         _norm(acc, t * (h + (kvh if spec.owns_kv else 0)), hd, a)  # each head of q and k
@@ -121,6 +121,8 @@ def _attention(acc: Totals, cfg: ModelConfig, spec: LayerSpec, groups: Groups, t
             add(acc, "attn_score", "attention", flops=SOFTCAP_FLOPS * n * pairs * h)
         add(acc, "attn_value", "attention", flops=2.0 * n * pairs * h * hd, kv_read=kv, act=act)
     _matmul(acc, "o_proj", t, h * hd, d, a)
+    if cfg.attention_bias:  # gpt-oss: o_proj's bias
+        add(acc, "o_proj", "matmul", flops=t * d)
 
 
 def mla_absorbed_is_cheaper(cfg: ModelConfig, sw: SeqWork, window: int | None) -> bool:
@@ -236,6 +238,11 @@ def _mlp(acc: Totals, cfg: ModelConfig, spec: LayerSpec, t: int, a: int) -> None
             _matmul(acc, "moe_shared", t, d, 1, a)
     _swiglu(acc, "moe_experts", t * moe.num_experts_per_tok, d, moe.moe_intermediate_size, a)
     add(acc, "moe_experts", "matmul", act=t * d * a)  # the weighted combine writes once
+    if moe.router_bias:  # gpt-oss: one add per router logit
+        add(acc, "moe_router", "matmul", flops=t * moe.num_experts)
+    if moe.expert_bias:  # gpt-oss: one add per gate/up and down output of each pair
+        pairs = t * moe.num_experts_per_tok
+        add(acc, "moe_experts", "matmul", flops=pairs * (2 * moe.moe_intermediate_size + d))
 
 
 def layer_costs(cfg: ModelConfig, spec: LayerSpec, groups: Groups, a: int, kvb: float,

@@ -118,6 +118,8 @@ def _mixer_weights(cfg: ModelConfig, spec: LayerSpec) -> list[Weight]:
             ws.append(Weight("qkv_proj", d, 2 * kvh * hd))
         if spec.mixer == "attention":
             ws += _attention_extras(cfg, spec)
+        if cfg.attention_bias:  # gpt-oss: o_proj's bias too
+            ws.append(Weight("o_proj", 1, d, quantized=False))
         return [*ws, Weight("o_proj", h * hd, d)]
     if spec.mixer == "mla":
         r, rope, nope, v = mla_dims(cfg)
@@ -150,10 +152,13 @@ def _mixer_weights(cfg: ModelConfig, spec: LayerSpec) -> list[Weight]:
 
 
 def _attention_extras(cfg: ModelConfig, spec: LayerSpec) -> list[Weight]:
-    """Qwen2's q/k/v biases and the q/k norms of Qwen3 / Gemma-3 (vectors, never quantized)."""
+    """Qwen2's (and gpt-oss's) q/k/v biases, the q/k norms of Qwen3 / Gemma-3 and gpt-oss's
+    attention sinks (vectors, never quantized)."""
     h, hd, kvh = cfg.num_heads, cfg.dim_head, cfg.kv_heads
     ws = []
-    if cfg.qkv_bias:
+    if spec.sinks:  # one logit per query head (counted with the projections: a step
+        ws.append(Weight("qkv_proj", 1, h, quantized=False))  # always has that operator)
+    if cfg.qkv_bias or cfg.attention_bias:
         ws.append(Weight("qkv_proj", 1, h * hd + (2 * kvh * hd if spec.owns_kv else 0),
                          quantized=False))
     if cfg.qk_norm:
@@ -172,17 +177,22 @@ def _mlp_weights(cfg: ModelConfig, spec: LayerSpec) -> list[Weight]:
     ws = [Weight("moe_router", d, moe.num_experts, quantized=False)]
     if moe.topk_method == "noaux_tc":  # the router's e_score_correction_bias
         ws.append(Weight("moe_router", 1, moe.num_experts, quantized=False))
+    if moe.router_bias:
+        ws.append(Weight("moe_router", 1, moe.num_experts, quantized=False))
     if moe.num_shared_experts:
         fs = moe.shared_size
         ws += [Weight("moe_shared", d, 2 * fs), Weight("moe_shared", fs, d)]
         if moe.shared_gate:  # Qwen2-MoE: one sigmoid gate per token on the shared output
             ws.append(Weight("moe_shared", d, 1, quantized=False))
     e = moe.num_experts
-    return [
-        *ws,
+    ws += [
         Weight("moe_experts", d, 2 * mi, count=e, expert=True),
         Weight("moe_experts", mi, d, count=e, expert=True),
     ]
+    if moe.expert_bias:  # gpt-oss: gate_up and down biases of every expert
+        ws += [Weight("moe_experts", 1, 2 * mi, quantized=False, count=e, expert=True),
+               Weight("moe_experts", 1, d, quantized=False, count=e, expert=True)]
+    return ws
 
 
 def layer_weights(cfg: ModelConfig, spec: LayerSpec) -> list[Weight]:
@@ -257,11 +267,11 @@ def param_count(cfg: ModelConfig) -> ParamCount:
     ws = _all_weights(cfg)
     total = sum(w.numel for w in ws)
     inactive = 0
-    if cfg.moe is not None:
+    if cfg.moe is not None:  # the routed experts' tensors (biases included) not in the top k
         moe = cfg.moe
-        per_expert = 3 * cfg.hidden_size * moe.moe_intermediate_size
-        num_moe = sum(1 for spec in cfg.layers() if is_moe_layer(cfg, spec))
-        inactive = num_moe * (moe.num_experts - moe.num_experts_per_tok) * per_expert
+        routed = sum(w.numel for w in ws if w.expert)
+        idle = moe.num_experts - moe.num_experts_per_tok
+        inactive = routed // moe.num_experts * idle
     embedding = cfg.vocab_size * cfg.hidden_size
     # An untied input embedding is a gather (one row per token), so like DeepSeek's
     # "activated parameters" the active count leaves it out; a tied one is the LM head.
