@@ -14,6 +14,11 @@ converted to the query's dtype (exact: +-127 and every e4m3 value fit bfloat16 a
 float16) and the scales are folded in per key, into the scores after Q K^T and into the
 softmax weights before P V, so nothing is dequantized into a copy.
 
+Attention sinks (gpt-oss): one learned logit per query head joins every softmax
+denominator with a zero value, so a row's weights sum to less than one.  The kernels start
+each row's online softmax from it (running max = the sink in the log2 domain, running sum
+= 1); the references add it as an extra column (`attention_ref`).
+
 `gather_kv_ref` and `attention_ref` are the torch building blocks of the references.
 """
 
@@ -162,6 +167,48 @@ def gather_kv_ref(
     return out
 
 
+@triton.jit
+def sink_init(sinks_ptr, head, row_mask, HAS_SINKS: tl.constexpr, BLOCK_M: tl.constexpr):
+    """(l_i, m_i) to start a row's online softmax from: empty, or holding the head's sink
+    logit (log2 domain) with weight 1; padding rows start empty either way."""
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + head, mask=row_mask, other=0.0).to(tl.float32)
+        sink = sink * 1.4426950408889634  # log2(e): the kernels' scores are in base 2
+        m_i = tl.where(row_mask, sink, float("-inf"))
+        l_i = tl.where(row_mask, 1.0, 0.0)
+    else:
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    return l_i, m_i
+
+
+def sinks_arg(sinks: torch.Tensor | None, num_heads: int,
+              fallback: torch.Tensor) -> torch.Tensor:
+    """The sinks pointer of a launch: (Hq,) contiguous logits, or `fallback` (never read)."""
+    if sinks is None:
+        return fallback
+    assert sinks.shape == (num_heads,) and sinks.is_contiguous(), (sinks.shape, num_heads)
+    return sinks
+
+
+def _sink_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    visible: torch.Tensor, scale: float, sinks: torch.Tensor) -> torch.Tensor:
+    """Explicit fp32 softmax with one sink logit per query head as an extra column.
+
+    q (B, Q, Hq, D), k (B, Hkv, L, D), v (B, Hkv, L, Dv), visible (B, Q, L), sinks (Hq,).
+    Returns (B, Q, Hq, Dv) in q.dtype; a query that sees no key gets zeros."""
+    batch, num_q, num_heads, head_dim = q.shape
+    num_kv_heads = k.shape[1]
+    group = num_heads // num_kv_heads
+    qg = q.float().view(batch, num_q, num_kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)
+    scores = qg @ k.float()[:, :, None].transpose(-1, -2) * scale  # (B, Hkv, G, Q, L)
+    scores = scores.masked_fill(~visible[:, None, None], float("-inf"))
+    sink = sinks.float().view(1, num_kv_heads, group, 1, 1).expand(batch, -1, -1, num_q, 1)
+    probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+    out = probs @ v.float()[:, :, None]  # (B, Hkv, G, Q, Dv)
+    return out.permute(0, 3, 1, 2, 4).reshape(batch, num_q, num_heads, -1).to(q.dtype)
+
+
 def attention_ref(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -170,10 +217,12 @@ def attention_ref(
     scale: float,
     window: int | None,
     chunk: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Grouped-query attention of queries at positions q_pos over keys at 0..L-1, fp32 softmax.
 
-    q: (B, Q, Hq, D); k: (B, Hkv, L, D); v: (B, Hkv, L, Dv); q_pos: (B, Q).
+    q: (B, Q, Hq, D); k: (B, Hkv, L, D); v: (B, Hkv, L, Dv); q_pos: (B, Q); sinks: (Hq,)
+    logits in every softmax denominator (gpt-oss), or None.
     Key p is visible to a query at t iff p <= t and t - p < window, and with a chunk iff
     p // chunk == t // chunk as well.  Queries that see no key (padding: q_pos < 0) return
     zeros.  Returns (B, Q, Hq, Dv) in q.dtype.
@@ -186,6 +235,8 @@ def attention_ref(
         visible &= delta < window
     if chunk is not None:
         visible &= keys_at >= (q_pos - q_pos.remainder(chunk))[:, :, None]
+    if sinks is not None:
+        return _sink_attention(q, k, v, visible, scale, sinks)
     batch, num_q, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
     group = num_heads // num_kv_heads

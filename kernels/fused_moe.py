@@ -15,6 +15,10 @@ tile of rows belongs to one expert; padding rows hold the sentinel pair id T*k.
 got tokens, `index_select` of their tokens, the SwiGLU, `index_add` back with the weights.
 Shapes: x (T, H), w13 (E, 2I, H) (gate rows first, then up), w2 (E, H, I), weights and
 ids (T, k).
+
+gpt-oss's experts (`ExpertAct`): biases b13 (E, 2I) on the gate/up outputs and b2 (E, H)
+on the down output, and the clamped SwiGLU instead of SiLU(gate) * up: gate clamped to
+<= limit, up to [-limit, limit], then gate * sigmoid(alpha * gate) * (up + 1).
 """
 
 from __future__ import annotations
@@ -28,6 +32,36 @@ import triton.language as tl
 
 from kernels._common import dot_precision, is_compiled
 from kernels.cost import KernelCost
+
+ACTIVATIONS = ("silu", "clamped_swiglu")
+
+
+@dataclass(frozen=True)
+class ExpertAct:
+    """The experts' gated activation and biases: silu is SiLU(gate) * up (no biases);
+    clamped_swiglu is gpt-oss's, with `alpha` and `limit`."""
+
+    kind: str = "silu"
+    alpha: float = 1.702
+    limit: float = 7.0
+    b13: torch.Tensor | None = None  # (E, 2I) gate then up biases
+    b2: torch.Tensor | None = None  # (E, H) down biases
+
+    def __post_init__(self) -> None:
+        assert self.kind in ACTIVATIONS, f"activation {self.kind!r}; allowed: {ACTIVATIONS}"
+        assert (self.b13 is None) == (self.b2 is None), "b13 and b2 come together"
+
+    def gate_up(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        """The gated activation of (n, I) gate and up (biases already added), in float32."""
+        gate, up = gate.float(), up.float()
+        if self.kind == "silu":
+            return F.silu(gate) * up
+        gate = gate.clamp(max=self.limit)
+        up = up.clamp(-self.limit, self.limit)
+        return gate * torch.sigmoid(self.alpha * gate) * (up + 1.0)
+
+
+SILU = ExpertAct()
 
 
 @dataclass(frozen=True)
@@ -63,11 +97,11 @@ def moe_align(ids: torch.Tensor, num_experts: int, block_m: int) -> Alignment:
 
 @triton.jit
 def _moe_gate_up_kernel(
-    x_ptr, w13_ptr, inter_ptr, sorted_ptr, block_expert_ptr,
-    num_pairs, top_k, hidden, inter_size,
-    stride_xt, stride_we, stride_wn, stride_ir,
+    x_ptr, w13_ptr, inter_ptr, sorted_ptr, block_expert_ptr, b13_ptr,
+    num_pairs, top_k, hidden, inter_size, alpha, limit,
+    stride_xt, stride_we, stride_wn, stride_ir, stride_be,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, HAS_BIAS: tl.constexpr, CLAMPED: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -94,18 +128,27 @@ def _moe_gate_up_kernel(
                      mask=col_ok[None, :] & k_ok[:, None], other=0.0)  # (BK, BN)
         gate += tl.dot(a, wg, input_precision=DOT_PRECISION)
         up += tl.dot(a, wu, input_precision=DOT_PRECISION)
-    h = gate * tl.sigmoid(gate) * up
+    if HAS_BIAS:
+        b_base = b13_ptr + expert.to(tl.int64) * stride_be
+        gate += tl.load(b_base + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        up += tl.load(b_base + inter_size + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    if CLAMPED:  # gpt-oss: clamp, then gate * sigmoid(alpha * gate) * (up + 1)
+        gate = tl.minimum(gate, limit)
+        up = tl.minimum(tl.maximum(up, -limit), limit)
+        h = gate * tl.sigmoid(alpha * gate) * (up + 1.0)
+    else:
+        h = gate * tl.sigmoid(gate) * up
     tl.store(inter_ptr + rows[:, None] * stride_ir + cols[None, :],
              h.to(inter_ptr.dtype.element_ty), mask=is_pair[:, None] & col_ok[None, :])
 
 
 @triton.jit
 def _moe_down_kernel(
-    inter_ptr, w2_ptr, out_ptr, weights_ptr, sorted_ptr, block_expert_ptr,
+    inter_ptr, w2_ptr, out_ptr, weights_ptr, sorted_ptr, block_expert_ptr, b2_ptr,
     num_pairs, hidden, inter_size,
-    stride_ir, stride_we, stride_wn, stride_or,
+    stride_ir, stride_we, stride_wn, stride_or, stride_be,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, HAS_BIAS: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -127,6 +170,9 @@ def _moe_down_kernel(
         w = tl.load(w_base + cols[None, :] * stride_wn + ks[:, None],
                     mask=col_ok[None, :] & k_ok[:, None], other=0.0)  # (BK, BN)
         acc += tl.dot(a, w, input_precision=DOT_PRECISION)
+    if HAS_BIAS:
+        bias = tl.load(b2_ptr + expert.to(tl.int64) * stride_be + cols, mask=col_ok, other=0.0)
+        acc += bias.to(tl.float32)[None, :]
     scale = tl.load(weights_ptr + pairs, mask=is_pair, other=0.0)  # (BM,) routing weights
     acc = acc * scale[:, None]
     tl.store(out_ptr + pairs[:, None].to(tl.int64) * stride_or + cols[None, :], acc,
@@ -140,7 +186,7 @@ def _tiles(x: torch.Tensor) -> tuple[int, int, int]:
 
 
 def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
-              ids: torch.Tensor) -> torch.Tensor:
+              ids: torch.Tensor, act: ExpertAct = SILU) -> torch.Tensor:
     """Routed experts of x (T, H): sum_j weights[t, j] * expert_{ids[t, j]}(x[t]) -> (T, H)."""
     num_tokens, hidden = x.shape
     num_experts, two_inter, hidden_w = w13.shape
@@ -150,6 +196,13 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: tor
     assert weights.shape == ids.shape == (num_tokens, top_k)
     assert x.dtype == w13.dtype == w2.dtype and x.is_contiguous()
     assert w13.is_contiguous() and w2.is_contiguous()
+    has_bias = act.b13 is not None and act.b2 is not None
+    if has_bias:
+        assert act.b13 is not None and act.b2 is not None
+        assert act.b13.shape == (num_experts, two_inter) and act.b2.shape == (num_experts, hidden)
+        assert act.b13.stride(1) == 1 and act.b2.stride(1) == 1
+    b13 = act.b13 if act.b13 is not None else w13  # never read without biases
+    b2 = act.b2 if act.b2 is not None else w2
     block_m, block_n, block_k = _tiles(x)
     prec = dot_precision(x.dtype)
     align = moe_align(ids, num_experts, block_m)
@@ -158,26 +211,28 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: tor
     inter_buf = torch.empty(max_rows, inter, dtype=x.dtype, device=x.device)  # (rows, I)
     grid = (max_rows // block_m, triton.cdiv(inter, block_n))
     _moe_gate_up_kernel[grid](
-        x, w13, inter_buf, align.sorted_pairs, align.block_expert,
-        num_pairs, top_k, hidden, inter,
-        x.stride(0), w13.stride(0), w13.stride(1), inter_buf.stride(0),
+        x, w13, inter_buf, align.sorted_pairs, align.block_expert, b13,
+        num_pairs, top_k, hidden, inter, float(act.alpha), float(act.limit),
+        x.stride(0), w13.stride(0), w13.stride(1), inter_buf.stride(0), b13.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, DOT_PRECISION=prec,
+        HAS_BIAS=has_bias, CLAMPED=act.kind == "clamped_swiglu",
     )
     pair_out = torch.empty(num_pairs, hidden, dtype=torch.float32, device=x.device)  # (P, H)
     flat_weights = weights.reshape(-1).float().contiguous()  # (P,)
     grid = (max_rows // block_m, triton.cdiv(hidden, block_n))
     _moe_down_kernel[grid](
-        inter_buf, w2, pair_out, flat_weights, align.sorted_pairs, align.block_expert,
+        inter_buf, w2, pair_out, flat_weights, align.sorted_pairs, align.block_expert, b2,
         num_pairs, hidden, inter,
-        inter_buf.stride(0), w2.stride(0), w2.stride(1), pair_out.stride(0),
+        inter_buf.stride(0), w2.stride(0), w2.stride(1), pair_out.stride(0), b2.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, DOT_PRECISION=prec,
+        HAS_BIAS=has_bias,
     )
     # The k contributions of a token in slot order: the same sum whatever the batch.
     return pair_out.view(num_tokens, top_k, hidden).sum(dim=1).to(x.dtype)  # (T, H)
 
 
 def fused_moe_ref(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
-                  ids: torch.Tensor) -> torch.Tensor:
+                  ids: torch.Tensor, act: ExpertAct = SILU) -> torch.Tensor:
     """The torch reference (and CPU path): experts in id order over their sorted tokens."""
     num_tokens, top_k = ids.shape
     inter = w13.shape[1] // 2
@@ -194,8 +249,14 @@ def fused_moe_ref(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights:
         start += count
         tokens = pairs // top_k
         xs = x.index_select(0, tokens)  # (n, H)
-        gate, up = F.linear(xs, w13[expert]).split(inter, dim=-1)  # (n, I) each
-        ys = F.linear(F.silu(gate) * up, w2[expert])  # (n, H)
+        b13 = act.b13[expert] if act.b13 is not None else None
+        b2 = act.b2[expert] if act.b2 is not None else None
+        if act.kind == "silu" and b13 is None:
+            gate, up = F.linear(xs, w13[expert]).split(inter, dim=-1)  # (n, I) each
+            ys = F.linear(F.silu(gate) * up, w2[expert])  # (n, H)
+        else:
+            gate, up = F.linear(xs, w13[expert], b13).split(inter, dim=-1)  # (n, I) each
+            ys = F.linear(act.gate_up(gate, up).to(x.dtype), w2[expert], b2)  # (n, H)
         out.index_add_(0, tokens, ys.float() * flat_weights[pairs, None].float())
     return out.to(x.dtype)
 

@@ -16,6 +16,9 @@ program visits, so blocks fully outside the window are never read; so does a chu
 A quantized cache (int8 / float8_e4m3fn with per-token, per-head scales, see
 `kernels/kv_quant.py`) is passed with its `k_scales` / `v_scales` and read in place,
 one byte per value: the scales are folded into the scores and weights per key.
+
+Attention sinks (`sinks`, one logit per query head, gpt-oss) start each row's softmax
+(`_paged_attention.sink_init`); with several splits the reduce kernel adds them once.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ from kernels._paged_attention import (
     dequantized_rows,
     kv_tokens_read,
     scale_args,
+    sink_init,
+    sinks_arg,
     window_arg,
 )
 from kernels.cost import KernelCost
@@ -50,6 +55,7 @@ def _paged_decode_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
     out_ptr, lse_ptr,  # out: final output or fp32 partials; lse: per-split log2-sum-exp
     k_scales_ptr, v_scales_ptr,  # KV_QUANT: (num_blocks, block_size, Hkv) float32
+    sinks_ptr,  # HAS_SINKS: (Hq,) logits (with several splits the reduce adds them)
     qk_scale, window, chunk, num_q_tokens, block_size,
     stride_qb, stride_qt, stride_qh, stride_qd,
     stride_kb, stride_ko, stride_kh, stride_kd,
@@ -63,6 +69,7 @@ def _paged_decode_attention_kernel(
     HEAD_DIM: tl.constexpr, V_HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_QUANT: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -91,8 +98,7 @@ def _paged_decode_attention_kernel(
     end = tl.minimum(hi, (first_block + (split + 1) * blocks_per_split) * block_size)
 
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i, m_i = sink_init(sinks_ptr, head, row_mask, HAS_SINKS, BLOCK_M)
     acc, l_i, m_i = attend_kv_range(
         acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, block_tables_ptr + seq * stride_btb,
         k_scales_ptr, v_scales_ptr, kv_head, start, end, window, chunk, qk_scale,
@@ -115,17 +121,17 @@ def _paged_decode_attention_kernel(
 
 @triton.jit
 def _paged_decode_reduce_kernel(
-    partial_ptr, lse_ptr, out_ptr, num_rows,  # rows: (seq, query token, query head) flattened
+    partial_ptr, lse_ptr, out_ptr, sinks_ptr, num_rows, num_heads,
     V_HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_DV: tl.constexpr, HAS_SINKS: tl.constexpr,
 ):
+    # rows: (seq, query token, query head) flattened; a sink joins as one more "split"
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_dv = tl.arange(0, BLOCK_DV)
     row_mask = rows < num_rows
     mask = row_mask[:, None] & (offs_dv[None, :] < V_HEAD_DIM)
     acc = tl.zeros([BLOCK_R, BLOCK_DV], dtype=tl.float32)
-    total = tl.zeros([BLOCK_R], dtype=tl.float32)
-    m_i = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
+    total, m_i = sink_init(sinks_ptr, rows % num_heads, row_mask, HAS_SINKS, BLOCK_R)
     for split in range(NUM_SPLITS):
         lse = tl.load(lse_ptr + rows * NUM_SPLITS + split, mask=row_mask, other=float("-inf"))
         part = tl.load(
@@ -165,6 +171,7 @@ def paged_decode_attention(
     k_scales: torch.Tensor | None = None,
     v_scales: torch.Tensor | None = None,
     chunk: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of the last Q tokens of each sequence over its paged KV cache.
 
@@ -173,8 +180,8 @@ def paged_decode_attention(
     context_lens: (B,) int32, total tokens of each sequence including the Q queries.
     A quantized cache (int8 / float8_e4m3fn) comes with k_scales / v_scales
     (num_blocks, block_size, Hkv) float32.  `chunk`: chunked attention (a query sees only
-    the earlier keys of its own chunk of `chunk` positions).  Returns q's shape with D
-    replaced by Dv, in q.dtype.
+    the earlier keys of its own chunk of `chunk` positions).  sinks: (Hq,) attention-sink
+    logits or None.  Returns q's shape with D replaced by Dv, in q.dtype.
     """
     check_cache(k_cache, v_cache, block_tables, q, k_scales, v_scales)
     is_single = q.dim() == 3
@@ -211,23 +218,25 @@ def paged_decode_attention(
     block_n = 64 if compiled or block_m <= 32 else 32
     grid = (batch, num_kv_heads, num_splits)
     ks, vs, *scale_strides = scale_args(k_scales, v_scales, context_lens)
+    sinks_ptr = sinks_arg(sinks, num_heads, context_lens)
     _paged_decode_attention_kernel[grid](
-        q4, k_cache, v_cache, block_tables, context_lens, partial, lse, ks, vs,
+        q4, k_cache, v_cache, block_tables, context_lens, partial, lse, ks, vs, sinks_ptr,
         scale * LOG2E, window_arg(window), window_arg(chunk), num_q, block_size,
         *q4.stride(), *k_cache.stride(), *v_cache.stride(), *scale_strides,
         block_tables.stride(0), *partial.stride(), *lse_strides,
         GROUP=group, NUM_SPLITS=num_splits, HEAD_DIM=head_dim, V_HEAD_DIM=v_head_dim,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=triton.next_power_of_2(head_dim),
         BLOCK_DV=triton.next_power_of_2(v_head_dim), DOT_PRECISION=dot_precision(q.dtype),
-        KV_QUANT=k_scales is not None, num_warps=4 if block_m * block_n <= 64 * 64 else 8,
+        KV_QUANT=k_scales is not None, HAS_SINKS=sinks is not None and num_splits == 1,
+        num_warps=4 if block_m * block_n <= 64 * 64 else 8,
     )
     if num_splits > 1:
         num_rows = batch * num_q * num_heads
         block_r = 4 if compiled else 64
         _paged_decode_reduce_kernel[(cdiv(num_rows, block_r),)](
-            partial, lse, out, num_rows,
+            partial, lse, out, sinks_ptr, num_rows, num_heads,
             V_HEAD_DIM=v_head_dim, NUM_SPLITS=num_splits, BLOCK_R=block_r,
-            BLOCK_DV=triton.next_power_of_2(v_head_dim),
+            BLOCK_DV=triton.next_power_of_2(v_head_dim), HAS_SINKS=sinks is not None,
         )
     return out.squeeze(1) if is_single else out
 
@@ -244,6 +253,7 @@ def paged_decode_attention_ref(
     k_scales: torch.Tensor | None = None,
     v_scales: torch.Tensor | None = None,
     chunk: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Torch reference (and CPU backend): gather each sequence's KV, masked fp32 softmax.
 
@@ -275,7 +285,7 @@ def paged_decode_attention_ref(
         values.masked_fill_(is_pad[:, :, None, None], 0.0)
     q_pos = ctx[:, None] - num_q + torch.arange(num_q, device=q.device)  # (B, Q)
     out = attention_ref(q4, keys.transpose(1, 2), values.transpose(1, 2), q_pos, scale,
-                        window, chunk)  # (B, Q, Hq, Dv)
+                        window, chunk, sinks)  # (B, Q, Hq, Dv)
     return out.squeeze(1) if is_single else out
 
 
@@ -291,17 +301,20 @@ def paged_decode_attention_cpu(
     k_scales: torch.Tensor | None = None,
     v_scales: torch.Tensor | None = None,
     chunk: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """C++ CPU kernel (kernels/csrc/attention.cpp, the `cpu` backend): the same attention,
     K/V read in place through the block table (no gather), fp32 online softmax, one work
     item per (sequence, KV head).  An int8 cache goes through kernels/csrc/attention_kvq.cpp
     (one byte per value read, scales folded in per key).  `num_splits` is accepted for
-    signature compatibility.  The C++ kernels have no chunk mask: a chunked layer falls back
-    to the torch reference (`paged_decode_attention_ref`).
+    signature compatibility.  The C++ kernels have no chunk mask and no attention sinks: a
+    chunked or a sink layer falls back to the torch reference (`paged_decode_attention_ref`;
+    the same values, not the C++ speed).
     """
-    if chunk is not None:
+    if chunk is not None or sinks is not None:
         return paged_decode_attention_ref(q, k_cache, v_cache, block_tables, context_lens,
-                                          scale, window, num_splits, k_scales, v_scales, chunk)
+                                          scale, window, num_splits, k_scales, v_scales, chunk,
+                                          sinks)
     del num_splits
     if k_scales is not None or v_scales is not None:
         return cpu_module().paged_decode_attention_int8(  # type: ignore[no-any-return]

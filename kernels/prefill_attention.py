@@ -15,6 +15,7 @@ Programs that land past their sequence's last tile exit at once.
 
 A quantized cache (int8 / float8_e4m3fn with per-token, per-head scales, see
 `kernels/kv_quant.py`) is passed with its `k_scales` / `v_scales` and read in place.
+Attention sinks (`sinks`, one logit per query head, gpt-oss) start each row's softmax.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ from kernels._paged_attention import (
     gather_kv_ref,
     kv_tokens_read,
     scale_args,
+    sink_init,
+    sinks_arg,
     window_arg,
 )
 from kernels.cost import KernelCost
@@ -60,7 +63,8 @@ def _find_sequence(cu_seqlens_ptr, tile, num_seqs, BLOCK_Q: tl.constexpr):
 @triton.jit
 def _prefill_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, cu_seqlens_ptr, context_lens_ptr, block_tables_ptr,
-    out_ptr, k_scales_ptr, v_scales_ptr, qk_scale, window, chunk, num_seqs, block_size,
+    out_ptr, k_scales_ptr, v_scales_ptr, sinks_ptr, qk_scale, window, chunk, num_seqs,
+    block_size,
     stride_qt, stride_qh, stride_qd,
     stride_kb, stride_ko, stride_kh, stride_kd,
     stride_vb, stride_vo, stride_vh, stride_vd,
@@ -71,7 +75,7 @@ def _prefill_attention_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, V_HEAD_DIM: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    KV_QUANT: tl.constexpr,
+    KV_QUANT: tl.constexpr, HAS_SINKS: tl.constexpr,
 ):
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -100,8 +104,7 @@ def _prefill_attention_kernel(
                        chunk_start(first_q_pos, chunk))
     end = tl.minimum(first_q_pos + BLOCK_Q, context_len)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i, m_i = sink_init(sinks_ptr, head, row_mask, HAS_SINKS, BLOCK_M)
     acc, l_i, m_i = attend_kv_range(
         acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, block_tables_ptr + seq * stride_btb,
         k_scales_ptr, v_scales_ptr, kv_head, start, end, window, chunk, qk_scale,
@@ -128,6 +131,7 @@ def prefill_attention(
     k_scales: torch.Tensor | None = None,
     v_scales: torch.Tensor | None = None,
     chunk: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of the new tokens of B sequences over their paged KV cache.
 
@@ -135,7 +139,8 @@ def prefill_attention(
     context_lens: (B,) int32 total tokens per sequence (cached + new, all in the cache);
     block_tables: (B, max_blocks) int32.  A quantized cache comes with k_scales /
     v_scales (num_blocks, block_size, Hkv) float32.  `chunk`: chunked attention (a query
-    sees only the earlier keys of its own chunk).  Returns (T, Hq, Dv) in q.dtype.
+    sees only the earlier keys of its own chunk).  sinks: (Hq,) attention-sink logits or
+    None.  Returns (T, Hq, Dv) in q.dtype.
     """
     check_cache(k_cache, v_cache, block_tables, q, k_scales, v_scales)
     assert q.dim() == 3, f"q must be (T, Hq, D), got {tuple(q.shape)}"
@@ -162,14 +167,15 @@ def prefill_attention(
     ks, vs, *scale_strides = scale_args(k_scales, v_scales, context_lens)
     _prefill_attention_kernel[grid](
         q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, out, ks, vs,
-        scale * LOG2E, window_arg(window), window_arg(chunk), batch, block_size,
+        sinks_arg(sinks, num_heads, context_lens), scale * LOG2E, window_arg(window),
+        window_arg(chunk), batch, block_size,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *scale_strides,
         block_tables.stride(0), *out.stride(),
         GROUP=group, HEAD_DIM=head_dim, V_HEAD_DIM=v_head_dim,
         BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_DV=triton.next_power_of_2(v_head_dim),
         DOT_PRECISION=dot_precision(q.dtype), KV_QUANT=k_scales is not None,
-        num_warps=4 if head_dim <= 64 else 8,
+        HAS_SINKS=sinks is not None, num_warps=4 if head_dim <= 64 else 8,
     )
     return out
 
@@ -186,6 +192,7 @@ def prefill_attention_ref(
     k_scales: torch.Tensor | None = None,
     v_scales: torch.Tensor | None = None,
     chunk: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Torch reference (and CPU backend): per sequence, gather its KV and run masked softmax.
 
@@ -208,7 +215,7 @@ def prefill_attention_ref(
         q_pos = torch.arange(context_len - (q_end - q_start), context_len, device=q.device)
         out[q_start:q_end] = attention_ref(
             q[None, q_start:q_end], keys[None], values[None], q_pos[None], scale, window,
-            chunk)[0]
+            chunk, sinks)[0]
     return out
 
 
@@ -224,14 +231,17 @@ def prefill_attention_cpu(
     k_scales: torch.Tensor | None = None,
     v_scales: torch.Tensor | None = None,
     chunk: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """C++ CPU kernel (kernels/csrc/attention.cpp, the `cpu` backend): the same causal
     attention, K/V read in place through the block table, work items of (sequence, KV
     head, query tile).  An int8 cache goes through kernels/csrc/attention_kvq.cpp.  The
-    C++ kernels have no chunk mask: a chunked layer falls back to `prefill_attention_ref`."""
-    if chunk is not None:
+    C++ kernels have no chunk mask and no attention sinks: a chunked or a sink layer falls
+    back to `prefill_attention_ref`."""
+    if chunk is not None or sinks is not None:
         return prefill_attention_ref(q, k_cache, v_cache, cu_seqlens_q, context_lens,
-                                     block_tables, scale, window, k_scales, v_scales, chunk)
+                                     block_tables, scale, window, k_scales, v_scales, chunk,
+                                     sinks)
     if k_scales is not None or v_scales is not None:
         return cpu_module().prefill_attention_int8(  # type: ignore[no-any-return]
             q, k_cache, v_cache, k_scales, v_scales, cu_seqlens_q, context_lens, block_tables,

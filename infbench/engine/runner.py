@@ -170,7 +170,10 @@ class PagedAttentionContext:
         return k_cache, v_cache, slot_mapping, decode_tables, inp.decode_context_lens
 
     def attention(self, layer: LayerSpec, q: torch.Tensor, k: torch.Tensor | None,
-                  v: torch.Tensor | None, scale: float) -> torch.Tensor:
+                  v: torch.Tensor | None, scale: float,
+                  sinks: torch.Tensor | None = None) -> torch.Tensor:
+        """The step's attention: decode rows, then prefill rows.  `sinks` (gpt-oss) go to
+        the kernels of every backend (the C++ ones run their torch reference for it)."""
         inp = self.inputs
         slot_mapping, decode_tables, prefill_tables = self.paged(layer)
         k_cache, v_cache = self.kv.layer(layer)
@@ -188,21 +191,22 @@ class PagedAttentionContext:
         if nd == q.shape[0]:
             return self.ops.decode_attention(  # type: ignore[no-any-return]
                 q, k_cache, v_cache, decode_tables, inp.decode_context_lens, scale,
-                layer.window, k_scales=k_scales, v_scales=v_scales, chunk=chunk)
+                layer.window, k_scales=k_scales, v_scales=v_scales, chunk=chunk,
+                sinks=sinks)
         if nd == 0:
             return self.ops.prefill_attention(  # type: ignore[no-any-return]
                 q, k_cache, v_cache, inp.prefill_cu_seqlens, inp.prefill_context_lens,
                 prefill_tables, scale, layer.window, k_scales=k_scales, v_scales=v_scales,
-                chunk=chunk)
+                chunk=chunk, sinks=sinks)
         out = torch.empty(q.shape[0], q.shape[1], v_cache.shape[-1], dtype=q.dtype,
                           device=q.device)  # (T, Hq, Dv)
         out[:nd] = self.ops.decode_attention(
             q[:nd], k_cache, v_cache, decode_tables, inp.decode_context_lens, scale,
-            layer.window, k_scales=k_scales, v_scales=v_scales, chunk=chunk)
+            layer.window, k_scales=k_scales, v_scales=v_scales, chunk=chunk, sinks=sinks)
         out[nd:] = self.ops.prefill_attention(
             q[nd:], k_cache, v_cache, inp.prefill_cu_seqlens, inp.prefill_context_lens,
             prefill_tables, scale, layer.window, k_scales=k_scales, v_scales=v_scales,
-            chunk=chunk)
+            chunk=chunk, sinks=sinks)
         return out
 
 

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from infbench.core.config import LayerSpec, ModelConfig
 from infbench.model.softcap import softcapped_attention
+from kernels._paged_attention import attention_ref
 
 
 @dataclass
@@ -57,8 +58,10 @@ class AttentionContext(Protocol):
         k: torch.Tensor | None,
         v: torch.Tensor | None,
         scale: float,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """q (T, Hq, D), k/v (T, Hkv, D) or None when `layer` reads `layer.kv_source`'s KV.
+        """q (T, Hq, D), k/v (T, Hkv, D) or None when `layer` reads `layer.kv_source`'s KV;
+        sinks (Hq,): the attention-sink logits of a layer with `layer.sinks` (gpt-oss).
 
         Returns (T, Hq, D).
         """
@@ -196,6 +199,7 @@ class DenseContext:
         k: torch.Tensor | None,
         v: torch.Tensor | None,
         scale: float,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if q.shape[0] != self.num_tokens:
             raise ValueError(f"q has {q.shape[0]} tokens, cu_seqlens covers {self.num_tokens}")
@@ -210,6 +214,11 @@ class DenseContext:
             qs = q[start:end].transpose(0, 1).unsqueeze(0)
             ks = k[start:end].transpose(0, 1).unsqueeze(0)
             vs = v[start:end].transpose(0, 1).unsqueeze(0)
+            if sinks is not None:  # SDPA has no sink column: the explicit softmax
+                positions = torch.arange(end - start, device=q.device)[None]  # (1, L)
+                out[start:end] = attention_ref(q[None, start:end], ks, vs, positions, scale,
+                                               layer.window, layer.chunk, sinks)[0]
+                continue
             if layer.softcap is not None:  # SDPA cannot cap scores: the explicit softmax
                 out[start:end] = softcapped_attention(
                     q[start:end], ks[0], vs[0], torch.arange(end - start, device=q.device),

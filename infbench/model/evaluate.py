@@ -35,6 +35,7 @@ from infbench.core.errors import UserError
 from infbench.model.context import AttentionContext, DenseContext, LanguageModel, LayerState
 from infbench.model.eval_text import eval_text
 from infbench.model.tokenizer import Tokenizer
+from kernels._paged_attention import attention_ref
 from kernels.kv_quant import KV_QUANT_DTYPES, dequantize_kv_ref, quantize_kv_ref
 
 AGREEMENT_POSITIONS = 32  # new tokens compared per prompt
@@ -128,10 +129,13 @@ class _QuantizedKV:
         return dequantize_kv_ref(q, scale).to(x.dtype)
 
     def attention(self, layer: LayerSpec, q: torch.Tensor, k: torch.Tensor | None,
-                  v: torch.Tensor | None, scale: float) -> torch.Tensor:
+                  v: torch.Tensor | None, scale: float,
+                  sinks: torch.Tensor | None = None) -> torch.Tensor:
         if k is not None and v is not None:  # a CLA reader gets its owner's stored K/V
             k, v = self._round_trip(k), self._round_trip(v)
-        return self.inner.attention(layer, q, k, v, scale)
+        if sinks is None:
+            return self.inner.attention(layer, q, k, v, scale)
+        return self.inner.attention(layer, q, k, v, scale, sinks=sinks)
 
 
 def _with_kv(ctx: Any, kv: str) -> Any:
@@ -167,7 +171,8 @@ class _BatchCache:
         raise NotImplementedError("greedy decoding with a cache handles attention layers only")
 
     def attention(self, layer: LayerSpec, q: torch.Tensor, k: torch.Tensor | None,
-                  v: torch.Tensor | None, scale: float) -> torch.Tensor:
+                  v: torch.Tensor | None, scale: float,
+                  sinks: torch.Tensor | None = None) -> torch.Tensor:
         num_new = q.shape[0] // self.batch
         if k is None or v is None:
             keys, values = self.kv[layer.kv_source]  # CLA: the owner stored them this step
@@ -186,6 +191,12 @@ class _BatchCache:
             visible = visible & (t - p < layer.window)
         if layer.chunk is not None:  # Llama-4: the keys of the query's own chunk
             visible = visible & (p // layer.chunk == t // layer.chunk)
+        if sinks is not None:  # gpt-oss: the explicit softmax with a sink column
+            q_pos = torch.arange(length - num_new, length, device=q.device)
+            return attention_ref(q.reshape(self.batch, num_new, *q.shape[1:]),
+                                 keys.transpose(1, 2), values.transpose(1, 2),
+                                 q_pos.expand(self.batch, -1), scale, layer.window,
+                                 layer.chunk, sinks).reshape(q.shape)  # (B*n, Hq, D)
         qs = q.reshape(self.batch, num_new, q.shape[1], q.shape[2]).transpose(1, 2)
         out = F.scaled_dot_product_attention(  # (B, Hq, n, D)
             qs, keys.transpose(1, 2), values.transpose(1, 2), attn_mask=visible, scale=scale,

@@ -51,10 +51,13 @@ def build_decode_layers(model: Any, attention: type[nn.Module]) -> list[Any | No
         kinds_ok = type(attn) is attention and type(mlp) is SwiGLUMLP  # no narrowing of Any
         # The C++ layer has no q/k norms (Qwen3) and no score soft-capping (Gemma-2): such
         # layers keep the per-op path, which computes them (model/softcap.py).
+        # Nor attention sinks or an o_proj bias (gpt-oss).
         kinds_ok = kinds_ok and attn.q_norm is None and attn.layer.softcap is None
         # Nor Llama-4's chunk mask, NoPE layers, weightless q/k norms or query temperature.
         kinds_ok = kinds_ok and attn.layer.chunk is None and attn.layer.rope and (
             attn.l2_eps is None and attn.temperature is None)
+        # Nor attention sinks or an o_proj bias (gpt-oss).
+        kinds_ok = kinds_ok and not attn.layer.sinks and attn.o_proj.bias is None
         if (dtype in (torch.float32, torch.bfloat16) and kinds_ok
                 and isinstance(layer.input_layernorm, RMSNorm)
                 and isinstance(layer.post_attention_layernorm, RMSNorm)

@@ -61,7 +61,7 @@ from infbench.model.float_quant import use_float_activations
 from infbench.model.gemma import GeGLUMLP
 from infbench.model.gguf_blocks import empty_format, format_parts, map_rows, native_weight
 from infbench.model.layers import SwiGLUMLP
-from infbench.model.moe import expert_views, moe_target
+from infbench.model.moe import expert_views, gpt_oss_expert_layout, moe_target
 from infbench.model.prune import apply_prune
 from infbench.model.quant import (
     QuantEmbedding,
@@ -356,8 +356,10 @@ def _init_random(model: Transformer, seed: int) -> None:
     unit = 0.0 if model.config.is_gemma else 1.0  # Gemma's norms scale by (1 + weight)
     with torch.no_grad():
         for name, param in model.named_parameters():
-            # Qwen2's q/k/v biases and DeepSeek-V3's router correction bias start at zero
-            if name.endswith(("qkv_proj.bias", "e_score_correction_bias")):
+            # Qwen2's q/k/v biases, DeepSeek-V3's router correction bias and gpt-oss's
+            # attention / router / expert biases and sinks start at zero
+            if name.endswith(("qkv_proj.bias", "e_score_correction_bias", "o_proj.bias",
+                              "mlp.gate.bias", "mlp.b13", "mlp.b2", "self_attn.sinks")):
                 param.zero_()
             elif param.dim() == 1:  # RMSNorm weights
                 param.fill_(unit)
@@ -440,6 +442,8 @@ class _WeightSink:
         self.shards.update(view_shards)
         self.pending = {p for p in self.pending if p[0] not in stacked}
         self.pending |= {(n, s) for n in views for s in range(len(view_shards.get(n, [0])))}
+        self.stacked = stacked
+        self.is_gpt_oss = model.config.arch == "gpt_oss"
 
     def target(self, hf_name: str) -> tuple[str, int] | None:
         """(our name, shard) for a checkpoint tensor; None for tensors we deliberately skip."""
@@ -476,6 +480,13 @@ class _WeightSink:
         if dest is None:
             return
         name, shard = dest
+        if self.is_gpt_oss and (match := _LAYER.fullmatch(hf_name)):
+            tensor = gpt_oss_expert_layout(match.group(2), tensor)
+        if name in self.stacked:  # stacked experts, whole: their per-expert views are filled
+            prefix, leaf = name.rsplit(".", 1)
+            kind = {"w13": "gate_up_proj", "w2": "down_proj"}[leaf]
+            self.pending = {p for p in self.pending if not (
+                p[0].startswith(f"{prefix}.experts.") and p[0].endswith(f".{kind}.weight"))}
         if name not in self.params:
             raise UserError(f"{self.origin}: tensor {hf_name!r} has no place in this model config")
         param = self.params[name]

@@ -1,7 +1,8 @@
 """Mixture-of-experts MLP: router, grouped routed experts, shared experts, routing counts.
 
 The router follows the checkpoints it loads (docs/moe.md): softmax or sigmoid scores in
-float32, DeepSeek-V2's group-limited top-k (keep the `topk_group` of `n_group` expert groups
+float32 (gpt-oss: a biased router, top-k of the logits, then a softmax over those k),
+DeepSeek-V2's group-limited top-k (keep the `topk_group` of `n_group` expert groups
 with the highest best score, zero the rest), top-k, optional renormalization of the k
 weights, then `routed_scaling_factor`; DeepSeek-V3's noaux_tc chooses by the scores plus a
 per-expert correction bias (groups ranked by their two best) and weighs by the unbiased
@@ -25,7 +26,7 @@ from infbench.core.config import MOE_SCORING, ModelConfig, MoEConfig, QuantConfi
 from infbench.core.errors import ConfigError
 from infbench.model.layers import SwiGLUMLP
 from infbench.model.ops import Ops
-from kernels.fused_moe import fused_moe, fused_moe_ref
+from kernels.fused_moe import ExpertAct, fused_moe, fused_moe_ref
 
 
 def route(logits: torch.Tensor, moe: MoEConfig, bias: torch.Tensor | None = None
@@ -35,6 +36,9 @@ def route(logits: torch.Tensor, moe: MoEConfig, bias: torch.Tensor | None = None
     `bias`: noaux_tc's per-expert correction bias (E,), added to the scores only to choose.
     """
     logits = logits.float()
+    if moe.scoring == "topk_softmax":  # gpt-oss: the k best logits, softmaxed among themselves
+        top, ids = logits.topk(moe.num_experts_per_tok, dim=-1)  # (T, k) each
+        return top.softmax(dim=-1) * moe.routed_scaling_factor, ids
     if moe.scoring == "softmax":
         scores = logits.softmax(dim=-1)
     elif moe.scoring == "sigmoid":
@@ -79,9 +83,10 @@ def _route_noaux_tc(scores: torch.Tensor, choice: torch.Tensor, moe: MoEConfig
 
 
 class MoEMLP(nn.Module):
-    """Router + routed experts (stacked: w13 (E, 2I, H) gate rows then up, w2 (E, H, I))
-    + shared experts.  Parameter names follow the checkpoints: `gate` is the router,
-    `shared_experts` the shared SwiGLU, `shared_expert_gate` Qwen2-MoE's scalar gate."""
+    """Router + routed experts (stacked: w13 (E, 2I, H) gate rows then up, w2 (E, H, I);
+    gpt-oss's biases b13 (E, 2I) and b2 (E, H)) + shared experts.  Parameter names follow
+    the checkpoints: `gate` is the router, `shared_experts` the shared SwiGLU,
+    `shared_expert_gate` Qwen2-MoE's scalar gate."""
 
     def __init__(self, config: ModelConfig, quant: QuantConfig | None,
                  dtype: torch.dtype | None, device: Any) -> None:
@@ -91,12 +96,17 @@ class MoEMLP(nn.Module):
         self.moe = moe
         h, e, i = config.hidden_size, moe.num_experts, moe.moe_intermediate_size
         kw: dict[str, Any] = dict(dtype=dtype, device=device)
-        self.gate = nn.Linear(h, e, bias=False, **kw)  # router: never quantized
+        self.gate = nn.Linear(h, e, bias=moe.router_bias, **kw)  # router: never quantized
         if moe.topk_method == "noaux_tc":  # the checkpoint's mlp.gate.e_score_correction_bias
             self.gate.e_score_correction_bias = nn.Parameter(torch.zeros(e, **kw),
                                                              requires_grad=False)
         self.w13 = nn.Parameter(torch.empty(e, 2 * i, h, **kw))  # (E, 2I, H)
         self.w2 = nn.Parameter(torch.empty(e, h, i, **kw))  # (E, H, I)
+        self.b13: nn.Parameter | None = None
+        self.b2: nn.Parameter | None = None
+        if moe.expert_bias:
+            self.b13 = nn.Parameter(torch.empty(e, 2 * i, **kw))  # (E, 2I) gate then up
+            self.b2 = nn.Parameter(torch.empty(e, h, **kw))  # (E, H)
         self.shared_experts: SwiGLUMLP | None = None
         self.shared_expert_gate: nn.Linear | None = None
         if moe.shared_size:
@@ -126,14 +136,16 @@ class MoEMLP(nn.Module):
         flat = ids.reshape(-1)  # (T*k,)
         self.expert_counts.index_add_(0, flat, torch.ones_like(flat))  # in place: graph-safe
         run = fused_moe if self.use_kernel else fused_moe_ref  # triton: also interpreted
-        if self.moe.scale_input:  # Llama-4: each (token, expert) pair runs expert(w * x)
+        m = self.moe
+        act = ExpertAct(m.activation, m.swiglu_alpha, m.swiglu_limit, self.b13, self.b2)
+        if m.scale_input:  # Llama-4: each (token, expert) pair runs expert(w * x)
             num_tokens, k = ids.shape
             scaled = (x[:, None, :] * weights.to(x.dtype)[..., None]).reshape(num_tokens * k, -1)
             ones = torch.ones(num_tokens * k, 1, dtype=x.dtype, device=x.device)
-            pairs = run(scaled, self.w13, self.w2, ones, ids.reshape(-1, 1))  # (T*k, H)
+            pairs = run(scaled, self.w13, self.w2, ones, ids.reshape(-1, 1), act)  # (T*k, H)
             out = pairs.view(num_tokens, k, -1).sum(dim=1)  # (T, H)
         else:
-            out = run(x.contiguous(), self.w13, self.w2, weights.to(x.dtype), ids)  # (T, H)
+            out = run(x.contiguous(), self.w13, self.w2, weights.to(x.dtype), ids, act)  # (T, H)
         if self.shared_experts is not None:
             shared = self.shared_experts(x)  # (T, H)
             if self.shared_expert_gate is not None:
@@ -196,10 +208,37 @@ def expert_views(model: nn.Module) -> tuple[dict[str, Any], dict[str, list[int]]
     return views, shards, stacked
 
 
+# gpt-oss stores each layer's experts stacked, as transformers' GptOssExperts holds them:
+# gate_up_proj (E, H, 2I) with gate and up in alternating columns, down_proj (E, I, H),
+# their biases (E, 2I) (alternating too) and (E, H); its router is `mlp.router`.
+_GPT_OSS_LEAVES = {
+    "mlp.experts.gate_up_proj": "mlp.w13", "mlp.experts.gate_up_proj_bias": "mlp.b13",
+    "mlp.experts.down_proj": "mlp.w2", "mlp.experts.down_proj_bias": "mlp.b2",
+    "mlp.router.weight": "mlp.gate.weight", "mlp.router.bias": "mlp.gate.bias",
+}
+
+
+def gpt_oss_expert_layout(leaf: str, tensor: torch.Tensor) -> torch.Tensor:
+    """A gpt-oss checkpoint tensor (leaf under `model.layers.<i>.`) in MoEMLP's layout:
+    gate_up (E, H, 2I) interleaved -> w13 (E, 2I, H) gate rows then up rows, down
+    (E, I, H) -> w2 (E, H, I), the gate_up bias de-interleaved the same way."""
+    if leaf == "mlp.experts.gate_up_proj":
+        rows = tensor.transpose(1, 2)  # (E, 2I, H): row 2j the gate, 2j + 1 the up of column j
+        return torch.cat([rows[:, 0::2], rows[:, 1::2]], dim=1)
+    if leaf == "mlp.experts.gate_up_proj_bias":
+        return torch.cat([tensor[:, 0::2], tensor[:, 1::2]], dim=1)  # (E, 2I)
+    if leaf == "mlp.experts.down_proj":
+        return tensor.transpose(1, 2)  # (E, H, I)
+    return tensor
+
+
 def hf_moe_leaf(leaf: str) -> tuple[str, int] | None:
     """A checkpoint leaf under `model.layers.<i>.` -> (our leaf, shard), or None when it is
     not an MoE tensor.  Mixtral's `block_sparse_moe.*`, Qwen2-MoE's `shared_expert.*` and
-    DeepSeek's `shared_experts.*` all map to one layout."""
+    DeepSeek's `shared_experts.*` all map to one layout; gpt-oss's stacked experts fill the
+    stacked parameters whole (after `gpt_oss_expert_layout`)."""
+    if leaf in _GPT_OSS_LEAVES:
+        return _GPT_OSS_LEAVES[leaf], 0
     parts = leaf.split(".")
     if parts[0] == "block_sparse_moe":
         parts[0] = "mlp"
@@ -231,10 +270,12 @@ def moe_target(hf_name: str) -> tuple[str, int] | None:
 
 
 def routed_expert_bytes(model: nn.Module) -> int:
-    """Bytes of one routed expert's weights (gate, up and down), as stored."""
+    """Bytes of one routed expert's weights (gate, up and down, and gpt-oss's biases), as
+    stored."""
     layers = moe_layers(model)
     if not layers:
         return 0
     m = layers[0]
-    return (m.w13[0].numel() + m.w2[0].numel()) * m.w13.element_size()
+    biases = m.b13[0].numel() + m.b2[0].numel() if m.b13 is not None and m.b2 is not None else 0
+    return (m.w13[0].numel() + m.w2[0].numel() + biases) * m.w13.element_size()
 

@@ -58,8 +58,12 @@ class Attention(nn.Module):
         self.split_sizes = [q_size, kv_size, kv_size] if layer.owns_kv else [q_size]
         kw: dict[str, Any] = dict(quant=quant, dtype=dtype, device=device)
         self.qkv_proj = make_linear(config.hidden_size, sum(self.split_sizes),
-                                    bias=config.qkv_bias, **kw)
-        self.o_proj = make_linear(q_size, config.hidden_size, **kw)
+                                    bias=config.qkv_bias or config.attention_bias, **kw)
+        self.o_proj = make_linear(q_size, config.hidden_size, bias=config.attention_bias, **kw)
+        # gpt-oss: one learned logit per query head in every softmax denominator.
+        self.sinks: nn.Parameter | None = None
+        if layer.sinks:
+            self.sinks = nn.Parameter(torch.empty(self.num_heads, dtype=dtype, device=device))
         self.ops: Ops | None = None
         # Qwen3 / Gemma-3: RMSNorm over each head's q and k, before RoPE.
         self.q_norm: nn.Module | None = None
@@ -106,7 +110,10 @@ class Attention(nn.Module):
         if self.temperature is not None:
             scale = query_temperature(positions, *self.temperature)[:, None, None]  # (T, 1, 1)
             q = (q * scale).to(q.dtype)  # in float32, as transformers scales
-        out = ctx.attention(self.layer, q, k, v, self.scale)  # (T, Hq, D)
+        if self.sinks is None:
+            out = ctx.attention(self.layer, q, k, v, self.scale)  # (T, Hq, D)
+        else:  # only the contexts that implement sinks take the argument
+            out = ctx.attention(self.layer, q, k, v, self.scale, sinks=self.sinks)
         return self.o_proj(out.reshape(num_tokens, -1))  # (T, H)
 
 

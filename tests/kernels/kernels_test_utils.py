@@ -65,11 +65,13 @@ def make_paged_kv(
 
 
 def naive_causal_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, window: int | None
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, window: int | None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Dense attention of the last Q positions of one sequence, one head at a time.
 
-    q: (Q, Hq, D); k: (L, Hkv, D); v: (L, Hkv, Dv) -> (Q, Hq, Dv) in fp32.
+    q: (Q, Hq, D); k: (L, Hkv, D); v: (L, Hkv, Dv) -> (Q, Hq, Dv) in fp32.  sinks (Hq,):
+    gpt-oss's extra logit per head, a softmax column whose value is zero.
     """
     num_q, num_heads, _ = q.shape
     num_keys, num_kv_heads, _ = k.shape
@@ -83,5 +85,10 @@ def naive_causal_attention(
     for h in range(num_heads):
         scores = q[:, h].double() @ k[:, h // group].double().T * scale  # (Q, L)
         scores = scores.masked_fill(~mask, float("-inf"))
-        out[:, h] = (torch.softmax(scores, dim=-1) @ v[:, h // group].double()).float()
+        if sinks is not None:  # the sink's column joins the softmax, then is dropped
+            sink = torch.full((num_q, 1), float(sinks[h]), dtype=torch.float64)
+            probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[:, :-1]
+        else:
+            probs = torch.softmax(scores, dim=-1)
+        out[:, h] = (probs @ v[:, h // group].double()).float()
     return out

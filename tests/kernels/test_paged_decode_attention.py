@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from kernels_test_utils import DTYPES, make_paged_kv, tolerances
+from kernels_test_utils import DTYPES, make_paged_kv, naive_causal_attention, tolerances
 
 from kernels.paged_decode_attention import (
     default_num_splits,
@@ -128,3 +128,34 @@ def test_cost():
     assert windowed.bytes == 2 * 50 * 2 * 128 * 2 + io_bytes
     multi = paged_decode_attention_cost(1, 8, 2, 64, 64, 10, 2, num_query_tokens=3)
     assert multi.flops == 2 * (8 + 9 + 10) * 8 * 128
+
+
+def _sinks(num_heads: int, dtype: torch.dtype) -> torch.Tensor:
+    """Sink logits on the scale of the scores (some above, some below), one per query head."""
+    return (torch.randn(num_heads, generator=torch.Generator().manual_seed(7)) * 2).to(dtype)
+
+
+@pytest.mark.parametrize("num_q", [None, 3], ids=["q1", "q3"])
+@pytest.mark.parametrize("window", [None, 5], ids=["full", "w5"])
+@pytest.mark.parametrize("num_splits", [1, 3], ids=["nosplit", "split3"])
+@pytest.mark.parametrize("dtype", list(DTYPES.values()), ids=list(DTYPES))
+def test_attention_sinks(dtype, num_splits, window, num_q):
+    """gpt-oss's sinks: kernel == reference == a per-head loop with the sink column."""
+    lens, heads = [1, 17, 50], GQA["gqa4"]
+    kv = make_paged_kv(lens, heads[1], 64, dtype=dtype)
+    q_shape = (3, heads[0], 64) if num_q is None else (3, num_q, heads[0], 64)
+    q = torch.randn(q_shape, generator=torch.Generator().manual_seed(1)).to(dtype)
+    sinks = _sinks(heads[0], dtype)
+    args = (q, kv.k_cache, kv.v_cache, kv.block_tables, kv.context_lens, 0.125)
+    out = paged_decode_attention(*args, window=window, num_splits=num_splits, sinks=sinks)
+    ref = paged_decode_attention_ref(*args, window=window, sinks=sinks)
+    torch.testing.assert_close(out, ref, **tolerances(dtype))
+    if dtype == torch.float32:
+        q4 = q if num_q else q[:, None]
+        for b in range(3):
+            naive = naive_causal_attention(q4[b], kv.keys[b], kv.values[b], 0.125, window,
+                                           sinks)
+            torch.testing.assert_close(ref[b] if num_q else ref[b][None], naive,
+                                       atol=1e-5, rtol=1e-5)
+        plain = paged_decode_attention_ref(*args, window=window)
+        assert not torch.allclose(plain, ref, atol=1e-3)  # the sinks change the result

@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from kernels_test_utils import DTYPES, make_paged_kv, tolerances
+from kernels_test_utils import DTYPES, make_paged_kv, naive_causal_attention, tolerances
 
 from kernels.prefill_attention import (
     prefill_attention,
@@ -89,3 +89,25 @@ def test_cost():
     windowed = prefill_attention_cost(8, 2, 64, 64, [10], [10], 2, window=3)
     assert windowed.flops == 2 * (1 + 2 + 3 * 8) * 8 * 128
     assert cost.intensity == cost.flops / cost.bytes
+
+
+@pytest.mark.parametrize("window", [None, 6], ids=["full", "w6"])
+@pytest.mark.parametrize("dtype", list(DTYPES.values()), ids=list(DTYPES))
+def test_attention_sinks(dtype, window):
+    """gpt-oss's sinks, chunked and whole prompts: kernel == reference == per-head loop."""
+    pairs, (num_heads, num_kv_heads) = BATCHES["b3-chunked"], GQA["gqa4"]
+    qlens = [n for n, _ in pairs]
+    kv = make_paged_kv([c for _, c in pairs], num_kv_heads, 64, dtype=dtype)
+    cu = torch.tensor([0, *torch.tensor(qlens).cumsum(0).tolist()], dtype=torch.int32)
+    q = torch.randn(sum(qlens), num_heads, 64,
+                    generator=torch.Generator().manual_seed(1)).to(dtype)
+    sinks = (torch.randn(num_heads, generator=torch.Generator().manual_seed(7)) * 2).to(dtype)
+    args = (q, kv.k_cache, kv.v_cache, cu, kv.context_lens, kv.block_tables, 0.125)
+    out = prefill_attention(*args, window=window, sinks=sinks)
+    ref = prefill_attention_ref(*args, window=window, sinks=sinks)
+    torch.testing.assert_close(out, ref, **tolerances(dtype))
+    if dtype == torch.float32:
+        for b, (start, end) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True)):
+            naive = naive_causal_attention(q[start:end], kv.keys[b], kv.values[b], 0.125,
+                                           window, sinks)
+            torch.testing.assert_close(ref[start:end], naive, atol=1e-5, rtol=1e-5)
