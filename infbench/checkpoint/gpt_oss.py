@@ -15,10 +15,21 @@ from pathlib import Path
 from typing import Any
 
 from infbench.checkpoint.families import _layer_pattern, _rope_params
+from infbench.checkpoint.hf_quant import PUBLISHED_QUANTIZATION
 from infbench.core.config import ModelConfig, MoEConfig
 from infbench.core.errors import ConfigError, UserError
 
 GPT_OSS_ARCHITECTURES = {"GptOssForCausalLM": "gpt_oss"}
+# The released checkpoints' quantization_config: the experts in MXFP4, attention, router,
+# embedding and head in bf16.  `quant.weights: native` prices a gpt-oss preset as stored
+# (checkpoint/hf_quant.py reads it, as it reads a checkpoint directory's config.json).
+GPT_OSS_QUANTIZATION: dict[str, Any] = {
+    "quant_method": "mxfp4",
+    "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                               "model.embed_tokens", "lm_head"],
+}
+PUBLISHED_QUANTIZATION.update({"gpt-oss-20b": GPT_OSS_QUANTIZATION,
+                               "gpt-oss-120b": GPT_OSS_QUANTIZATION})
 # transformers' GptOssConfig defaults, for keys a config.json leaves out
 _DEFAULT_THETA = 150000.0
 _DEFAULT_ROPE: dict[str, Any] = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,

@@ -476,6 +476,11 @@ class _WeightSink:
         raise UserError(f"{self.origin}: unexpected tensor {hf_name!r} for a Llama-family model")
 
     def put(self, hf_name: str, tensor: torch.Tensor) -> None:
+        if self.is_gpt_oss and hf_name.endswith(("_blocks", "_scales")):
+            raise UserError(f"{self.origin}: tensor {hf_name!r} is an MXFP4 block of the released "
+                            "gpt-oss experts; the engine loads float (bf16 / fp32) gpt-oss "
+                            "checkpoints only; allowed: a dequantized checkpoint (predict prices "
+                            "the MXFP4 one with model.quant.weights: native)")
         dest = self.target(hf_name)
         if dest is None:
             return

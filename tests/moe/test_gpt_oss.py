@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -23,15 +24,21 @@ import pytest
 import torch
 from gpt_oss_checkpoints import VOCAB, WINDOW, write_gpt_oss
 
-from infbench.checkpoint.metadata import config_from_hf_dir
-from infbench.core.config import PRESETS, ModelConfig, MoEConfig
+from infbench.checkpoint.metadata import config_from_hf_dir, native_quant
+from infbench.core.config import PRESETS, ModelConfig, MoEConfig, QuantConfig
 from infbench.core.errors import ConfigError, UserError
 from infbench.engine.llm import LLM
 from infbench.engine.request import SamplingParams
 from infbench.model.context import DenseContext
 from infbench.model.loader import load_model
 from infbench.model.moe import MoEMLP
-from infbench.roofline.shapes import kv_bytes_per_token, kv_cache_bytes, param_count, weight_bytes
+from infbench.roofline.shapes import (
+    _all_weights,
+    kv_bytes_per_token,
+    kv_cache_bytes,
+    param_count,
+    weight_bytes,
+)
 
 TOL = 1e-4
 PROMPTS = [[3, 17, 42, 5, 9, 61, 2, 8, 30, 11, 70], [7, 7, 1, 90, 44, 12, 13]]
@@ -183,6 +190,45 @@ def test_bad_config_json_is_one_line_naming_the_file(tmp_path: Path, change: dic
 def test_refused_combinations_name_the_key(build: Any, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         build()
+
+
+@pytest.mark.parametrize("name", list(PUBLISHED))
+def test_native_weights_price_the_mxfp4_experts_and_bf16_elsewhere(tmp_path: Path,
+                                                                   name: str) -> None:
+    """quant.weights: native of a preset and of the released config.json: the experts at
+    4.25 bits a weight (E2M1 + one E8M0 per 32), everything else in bf16 as stored."""
+    cfg = PRESETS[name]
+    layers = cfg.num_layers
+    rows = (("moe_experts", "mxfp4", layers), ("o_proj", "float", layers),
+            ("qkv_proj", "float", layers))
+    native = QuantConfig(weights="native")
+    preset = native_quant(native, {"preset": name})
+    raw = RELEASED_120B if name == "gpt-oss-120b" else dict(
+        RELEASED_120B, num_hidden_layers=24, num_local_experts=32,
+        layer_types=["sliding_attention", "full_attention"] * 12)
+    path = _write_config(tmp_path / name, raw)
+    directory = native_quant(native, {"path": str(path)})
+    assert preset.native_mix == directory.native_mix == rows
+    weights = _all_weights(cfg)
+    mxfp4 = sum(w.numel for w in weights if w.expert and w.quantized)
+    rest = sum(w.numel for w in weights) - mxfp4
+    expected = mxfp4 * 4.25 / 8 + rest * 2
+    assert weight_bytes(cfg, "bfloat16", preset) == pytest.approx(expected, abs=1)
+    # the released repositories: about 13.8 GB (20b) and 65.3 GB (120b) of safetensors
+    assert weight_bytes(cfg, "bfloat16", preset) / 1e9 == pytest.approx(
+        {"gpt-oss-20b": 13.76, "gpt-oss-120b": 65.25}[name], abs=0.01)
+
+
+def test_the_engine_refuses_the_mxfp4_checkpoint_tensors(checkpoint: tuple[Path, Any],
+                                                         tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    copy = tmp_path / "mxfp4"
+    shutil.copytree(checkpoint[0], copy)
+    save_file({"model.layers.0.mlp.experts.gate_up_proj_blocks":
+               torch.zeros(8, 64, 2, 16, dtype=torch.uint8)}, copy / "a.safetensors")
+    with pytest.raises(UserError, match="MXFP4 block of the released gpt-oss experts"):
+        load_model({"path": str(copy)})
 
 
 # ------------------------------------------------------------------ the engine
