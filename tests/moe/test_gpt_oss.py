@@ -322,8 +322,8 @@ def test_serve_completes_with_transformers_greedy_tokens(checkpoint: tuple[Path,
         line = proc.stderr.readline()
         assert f"on http://127.0.0.1:{port}" in line, line
         for prompt, tokens in zip(PROMPTS, expected, strict=True):
-            body = json.dumps({"prompt": prompt, "max_tokens": NEW_TOKENS, "ignore_eos": True,
-                               "return_token_ids": True}).encode()
+            body = json.dumps({"prompt": prompt, "max_tokens": NEW_TOKENS, "temperature": 0,
+                               "ignore_eos": True, "return_token_ids": True}).encode()
             req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
                                          {"Content-Type": "application/json"})
             with urllib.request.urlopen(req, timeout=120) as resp:
