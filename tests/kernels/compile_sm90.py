@@ -25,7 +25,7 @@ from kernels import prefill_attention as pa  # noqa: E402
 from kernels import quant_matmul as qm  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
-FLOAT_ARGS = {"qk_scale", "eps"}
+FLOAT_ARGS = {"qk_scale", "eps", "alpha", "limit"}
 
 
 def compile_one(label: str, kernel, ptrs: dict[str, str], consts: dict, num_warps: int = 4) -> bool:
@@ -49,19 +49,28 @@ def variants(dt: str):
     p = "*" + dt
     attn = dict(q_ptr=p, k_cache_ptr=p, v_cache_ptr=p, block_tables_ptr="*i32",
                 context_lens_ptr="*i32", cu_seqlens_ptr="*i32", out_ptr=p, lse_ptr="*fp32",
-                k_scales_ptr="*fp32", v_scales_ptr="*fp32")
+                k_scales_ptr="*fp32", v_scales_ptr="*fp32", sinks_ptr=p)
     heads = dict(HEAD_DIM=128, V_HEAD_DIM=128, BLOCK_D=128, BLOCK_DV=128, DOT_PRECISION=prec)
     for splits in (1, 4):
         ptrs = {**attn, "out_ptr": p if splits == 1 else "*fp32"}
         yield (f"decode {dt} splits={splits}", pda._paged_decode_attention_kernel, ptrs,
-               dict(GROUP=4, NUM_SPLITS=splits, BLOCK_M=16, BLOCK_N=64, KV_QUANT=False, **heads))
-    yield (f"decode-reduce {dt}", pda._paged_decode_reduce_kernel,
-           dict(partial_ptr="*fp32", lse_ptr="*fp32", out_ptr=p),
-           dict(V_HEAD_DIM=128, NUM_SPLITS=4, BLOCK_R=4, BLOCK_DV=128))
-    yield (f"prefill {dt}", pa._prefill_attention_kernel, attn,
-           dict(GROUP=4, BLOCK_Q=16, BLOCK_M=64, BLOCK_N=64, KV_QUANT=False, **heads))
+               dict(GROUP=4, NUM_SPLITS=splits, BLOCK_M=16, BLOCK_N=64, KV_QUANT=False,
+                    HAS_SINKS=False, **heads))
+    # gpt-oss's attention sinks: in the kernel with one split, in the reduce with several
+    yield (f"decode {dt} sinks", pda._paged_decode_attention_kernel, attn,
+           dict(GROUP=8, NUM_SPLITS=1, BLOCK_M=16, BLOCK_N=64, KV_QUANT=False, HAS_SINKS=True,
+                **heads))
+    for sinks in (False, True):
+        yield (f"decode-reduce {dt}" + (" sinks" if sinks else ""),
+               pda._paged_decode_reduce_kernel,
+               dict(partial_ptr="*fp32", lse_ptr="*fp32", out_ptr=p, sinks_ptr=p),
+               dict(V_HEAD_DIM=128, NUM_SPLITS=4, BLOCK_R=4, BLOCK_DV=128, HAS_SINKS=sinks))
+    for sinks in (False, True):
+        yield (f"prefill {dt}" + (" sinks" if sinks else ""), pa._prefill_attention_kernel, attn,
+               dict(GROUP=4, BLOCK_Q=16, BLOCK_M=64, BLOCK_N=64, KV_QUANT=False,
+                    HAS_SINKS=sinks, **heads))
     store = dict(key_ptr=p, value_ptr=p, k_cache_ptr=p, v_cache_ptr=p, slot_mapping_ptr="*i64",
-                 k_scales_ptr="*fp32", v_scales_ptr="*fp32")
+                 k_scales_ptr="*fp32", v_scales_ptr="*fp32", sinks_ptr=p)
     store_consts = dict(HEAD_DIM=128, V_HEAD_DIM=128, BLOCK_H=8, BLOCK_D=128, BLOCK_DV=128)
     yield (f"store_kv {dt}", store_kv._store_kv_kernel, store,
            dict(QUANT=False, QMAX=1.0, IS_INT8=False, **store_consts))
@@ -70,9 +79,11 @@ def variants(dt: str):
         cache = {"k_cache_ptr": "*" + kv, "v_cache_ptr": "*" + kv}
         yield (f"decode {dt} kv={kv}", pda._paged_decode_attention_kernel,
                {**attn, **cache, "out_ptr": "*fp32"},
-               dict(GROUP=4, NUM_SPLITS=4, BLOCK_M=16, BLOCK_N=64, KV_QUANT=True, **heads))
+               dict(GROUP=4, NUM_SPLITS=4, BLOCK_M=16, BLOCK_N=64, KV_QUANT=True,
+                    HAS_SINKS=False, **heads))
         yield (f"prefill {dt} kv={kv}", pa._prefill_attention_kernel, {**attn, **cache},
-               dict(GROUP=4, BLOCK_Q=16, BLOCK_M=64, BLOCK_N=64, KV_QUANT=True, **heads))
+               dict(GROUP=4, BLOCK_Q=16, BLOCK_M=64, BLOCK_N=64, KV_QUANT=True,
+                    HAS_SINKS=False, **heads))
         yield (f"store_kv {dt} kv={kv}", store_kv._store_kv_kernel, {**store, **cache},
                dict(QUANT=True, QMAX=qmax, IS_INT8=kv == "i8", **store_consts))
     for has_residual in (False, True):
@@ -100,10 +111,14 @@ def variants(dt: str):
     # Fused MoE (kernels/fused_moe.py): the gate/up and the down GEMMs over sorted pairs.
     sort = dict(sorted_ptr="*i32", block_expert_ptr="*i32")
     tiles = dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=64, DOT_PRECISION=prec)
-    yield (f"moe gate_up {dt}", moe._moe_gate_up_kernel,
-           dict(x_ptr=p, w13_ptr=p, inter_ptr=p, **sort), tiles)
-    yield (f"moe down {dt}", moe._moe_down_kernel,
-           dict(inter_ptr=p, w2_ptr=p, out_ptr="*fp32", weights_ptr="*fp32", **sort), tiles)
+    for gpt_oss in (False, True):  # gpt-oss: expert biases and the clamped SwiGLU
+        label = " gpt-oss" if gpt_oss else ""
+        yield (f"moe gate_up {dt}{label}", moe._moe_gate_up_kernel,
+               dict(x_ptr=p, w13_ptr=p, inter_ptr=p, b13_ptr=p, **sort),
+               dict(HAS_BIAS=gpt_oss, CLAMPED=gpt_oss, **tiles))
+        yield (f"moe down {dt}{label}", moe._moe_down_kernel,
+               dict(inter_ptr=p, w2_ptr=p, out_ptr="*fp32", weights_ptr="*fp32", b2_ptr=p,
+                    **sort), dict(HAS_BIAS=gpt_oss, **tiles))
 
 if __name__ == "__main__":
     dtypes = sys.argv[1:] or ["bf16"]
