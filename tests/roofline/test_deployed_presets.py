@@ -57,6 +57,17 @@ _QWEN3_MOE = dict(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe",
                   num_experts=128, num_experts_per_tok=8, norm_topk_prob=True,
                   decoder_sparse_step=1, mlp_only_layers=[], use_sliding_window=False,
                   sliding_window=None)
+# openai/gpt-oss-{20b,120b}'s config.json (the quantization_config left out: transformers
+# would quantize the meta model; tests/moe/test_gpt_oss.py reads it)
+_GPT_OSS = dict(architectures=["GptOssForCausalLM"], model_type="gpt_oss", vocab_size=201088,
+                hidden_size=2880, intermediate_size=2880, head_dim=64, num_attention_heads=64,
+                num_key_value_heads=8, num_experts_per_tok=4, experts_per_token=4,
+                attention_bias=True, hidden_act="silu", initial_context_length=4096,
+                max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=150000,
+                rope_scaling={"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+                              "original_max_position_embeddings": 4096, "rope_type": "yarn",
+                              "truncate": False},
+                sliding_window=128, swiglu_limit=7.0, tie_word_embeddings=False)
 
 # meta-llama/Llama-4-{Scout-17B-16E,Maverick-17B-128E}: the text_config of their (multimodal)
 # config.json, as a Llama4ForCausalLM config
@@ -105,6 +116,14 @@ PUBLISHED = [
     Published("llama-4-maverick", dict(
         _LLAMA4, num_local_experts=128, interleave_moe_layer_step=2, use_qk_norm=False,
         max_position_embeddings=1048576), "400B", "17B"),
+    # OpenAI's gpt-oss model card: 20.91B total / 3.61B active, 116.83B / 5.13B (the active
+    # figures count the unembedding, not the input embedding)
+    Published("gpt-oss-20b", dict(_GPT_OSS, num_hidden_layers=24, num_local_experts=32,
+                                  layer_types=["sliding_attention", "full_attention"] * 12),
+              "20.91B", "3.61B", active_counts_embedding=False),
+    Published("gpt-oss-120b", dict(_GPT_OSS, num_hidden_layers=36, num_local_experts=128,
+                                   layer_types=["sliding_attention", "full_attention"] * 18),
+              "116.83B", "5.13B", active_counts_embedding=False),
 ]
 _IDS = [row.preset for row in PUBLISHED]
 
