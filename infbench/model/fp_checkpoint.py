@@ -38,6 +38,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from infbench.checkpoint.metadata import reading
 from infbench.core.errors import UserError
 from infbench.model.float_quant import FloatCodeLinear, ShardedLinear
 from kernels.fp_format import (
@@ -88,7 +89,8 @@ def _headers(files: list[Path]) -> dict[str, tuple[str, tuple[int, ...]]]:
 
     out: dict[str, tuple[str, tuple[int, ...]]] = {}
     for file in files:
-        with safe_open(str(file), framework="pt", device="cpu") as f:
+        with reading(file, "safetensors file"), safe_open(str(file), framework="pt",
+                                                          device="cpu") as f:
             for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
                 piece = f.get_slice(name)
                 out[name] = (piece.get_dtype(), tuple(piece.get_shape()))
