@@ -13,6 +13,9 @@ tile of rows belongs to one expert; padding rows hold the sentinel pair id T*k.
 
 `fused_moe_ref` is the reference and the engine's CPU path: a loop over the experts that
 got tokens, `index_select` of their tokens, the SwiGLU, `index_add` back with the weights.
+It also runs experts stored as fp8 / mxfp4 / nvfp4 codes (`StackedExperts`, w13 and w2 of
+`model/float_quant.StackedFloatCodes`): only the expert being computed is decoded, a slice
+of rows at a time (`kernels/cpu_fp_linear.py`), for the tokens routed to it.
 Shapes: x (T, H), w13 (E, 2I, H) (gate rows first, then up), w2 (E, H, I), weights and
 ids (T, k).
 
@@ -24,6 +27,7 @@ on the down output, and the clamped SwiGLU instead of SiLU(gate) * up: gate clam
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +36,8 @@ import triton.language as tl
 
 from kernels._common import dot_precision, is_compiled
 from kernels.cost import KernelCost
+from kernels.cpu_fp_linear import cpu_fp_linear
+from kernels.fp_format import FloatQuantWeight
 
 ACTIVATIONS = ("silu", "clamped_swiglu")
 
@@ -231,9 +237,31 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: tor
     return pair_out.view(num_tokens, top_k, hidden).sum(dim=1).to(x.dtype)  # (T, H)
 
 
-def fused_moe_ref(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
+class StackedExperts(Protocol):
+    """Expert matrices (E, N, K) stored in a float code format: `expert(e)` decodes."""
+
+    @property
+    def shape(self) -> tuple[int, int, int]: ...
+
+    def expert(self, e: int) -> FloatQuantWeight: ...
+
+
+Experts = torch.Tensor | StackedExperts
+
+
+def _expert_linear(xs: torch.Tensor, w: Experts, expert: int,
+                   bias: torch.Tensor | None) -> torch.Tensor:
+    """xs (n, K) @ W_expert^T [+ bias]: a float stack's slice, or the stored codes of one
+    expert decoded a slice of rows at a time."""
+    if isinstance(w, torch.Tensor):
+        return F.linear(xs, w[expert], bias)
+    return cpu_fp_linear(xs, w.expert(expert), bias)
+
+
+def fused_moe_ref(x: torch.Tensor, w13: Experts, w2: Experts, weights: torch.Tensor,
                   ids: torch.Tensor, act: ExpertAct = SILU) -> torch.Tensor:
-    """The torch reference (and CPU path): experts in id order over their sorted tokens."""
+    """The torch reference (and CPU path): experts in id order over their sorted tokens.
+    w13 / w2: float (E, N, K) stacks, or experts stored as codes (`StackedExperts`)."""
     num_tokens, top_k = ids.shape
     inter = w13.shape[1] // 2
     flat = ids.reshape(-1)  # (P,)
@@ -251,12 +279,11 @@ def fused_moe_ref(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights:
         xs = x.index_select(0, tokens)  # (n, H)
         b13 = act.b13[expert] if act.b13 is not None else None
         b2 = act.b2[expert] if act.b2 is not None else None
+        gate, up = _expert_linear(xs, w13, expert, b13).split(inter, dim=-1)  # (n, I) each
         if act.kind == "silu" and b13 is None:
-            gate, up = F.linear(xs, w13[expert]).split(inter, dim=-1)  # (n, I) each
-            ys = F.linear(F.silu(gate) * up, w2[expert])  # (n, H)
+            ys = _expert_linear(F.silu(gate) * up, w2, expert, None)  # (n, H)
         else:
-            gate, up = F.linear(xs, w13[expert], b13).split(inter, dim=-1)  # (n, I) each
-            ys = F.linear(act.gate_up(gate, up).to(x.dtype), w2[expert], b2)  # (n, H)
+            ys = _expert_linear(act.gate_up(gate, up).to(x.dtype), w2, expert, b2)  # (n, H)
         out.index_add_(0, tokens, ys.float() * flat_weights[pairs, None].float())
     return out.to(x.dtype)
 

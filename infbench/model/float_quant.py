@@ -150,6 +150,74 @@ class ShardedLinear(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
+class StackedFloatCodes(nn.Module):
+    """One MoE layer's routed-expert matrices (E, N, K) stored as fp8, mxfp4 or nvfp4:
+    the experts' codes and scales stacked along a leading expert dimension, nothing in
+    float.  `expert(e)` is expert e's `FloatQuantWeight` (views of the stacked buffers),
+    which the MoE reference path multiplies a slice of decoded rows at a time."""
+
+    codes: torch.Tensor  # fp8: (E, N, K) float8_e4m3fn; fp4: (E, N, K // 2) uint8
+    scales: torch.Tensor  # (E, ...) each expert's scales, as FloatCodeLinear's
+    global_scale: torch.Tensor | None  # nvfp4: (E,) float32, one per expert matrix
+
+    def __init__(self, experts: list[FloatQuantWeight]) -> None:
+        super().__init__()
+        first = experts[0]
+        self.kind = ("fp8" if isinstance(first, Fp8Weight) else
+                     "mxfp4" if isinstance(first, Mxfp4Weight) else "nvfp4")
+        self.block_n = first.block_n if isinstance(first, Fp8Weight) else 0
+        self.block_k = first.block_k if isinstance(first, Fp8Weight) else 0
+        self.register_buffer("codes", torch.stack(
+            [w.codes if isinstance(w, Fp8Weight) else w.packed for w in experts]))
+        self.register_buffer("scales", torch.stack([w.scales for w in experts]))
+        self.register_buffer("global_scale", torch.stack(
+            [w.global_scale.reshape(()) for w in experts if isinstance(w, Nvfp4Weight)])
+            if isinstance(first, Nvfp4Weight) else None)
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """(E, N, K) of the float matrices."""
+        e, n, k = self.codes.shape
+        return int(e), int(n), int(k) * (1 if self.kind == "fp8" else 2)
+
+    def expert(self, e: int) -> FloatQuantWeight:
+        if self.kind == "fp8":
+            return Fp8Weight(self.codes[e], self.scales[e], self.block_n, self.block_k)
+        if self.kind == "mxfp4":
+            return Mxfp4Weight(self.codes[e], self.scales[e])
+        assert self.global_scale is not None
+        return Nvfp4Weight(self.codes[e], self.scales[e], self.global_scale[e])
+
+    @property
+    def format_name(self) -> str:
+        """As FloatCodeLinear's: fp8/tensor, fp8/channel, fp8/block, mxfp4, nvfp4."""
+        fmt = self.expert(0)
+        return f"fp8/{fmt.granularity}" if isinstance(fmt, Fp8Weight) else self.kind
+
+    def dequantized(self) -> torch.Tensor:
+        """(E, N, K) float32: what the expert products multiply by."""
+        return torch.stack([self.expert(e).dequantize() for e in range(self.shape[0])])
+
+    @property
+    def stored_bytes(self) -> int:
+        """Bytes of the codes and scales of all experts."""
+        return sum(self.expert(e).nbytes for e in range(self.shape[0]))
+
+    def expert_bytes(self) -> int:
+        """Bytes of one expert's matrix as stored."""
+        return self.expert(0).nbytes
+
+    def extra_repr(self) -> str:
+        e, n, k = self.shape
+        return f"experts={e}, out_features={n}, in_features={k}, {self.format_name}"
+
+
+def stacked_float_codes(w: torch.Tensor, weights: str, fp8_scales: str) -> StackedFloatCodes:
+    """Round-to-nearest `quant.weights` fp8 / mxfp4 / nvfp4 of stacked expert matrices
+    (E, N, K), each expert's matrix quantized as one matrix (its own scales)."""
+    return StackedFloatCodes([quantize_float_format(m, weights, fp8_scales) for m in w])
+
+
 def float_code_linear(linear: nn.Linear, weights: str, fp8_scales: str) -> FloatCodeLinear:
     """Round-to-nearest `quant.weights` fp8 / mxfp4 / nvfp4 of one float projection."""
     w = linear.weight

@@ -126,10 +126,12 @@ def load_model(
         _check_native_source(source, weights, overrides)
     loaded = _load(source, dtype, device, seed, overrides, weights, native)
     quantizes = quant is not None and quant.weights in (*QUANTIZED_WEIGHTS, *FLOAT_CODE_WEIGHTS)
-    if loaded.config.moe is not None and quant is not None and quantizes:
-        raise ConfigError(f"quant.weights={quant.weights}: the routed experts of an MoE model "
-                          f"are not quantized in the engine (model {loaded.config.name!r}); "
-                          "allowed for MoE models: none")
+    if loaded.config.moe is not None and quant is not None and quantizes and (
+            quant.weights not in FLOAT_CODE_WEIGHTS or quant.method != "rtn"):
+        raise ConfigError(f"quant.weights={quant.weights} (method {quant.method}): the routed "
+                          "experts of an MoE model are stored only in the float code formats, "
+                          f"round to nearest (model {loaded.config.name!r}); allowed for MoE "
+                          "models: none, fp8, mxfp4, nvfp4 with method rtn")
     if prune is not None and prune.active:
         apply_prune(loaded, prune, seed)
     if quant is not None and quantizes:

@@ -10,6 +10,13 @@ ones.  Routed experts run grouped by expert (`kernels.fused_moe`: the Triton ker
 `triton` backend, the torch reference elsewhere); shared experts are one always-on
 SwiGLU, scaled per token by a sigmoid gate in Qwen2-MoE.
 
+`quant.weights` fp8 / mxfp4 / nvfp4 stores the routed experts as codes and scales
+(`quantize_experts`: w13 and w2 become `StackedFloatCodes`, each expert's matrix with its
+own scales, no float copy kept); the router and Qwen2-MoE's shared-expert gate stay in
+float (`float_children`), the shared experts are quantized as dense projections.  Stored
+experts run the grouped reference on every backend (the triton one included), which
+decodes only the expert being computed, a slice of rows at a time.
+
 Every forward adds the tokens each routed expert received to `expert_counts`; the engine
 reads and clears them once per step (`take_routing_counts`) for the routing statistics.
 """
@@ -24,6 +31,7 @@ from torch import nn
 
 from infbench.core.config import MOE_SCORING, ModelConfig, MoEConfig, QuantConfig
 from infbench.core.errors import ConfigError
+from infbench.model.float_quant import StackedFloatCodes, stacked_float_codes
 from infbench.model.layers import SwiGLUMLP
 from infbench.model.ops import Ops
 from kernels.fused_moe import ExpertAct, fused_moe, fused_moe_ref
@@ -86,7 +94,12 @@ class MoEMLP(nn.Module):
     """Router + routed experts (stacked: w13 (E, 2I, H) gate rows then up, w2 (E, H, I);
     gpt-oss's biases b13 (E, 2I) and b2 (E, H)) + shared experts.  Parameter names follow
     the checkpoints: `gate` is the router, `shared_experts` the shared SwiGLU,
-    `shared_expert_gate` Qwen2-MoE's scalar gate."""
+    `shared_expert_gate` Qwen2-MoE's scalar gate.  With stored experts w13 / w2 are
+    `StackedFloatCodes` (`quantize_experts`)."""
+
+    float_children = ("gate", "shared_expert_gate")  # routing stays float under quant
+    w13: nn.Parameter | StackedFloatCodes
+    w2: nn.Parameter | StackedFloatCodes
 
     def __init__(self, config: ModelConfig, quant: QuantConfig | None,
                  dtype: torch.dtype | None, device: Any) -> None:
@@ -102,6 +115,7 @@ class MoEMLP(nn.Module):
                                                              requires_grad=False)
         self.w13 = nn.Parameter(torch.empty(e, 2 * i, h, **kw))  # (E, 2I, H)
         self.w2 = nn.Parameter(torch.empty(e, h, i, **kw))  # (E, H, I)
+        self.dtype = dtype
         self.b13: nn.Parameter | None = None
         self.b2: nn.Parameter | None = None
         if moe.expert_bias:
@@ -123,10 +137,40 @@ class MoEMLP(nn.Module):
         if self.shared_experts is not None:
             self.shared_experts.set_ops(ops)
 
+    @property
+    def stored_experts(self) -> bool:
+        """Whether the routed experts are stored as fp8 / mxfp4 / nvfp4 codes."""
+        return isinstance(self.w13, StackedFloatCodes)
+
+    def quantize_experts(self, weights: str, fp8_scales: str) -> None:
+        """Round-to-nearest `quant.weights` fp8 / mxfp4 / nvfp4 of the routed experts, one
+        matrix per expert (gate and up rows together, as `predict` prices them); the float
+        stacks are dropped.  ValueError when an fp4 block does not divide H or I."""
+        assert isinstance(self.w13, nn.Parameter) and isinstance(self.w2, nn.Parameter)
+        w13 = stacked_float_codes(self.w13.data, weights, fp8_scales)
+        w2 = stacked_float_codes(self.w2.data, weights, fp8_scales)
+        del self.w13, self.w2
+        self.w13, self.w2 = w13, w2
+
+    def set_stored_experts(self, w13: StackedFloatCodes, w2: StackedFloatCodes) -> None:
+        """Experts a checkpoint stores as codes (gpt-oss's MXFP4), in place of the stacks."""
+        assert w13.shape == tuple(self.w13.shape) and w2.shape == tuple(self.w2.shape)
+        del self.w13, self.w2
+        self.w13, self.w2 = w13, w2
+
     def routed(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Routing of x (T, H): weights (T, k) float32, ids (T, k) int64."""
         bias = getattr(self.gate, "e_score_correction_bias", None)  # noaux_tc only
         return route(self.gate(x), self.moe, bias)
+
+    def _experts(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+                 act: ExpertAct) -> torch.Tensor:
+        """The routed experts' weighted sum (T, H): the fused kernel on the triton backend
+        (also interpreted), the grouped reference otherwise and for stored experts."""
+        w13, w2 = self.w13, self.w2
+        if self.use_kernel and isinstance(w13, torch.Tensor) and isinstance(w2, torch.Tensor):
+            return fused_moe(x, w13, w2, weights, ids, act)
+        return fused_moe_ref(x, w13, w2, weights, ids, act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.routed(x)
@@ -135,17 +179,16 @@ class MoEMLP(nn.Module):
                                              device=x.device)
         flat = ids.reshape(-1)  # (T*k,)
         self.expert_counts.index_add_(0, flat, torch.ones_like(flat))  # in place: graph-safe
-        run = fused_moe if self.use_kernel else fused_moe_ref  # triton: also interpreted
         m = self.moe
         act = ExpertAct(m.activation, m.swiglu_alpha, m.swiglu_limit, self.b13, self.b2)
         if m.scale_input:  # Llama-4: each (token, expert) pair runs expert(w * x)
             num_tokens, k = ids.shape
             scaled = (x[:, None, :] * weights.to(x.dtype)[..., None]).reshape(num_tokens * k, -1)
             ones = torch.ones(num_tokens * k, 1, dtype=x.dtype, device=x.device)
-            pairs = run(scaled, self.w13, self.w2, ones, ids.reshape(-1, 1), act)  # (T*k, H)
+            pairs = self._experts(scaled, ones, ids.reshape(-1, 1), act)  # (T*k, H)
             out = pairs.view(num_tokens, k, -1).sum(dim=1)  # (T, H)
         else:
-            out = run(x.contiguous(), self.w13, self.w2, weights.to(x.dtype), ids, act)  # (T, H)
+            out = self._experts(x.contiguous(), weights.to(x.dtype), ids, act)  # (T, H)
         if self.shared_experts is not None:
             shared = self.shared_experts(x)  # (T, H)
             if self.shared_expert_gate is not None:
@@ -200,6 +243,8 @@ def expert_views(model: nn.Module) -> tuple[dict[str, Any], dict[str, list[int]]
         if not isinstance(module, MoEMLP):
             continue
         stacked |= {f"{prefix}.w13", f"{prefix}.w2"}
+        if not (isinstance(module.w13, torch.Tensor) and isinstance(module.w2, torch.Tensor)):
+            continue  # stored experts: the checkpoint's codes fill them (gpt-oss's MXFP4)
         inter = module.w2.shape[2]
         for e in range(module.w13.shape[0]):
             views[f"{prefix}.experts.{e}.gate_up_proj.weight"] = module.w13[e]
@@ -277,5 +322,9 @@ def routed_expert_bytes(model: nn.Module) -> int:
         return 0
     m = layers[0]
     biases = m.b13[0].numel() + m.b2[0].numel() if m.b13 is not None and m.b2 is not None else 0
+    if isinstance(m.w13, StackedFloatCodes) and isinstance(m.w2, StackedFloatCodes):
+        bias_bytes = biases * m.b13.element_size() if m.b13 is not None else 0
+        return m.w13.expert_bytes() + m.w2.expert_bytes() + bias_bytes
+    assert isinstance(m.w13, torch.Tensor) and isinstance(m.w2, torch.Tensor)
     return (m.w13[0].numel() + m.w2[0].numel() + biases) * m.w13.element_size()
 

@@ -30,6 +30,7 @@ from infbench.core.errors import ConfigError
 from infbench.core.formats import FLOAT_CODE_WEIGHTS, QUANTIZED_WEIGHTS
 from infbench.model.float_quant import FloatCodeLinear, float_code_linear
 from infbench.model.gguf_blocks import map_rows
+from infbench.model.moe import moe_layers
 from kernels.cpu_linear import gemm
 from kernels.cpu_quant_linear import MAX_ROWS as CPU_MAX_ROWS
 from kernels.cpu_quant_linear import cpu_dequantize, cpu_quant_linear
@@ -253,6 +254,25 @@ def quantize_model(model: nn.Module, quant: QuantConfig,
     for parent, name, linear in list(quantizable_linears(model)):
         setattr(parent, name, make(linear, quant))
         count += 1
+    return count + quantize_experts(model, quant)
+
+
+def quantize_experts(model: nn.Module, quant: QuantConfig) -> int:
+    """The routed experts of every MoE layer stored as `quant.weights` fp8 / mxfp4 / nvfp4
+    (`MoEMLP.quantize_experts`); returns how many expert matrices (2 per expert).  Integer
+    formats do not store experts: the loader refuses them for MoE models."""
+    layers = moe_layers(model)
+    if not layers:
+        return 0
+    assert quant.weights in FLOAT_CODE_WEIGHTS, quant.weights
+    count = 0
+    for layer in layers:
+        try:
+            layer.quantize_experts(quant.weights, quant.fp8_scales or "channel")
+        except ValueError as exc:  # fp4: H or I not a multiple of the scale block
+            raise ConfigError(f"quant.weights={quant.weights}: routed experts: {exc}; "
+                              "allowed for this model: fp8, none") from None
+        count += 2 * layer.moe.num_experts
     return count
 
 
