@@ -319,6 +319,32 @@ class MoEConfig:
         e, k = self.num_experts, self.num_experts_per_tok
         return e * (1.0 - (1.0 - k / e) ** max(num_tokens, 0))
 
+    def touch_probability(self, held: int) -> float:
+        """Probability that one token's top-k experts include at least one of the `held`
+        consecutive experts one destination (a device, a node) of expert parallelism holds.
+
+        Uniform routing picks k distinct experts: a destination is missed with the
+        hypergeometric probability C(E - held, k) / C(E, k).  Under group-limited routing
+        (`n_group` > 1: the k experts come from `topk_group` of the `n_group` consecutive
+        groups of E / n_group) the groups are picked uniformly, then the k experts among
+        the kept M = topk_group x E / n_group: a destination covering c whole groups (or
+        lying inside one, c = 1) with j of them kept is missed with C(M - j x held / c, k)
+        / C(M, k), j hypergeometric over the groups.  A destination that neither covers
+        whole groups nor fits in one is priced as ungrouped (more destinations touched)."""
+        e, k = self.num_experts, self.num_experts_per_tok
+        size = e // self.n_group if self.n_group > 1 and e % self.n_group == 0 else e
+        if size == e or not (held % size == 0 or size % held == 0) or \
+                self.topk_group >= self.n_group:
+            return 1.0 - math.comb(e - held, k) / math.comb(e, k)
+        groups, kept = self.n_group, self.topk_group
+        cover = max(1, held // size)  # the groups the destination overlaps
+        per = held // cover  # of its experts in each
+        m = kept * size
+        missed = sum(math.comb(cover, j) * math.comb(groups - cover, kept - j)
+                     / math.comb(groups, kept) * math.comb(m - j * per, k) / math.comb(m, k)
+                     for j in range(min(cover, kept) + 1))
+        return 1.0 - missed
+
 
 @dataclass(frozen=True)
 class QuantConfig:

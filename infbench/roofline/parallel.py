@@ -24,14 +24,18 @@ Collectives, `n` devices, message `S` bytes, link bandwidth `B` per direction an
 - all-gather and all-to-all: (n - 1) / n * S / B + (n - 1) a
 - a pipeline hop: S / B + a
 
-The expert-parallel all-to-all of a MoE layer (`all_to_all_plan`): each device dispatches
-tokens x top-k x hidden values (in the model dtype, or FP8 with a float32 scale per 128
-values) and gets as many back by the combine (in the model dtype); with attention dp a
-device dispatches its rank's tokens / (tp / attention_dp), without it every device holds
-(and sends) the whole step's tokens.  Every token goes to top-k experts, counted as top-k
-copies (an upper bound: a token whose experts share a device is sent there once).  Under
-attention dp the dense MLP layers gather every rank's tokens before (all-gather) and
-scatter them after (reduce-scatter, priced as an all-gather), and so does the LM head.
+The expert-parallel all-to-all of a MoE layer (`all_to_all_plan`) is priced as a lower
+bound, as DeepEP's normal mode sends: a token crosses once to each other node (scale-up
+domain) holding at least one of its top-k experts and is forwarded inside the node over
+the scale-up link to each other device holding one (`expert_destinations`: the expected
+counts under uniform routing, hypergeometric, DeepSeek's group limit included); the
+combine comes back the same way.  The dispatch values are in the model dtype, or FP8 with
+a float32 scale per 128 values; the combine in the model dtype.  The network and the
+in-node parts run at once (the slower one counts).  With attention dp a device dispatches
+its rank's tokens / (tp / attention_dp), without it every device holds (and sends) the
+whole step's tokens.  Under attention dp the dense MLP layers gather every rank's tokens
+before (all-gather) and scatter them after (reduce-scatter, priced as an all-gather),
+and so does the LM head.
 
 Communication is not overlapped with compute: each collective sits between two
 operators that need its result.
@@ -178,15 +182,26 @@ def hop_s(nbytes: float, span: int, hw: HardwareSpec) -> float:
 
 @dataclass(frozen=True)
 class AllToAll:
-    """The expert-parallel all-to-all of one MoE layer on one device in one step."""
+    """The expert-parallel all-to-all of one MoE layer on one device in one step, priced as
+    a lower bound (DeepEP's normal mode, which SGLang runs): a token crosses to each other
+    node that holds at least one of its top-k experts once, over the network, and is
+    forwarded inside a node over the scale-up link to each other device holding one; a
+    copy for the device itself is free.  The combine returns the same way, reduced per node
+    before it crosses.  `copies_bytes` is the upper bound every top-k copy would send."""
 
-    group: int  # devices the experts are spread over (ep)
-    tier: str  # the link it runs on (Interconnect.tier): nvlink5, infinity-fabric, network...
+    group: int  # devices (ranks of tp / ep devices) the experts are spread over (ep)
+    tier: str  # the link between nodes (the group's slowest), Interconnect.tier
+    link_tier: str  # the link inside a node (= tier when the group fits one node)
+    nodes: int  # scale-up domains the group spans
     moe_layers: int  # MoE layers of the replica (each pays one dispatch and one combine)
     tokens: float  # tokens this device dispatches
     top_k: int
-    dispatch_bytes: float  # bytes this device's dispatch carries: tokens x top-k x hidden
-    combine_bytes: float  # and the combine brings back (model dtype)
+    remote_nodes: float  # expected other nodes one token is sent to (uniform routing)
+    link_sends: float  # expected devices inside the nodes a token is forwarded to
+    dispatch_bytes: float  # bytes this device's dispatch sends: over the network + link
+    combine_bytes: float  # and the combine (model dtype)
+    network_bytes: float  # of those (dispatch + combine), over the network
+    copies_bytes: float  # the dispatch if every top-k copy were sent: tokens x k x hidden
     dispatch_dtype: str  # the dispatch's values: the model dtype or float8
     time_s: float  # one layer: dispatch + combine (+ the slice all-reduce when tp > ep)
 
@@ -201,31 +216,71 @@ def dispatch_value_bytes(par: ParallelConfig, dtype: str) -> float:
     return float(dtype_bytes(dtype))
 
 
+def expert_destinations(cfg: ModelConfig, par: ParallelConfig, hw: HardwareSpec
+                        ) -> tuple[int, float, float]:
+    """(nodes, remote nodes, forwards inside nodes) one token's dispatch reaches under
+    uniform routing, experts spread evenly and in order over the ep ranks and the nodes.
+
+    A node is the scale-up domain (NVLink; the host where there is none) the tp span is cut
+    into; each of the `nodes` holds E / nodes experts and is touched with probability
+    q_node (`MoEConfig.touch_probability`), so a token crosses to (nodes - 1) q_node other
+    nodes.  Each of the ep ranks (E / ep experts) is touched with q_rank; inside every node
+    the copy arrives at one rank (the sender, or its peer that received it over the
+    network) and goes on to the others it touches: (ep - nodes) q_rank forwards.  A group
+    that does not split evenly over its nodes is priced rank by rank over the slowest tier
+    ((ep - 1) q_rank remote sends, no forwards)."""
+    moe = cfg.moe
+    assert moe is not None and hw.interconnect is not None
+    net = hw.interconnect
+    domain = net.link_domain if net.link_domain > 1 else net.devices_per_node
+    q_rank = moe.touch_probability(moe.num_experts // par.ep)
+    nodes = -(-par.tp // domain)
+    if nodes == 1:
+        return 1, 0.0, (par.ep - 1) * q_rank
+    if par.tp % domain or par.ep % nodes or moe.num_experts % nodes:
+        return nodes, (par.ep - 1) * q_rank, 0.0
+    q_node = moe.touch_probability(moe.num_experts // nodes)
+    return nodes, (nodes - 1) * q_node, (par.ep - nodes) * q_rank
+
+
 def all_to_all_plan(cfg: ModelConfig, par: ParallelConfig, hw: HardwareSpec, dtype: str,
                     groups: Groups) -> AllToAll | None:
     """What one MoE layer's dispatch and combine move on one device for the replica's batch
-    `groups` (None without expert parallelism)."""
+    `groups` (None without expert parallelism): `expert_destinations` copies of each token
+    (not top-k), the network part and the in-node part running at once (the time is the
+    slower of the two, one hop's latency each way)."""
     moe = cfg.moe
     if par.ep == 1 or moe is None or not has_mlp(cfg):
         return None
+    if hw.interconnect is None:
+        _link(hw, par.ep, par.tp)  # the one-line refusal
+    assert hw.interconnect is not None
     num_tokens = sum(sw.query_len * n for sw, n in groups)
     if par.attention_dp > 1:  # a rank's tokens, split between its devices
         tokens = sum(sw.query_len * n for sw, n in rank_groups(groups, par)) / par.attention_tp
     else:  # tensor-parallel attention: every device holds the whole step's tokens
         tokens = float(num_tokens)
-    values = tokens * moe.num_experts_per_tok * cfg.hidden_size
-    a = dtype_bytes(dtype)
-    dispatch, combine = values * dispatch_value_bytes(par, dtype), values * a
-    time = all_gather_s(dispatch, par.ep, hw, span=par.tp) + \
-        all_gather_s(combine, par.ep, hw, span=par.tp)
+    nodes, remote, forwards = expert_destinations(cfg, par, hw)
+    row = tokens * cfg.hidden_size  # values of one copy of the device's tokens
+    a, v = dtype_bytes(dtype), dispatch_value_bytes(par, dtype)
+    tier, net_bw, net_lat = hw.interconnect.tier(par.ep, par.tp)
+    inside = min(par.tp, par.tp // nodes)
+    link_tier, link_bw, link_lat = hw.interconnect.tier(inside, inside)
+    time = 0.0
+    for value in (v, a):  # the dispatch, then the combine
+        over_net = row * remote * value
+        over_link = row * forwards * value
+        time += max(over_net / net_bw + (net_lat if over_net else 0.0),
+                    over_link / link_bw + (link_lat if over_link else 0.0))
     if par.tp > par.ep:  # each expert is sliced over tp / ep devices
-        time += all_reduce_s(values * a / par.ep, par.tp // par.ep, hw, span=par.tp)
-    assert hw.interconnect is not None  # all_gather_s refused a spec without one
-    tier = hw.interconnect.tier(par.ep, par.tp)[0]
+        time += all_reduce_s(row * moe.num_experts_per_tok * a / par.ep, par.tp // par.ep, hw,
+                             span=par.tp)
     moe_layers = sum(1 for spec in cfg.layers() if is_moe_layer(cfg, spec))
-    return AllToAll(par.ep, tier, moe_layers, tokens, moe.num_experts_per_tok, dispatch,
-                    combine, par.dispatch_dtype if par.dispatch_dtype != "model" else dtype,
-                    time)
+    sends = remote + forwards
+    return AllToAll(par.ep, tier, link_tier, nodes, moe_layers, tokens, moe.num_experts_per_tok,
+                    remote, forwards, row * sends * v, row * sends * a, row * remote * (v + a),
+                    row * moe.num_experts_per_tok * v,
+                    par.dispatch_dtype if par.dispatch_dtype != "model" else dtype, time)
 
 
 def stage_comm(cfg: ModelConfig, par: ParallelConfig, hw: HardwareSpec, dtype: str,

@@ -5,6 +5,7 @@ against numbers worked out by hand for the tiny MoE preset."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from cli_helpers import run_cli
@@ -15,7 +16,7 @@ from infbench.core.parallel import ParallelConfig as P
 from infbench.hardware.spec import get_hardware
 from infbench.roofline.analysis import device_memory, max_batch, predict
 from infbench.roofline.costs import SeqWork, group_costs
-from infbench.roofline.parallel import all_gather_s, all_to_all_plan, device_ops
+from infbench.roofline.parallel import all_gather_s, all_reduce_s, all_to_all_plan, device_ops
 
 H100 = get_hardware("h100-sxm")
 # tiny-moe: hidden 64, 2 layers (both MoE), 4 heads / 2 KV heads of 16, 8 experts top-2 of
@@ -30,43 +31,94 @@ def test_ep_follows_the_group_and_the_rank_shape() -> None:
     assert P(tp=4).attention_tp == 4 and P(tp=4).ep == 1
 
 
+# tiny-moe on 4 devices of one NVLink node: each rank holds 2 of the 8 experts; a token's
+# top-2 misses a rank with probability C(6, 2) / C(8, 2) = 15/28, so it is sent to the
+# 3 other ranks 3 x 13/28 = 39/28 times (not top-2 x 3/4 = 1.5 copies)
+SENDS = 39 / 28
+A2A = 2 * (2 * 64 * 2 * SENDS / 450e9 + 1e-6)  # dispatch + combine of 2 tokens, one hop each
+
+
 def test_all_to_all_bytes_by_hand() -> None:
-    # 8 sequences over 4 ranks of one device: each device dispatches 2 decode tokens, each to
-    # its top-2 experts: 2 tokens x 2 x 64 hidden x 2 bytes = 512 bytes, and as many back
+    # 8 sequences over 4 ranks of one device: each device dispatches 2 decode tokens, each
+    # copy 64 hidden x 2 bytes: 2 x 128 x 39/28 = 356.6 bytes, and as many back
     decode = [(SeqWork(1, 20), 8)]
     plan = all_to_all_plan(TINY, P(tp=4, attention_dp=4), H100, "bfloat16", decode)
     assert plan is not None
     assert (plan.tokens, plan.top_k, plan.group, plan.moe_layers) == (2, 2, 4, 2)
-    assert (plan.dispatch_bytes, plan.combine_bytes) == (512, 512)
-    assert plan.tier == "nvlink4" and plan.dispatch_dtype == "bfloat16"
-    # dispatch + combine: two all-to-alls of 512 bytes over 4 devices on NVLink 4
-    assert plan.time_s == pytest.approx(2 * (3 / 4 * 512 / 450e9 + 3e-6))
-    # FP8 dispatch: one byte per value plus a float32 scale per 128: 256 x (1 + 4/128) = 264
+    assert (plan.nodes, plan.remote_nodes, plan.network_bytes) == (1, 0.0, 0.0)
+    assert plan.link_sends == pytest.approx(SENDS)
+    assert plan.dispatch_bytes == pytest.approx(256 * SENDS)
+    assert plan.combine_bytes == pytest.approx(256 * SENDS)
+    assert plan.copies_bytes == 512  # every top-2 copy: the upper bound
+    assert plan.tier == plan.link_tier == "nvlink4" and plan.dispatch_dtype == "bfloat16"
+    assert plan.time_s == pytest.approx(A2A)
+    # FP8 dispatch: one byte per value plus a float32 scale per 128: 128 x (1 + 4/128) = 132
     fp8 = all_to_all_plan(TINY, P(tp=4, attention_dp=4, dispatch_dtype="float8"), H100,
                           "bfloat16", decode)
-    assert fp8 is not None and (fp8.dispatch_bytes, fp8.combine_bytes) == (264, 512)
+    assert fp8 is not None and fp8.dispatch_bytes == pytest.approx(132 * SENDS)
+    assert fp8.combine_bytes == pytest.approx(256 * SENDS) and fp8.copies_bytes == 264
     # 2 ranks of 2 devices: a rank holds 4 sequences, each of its devices dispatches 2
     half = all_to_all_plan(TINY, P(tp=4, attention_dp=2), H100, "bfloat16", decode)
-    assert half is not None and half.tokens == 2 and half.dispatch_bytes == 512
+    assert half is not None and half.tokens == 2 and half.copies_bytes == 512
     # 7 sequences: the fullest rank has 2; a 10-token prompt each: 20 tokens, 5,120 bytes
     prefill = all_to_all_plan(TINY, P(tp=4, attention_dp=4), H100, "bfloat16",
                               [(SeqWork(10, 10), 7)])
-    assert prefill is not None and (prefill.tokens, prefill.dispatch_bytes) == (20, 5120)
+    assert prefill is not None and (prefill.tokens, prefill.copies_bytes) == (20, 5120)
     # no expert parallelism, no all-to-all
     assert all_to_all_plan(TINY, P(tp=4), H100, "bfloat16", decode) is None
+
+
+def test_all_to_all_across_nodes_by_hand() -> None:
+    # tiny-moe, ep 4 over 16 H100s (2 nodes of 8, 2 devices per expert rank): a node holds
+    # 4 experts, missed by a token with C(4, 2) / C(8, 2) = 6/28, so the token crosses to the
+    # other node 22/28 times; a rank is touched 13/28 of the time and 4 - 2 = 2 ranks take
+    # a forward over NVLink: 26/28.  The network part is the slower one.
+    par = P(tp=16, ep=4)
+    decode = [(SeqWork(1, 20), 3)]  # tensor-parallel attention: a device holds all 3 tokens
+    plan = all_to_all_plan(TINY, par, H100, "bfloat16", decode)
+    assert plan is not None and (plan.nodes, plan.tier, plan.link_tier) == \
+        (2, "network", "nvlink4")
+    assert plan.remote_nodes == pytest.approx(22 / 28)
+    assert plan.link_sends == pytest.approx(26 / 28)
+    row = 3 * 64 * 2
+    assert plan.network_bytes == pytest.approx(2 * row * 22 / 28)
+    assert plan.dispatch_bytes == pytest.approx(row * 48 / 28)
+    net = row * 22 / 28 / 50e9 + 5e-6
+    assert net > row * 26 / 28 / 450e9 + 1e-6
+    # each expert is sliced over 16 / 4 = 4 devices: the slice all-reduce of the top-2 outputs
+    reduce = all_reduce_s(row * 2 / 4, 4, H100, span=16)
+    assert plan.time_s == pytest.approx(2 * net + reduce)
+    assert plan.copies_bytes == row * 2
+
+
+def test_touch_probability_by_hand() -> None:
+    # ungrouped: 8 experts top-2, a destination of 2 is missed C(6, 2) / C(8, 2) = 15/28
+    assert TINY.moe is not None
+    assert TINY.moe.touch_probability(2) == pytest.approx(13 / 28)
+    # group-limited: 8 experts in 4 groups of 2, top-2 from 2 kept groups (M = 4 experts).
+    # A one-expert destination: its group kept 1/2, then missed C(3, 2) / C(4, 2) = 1/2
+    grouped = replace(TINY.moe, n_group=4, topk_group=2)
+    assert grouped.touch_probability(1) == pytest.approx(1 / 2 * 1 / 2)
+    # a node of 2 groups: j of its groups kept, hypergeometric (1/6, 4/6, 1/6); missed with
+    # C(4 - 2j, 2) / C(4, 2) = 1, 1/6, 0: touched 1 - 1/6 - 4/6 x 1/6 = 13/18
+    assert grouped.touch_probability(4) == pytest.approx(13 / 18)
+    # a group-limited token reaches at most topk_group of the 4 one-group destinations
+    assert 4 * grouped.touch_probability(2) <= 2 + 1e-12
+    # misaligned (3 experts: neither whole groups nor inside one): priced as ungrouped
+    assert grouped.touch_probability(3) == pytest.approx(1 - 10 / 28)
 
 
 def test_decode_communication_by_hand() -> None:
     p = predict(TINY, H100, batch=8, prompt_len=10, gen_len=5, parallel=P(tp=4, attention_dp=4),
                 overlap="full")
-    a2a = 2 * (3 / 4 * 512 / 450e9 + 3e-6)
+    a2a = A2A
     # a rank is one device: no all-reduce; both layers pay the all-to-all; the head gathers
     # the 8 sequences' hidden states (8 x 64 x 2 bytes) and their logits (8 x 256 x 2)
     assert p.decode_comm.all_reduce_s == 0.0
     assert p.decode_comm.all_to_all_s == pytest.approx(2 * a2a)
     assert p.decode_comm.all_gather_s == pytest.approx(
         all_gather_s(8 * 64 * 2, 4, H100) + all_gather_s(8 * 256 * 2, 4, H100))
-    assert p.decode_all_to_all is not None and p.decode_all_to_all.dispatch_bytes == 512
+    assert p.decode_all_to_all is not None and p.decode_all_to_all.copies_bytes == 512
     assert p.prefill_all_to_all is not None and p.prefill_all_to_all.tokens == 20
     assert p.parallel.ep == 4
 
@@ -159,12 +211,12 @@ def test_cli_flag_prints_the_all_to_all(monkeypatch, capsys) -> None:
     assert code == 0, err
     assert "4x1 dp4" in out and "attention dp 4" in out
     assert "decode all-to-all per MoE layer (2 layers), per device: 2 tokens x top-2, " \
-           "dispatch 264B (float8) + combine 512B over nvlink4 (ep 4)" in out
+           "dispatch 184B (float8) + combine 357B over nvlink4 (ep 4)" in out
     code, out, err = run_cli(monkeypatch, capsys, *args, "--json")
     assert code == 0, err
     row = json.loads(out)[0]
     assert row["parallel"]["attention_dp"] == 4 and row["parallel"]["ep"] == 4
-    assert row["all_to_all"]["decode"]["dispatch_bytes"] == 264
+    assert row["all_to_all"]["decode"]["dispatch_bytes"] == pytest.approx(132 * SENDS)
     assert row["all_to_all"]["prefill"]["tokens"] == 20
     # the scenario key is the same setting
     code, out2, err = run_cli(monkeypatch, capsys, *args[:11], "--json", "--set",
