@@ -107,20 +107,22 @@ def default_lengths(cfg: Any, prompt: int | None, gen: int | None,
 
 def parallel_config(tp: int | None, pp: int | None, ep: int | None, replicas: int | None,
                     microbatches: int | None = None, attention_dp: int | None = None,
-                    dispatch_dtype: str | None = None) -> Any:
+                    dispatch_dtype: str | None = None, dense_dp: bool = False) -> Any:
     """The ParallelConfig of the flags (unset: the config's defaults)."""
     from infbench.core.parallel import ParallelConfig
 
     return ParallelConfig(tp or 1, pp or 1, ep or 1, replicas or 1, microbatches,
-                          attention_dp or 1, dispatch_dtype or "model")
+                          attention_dp or 1, dispatch_dtype or "model", dense_dp)
 
 
 def parallel_flags(tp: int | None, pp: int | None, ep: int | None, replicas: int | None,
                    microbatches: int | None = None, attention_dp: int | None = None,
-                   dispatch_dtype: str | None = None) -> dict[str, int | str]:
+                   dispatch_dtype: str | None = None, dense_dp: bool = False
+                   ) -> dict[str, int | str | bool]:
     """The `parallel:` keys the flags set (for a scenario-shaped document)."""
     values = {"tp": tp, "pp": pp, "ep": ep, "replicas": replicas, "microbatches": microbatches,
-              "attention_dp": attention_dp, "dispatch_dtype": dispatch_dtype}
+              "attention_dp": attention_dp, "dispatch_dtype": dispatch_dtype,
+              "dense_dp": dense_dp or None}
     return {k: v for k, v in values.items() if v is not None}
 
 
@@ -389,6 +391,7 @@ def _print_details(console: Any, pp: PointPrice, p: Prediction) -> None:
         par = p.parallel
         comm = p.decode_comm
         dp = f", attention dp {par.attention_dp}" if par.attention_dp > 1 else ""
+        dp += ", dense dp" if par.dense_dp else ""
         console.print(
             f"{p.model} b={p.batch} on {par.devices} x {p.hardware} (tp {par.tp}, pp "
             f"{par.pp}, ep {par.ep}{dp}, replicas {par.replicas}): decode communication "
@@ -525,6 +528,9 @@ def predict_command(
     dispatch_dtype: str | None = typer.Option(
         None, callback=opt.one_of(DISPATCH_DTYPES),
         help=f"MoE all-to-all dispatch: {opt.choices(DISPATCH_DTYPES)} (default: model)."),
+    dense_dp: bool = typer.Option(
+        False, "--dense-dp", help="With --attention-dp: the dense MLP layers run on each "
+        "rank's own tokens (SGLang's --moe-dense-tp-size 1), no gather over all tp devices."),
     overlap: str | None = typer.Option(
         None, callback=opt.one_of(OVERLAP_CHOICES), help=OVERLAP_HELP),
     kv_bits: int | None = typer.Option(None, callback=opt.positive_int, help=KV_BITS_HELP),
@@ -575,7 +581,8 @@ def predict_command(
                  "set": set_, "spec-tokens": spec_tokens,
                  "tp": tp, "pp": pp, "ep": ep, "replicas": replicas,
                  "microbatches": microbatches, "attention_dp": attention_dp,
-                 "dispatch_dtype": dispatch_dtype, **model_flags}
+                 "dispatch_dtype": dispatch_dtype, "dense_dp": dense_dp or None,
+                 **model_flags}
         used = [k.replace("_", "-") for k, v in flags.items() if v not in (None, [], ())]
         if used:
             raise UserError(f"{scenario}: the scenario defines the points; drop --{used[0]}")
@@ -608,7 +615,8 @@ def predict_command(
         cfg = cfg.with_overrides(attention=values) if values else cfg
         qcfg = build_quant(quant, group_size, kv_dtype, source, kv_bits, activations,
                            fp8_scales)
-        par = parallel_config(tp, pp, ep, replicas, microbatches, attention_dp, dispatch_dtype)
+        par = parallel_config(tp, pp, ep, replicas, microbatches, attention_dp, dispatch_dtype,
+                              dense_dp)
         check_context(cfg, prompt_len, gen_len)
         prices = [price(cfg, hw, PricedWorkload(b, b, prompt_len, gen_len, dtype or "bfloat16",
                                                 qcfg, options.speculative, par),
@@ -625,7 +633,7 @@ def predict_command(
         workload={"batch_size": _one_or_list(sizes), "prompt_len": prompt_len,
                   "gen_len": gen_len},
         parallel=parallel_flags(tp, pp, ep, replicas, microbatches, attention_dp,
-                                dispatch_dtype),
+                                dispatch_dtype, dense_dp),
         # --batch is the batch at once, as without --set: no engine cap unless --set sets one
         engine={"max_num_seqs": MAX_BATCH})
     points = apply_attention_flags(doc, attention, model_flags)

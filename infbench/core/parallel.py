@@ -26,6 +26,10 @@ becomes this dataclass.
   device dispatches its tokens to their experts by an all-to-all and gets them back by
   another.  The dense MLP layers and the LM head run tensor parallel over all tp devices on
   the tokens gathered from every rank (SGLang's default), the embedding is replicated.
+- dense_dp: under attention_dp, the dense MLP layers run data parallel like the attention
+  (SGLang's `--moe-dense-tp-size 1`): each rank runs them on its own tokens, split over its
+  tp / attention_dp devices (replicated when a rank is one device), with a rank all-reduce
+  after them instead of the all-gather and reduce-scatter over all tp devices.
 - dispatch_dtype: what the MoE all-to-all's dispatch carries: the model dtype, or float8
   (DeepEP's FP8 dispatch: one byte per value plus a float32 scale per 128); the combine
   returns the expert outputs in the model dtype.
@@ -87,6 +91,9 @@ class ParallelConfig:
     dispatch_dtype: Annotated[str, DispatchDtype] = "model"
     """What the MoE all-to-all dispatch carries: the model dtype, or float8 (the combine
     stays in the model dtype)."""
+    dense_dp: bool = False
+    """Under attention_dp: the dense MLP layers run on each rank's own tokens, split over its
+    tp / attention_dp devices, instead of over all tp devices on every rank's tokens."""
     disaggregated: Disaggregation | None = None
     """Prefill and decode on separate pools, {prefill: {tp, ...}, decode: {tp, ...}}, each
     pool a layout of these keys (replicas: the pool's instances)."""
@@ -99,6 +106,13 @@ class ParallelConfig:
         if self.dispatch_dtype not in DISPATCH_DTYPES:
             raise ConfigError(f"parallel.dispatch_dtype: unknown value {self.dispatch_dtype!r}; "
                               f"allowed: {', '.join(DISPATCH_DTYPES)}")
+        if not isinstance(self.dense_dp, bool):
+            raise ConfigError(f"parallel.dense_dp: {self.dense_dp!r} is not a boolean; "
+                              "allowed: true, false")
+        if self.dense_dp and self.attention_dp == 1 and self.disaggregated is None:
+            raise ConfigError("parallel.dense_dp needs attention data parallelism (the dense "
+                              "MLP runs on each attention rank's tokens); allowed: dense_dp "
+                              "with attention_dp > 1, or leave it out")
         if self.tp % self.ep:
             raise ConfigError(f"parallel.ep={self.ep} must divide parallel.tp={self.tp} (the "
                               "experts of a stage are spread over its tp devices); allowed: "
@@ -125,6 +139,8 @@ class ParallelConfig:
             top["microbatches"] = self.microbatches
         if self.dispatch_dtype != "model":
             top["dispatch_dtype"] = self.dispatch_dtype
+        if self.dense_dp:
+            top["dense_dp"] = self.dense_dp
         if top:
             key, value = next(iter(top.items()))
             raise ConfigError(f"parallel.{key}={value} next to parallel.disaggregated: each "
@@ -134,7 +150,7 @@ class ParallelConfig:
             if pool.disaggregated is not None:
                 raise ConfigError(f"parallel.disaggregated.{name}.disaggregated: a pool is one "
                                   "layout; allowed keys: tp, pp, ep, replicas, microbatches, "
-                                  "attention_dp, dispatch_dtype")
+                                  "attention_dp, dispatch_dtype, dense_dp")
 
     @property
     def trivial(self) -> bool:

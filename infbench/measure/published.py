@@ -61,7 +61,8 @@ _REQUIRED = ("id", "engine", "model", "gpu", "gpus", "prompt_len", "gen_len", "b
              "metric", "scope", "value", "source")
 _OPTIONAL = ("published_model", "parallel", "dtype", "weights", "group_size", "activations",
              "kv", "needs", "gap", "notes")
-_LAYOUT_KEYS = ("tp", "pp", "ep", "attention_dp", "redundant_experts")
+_LAYOUT_KEYS = ("tp", "pp", "ep", "attention_dp", "dense_dp", "redundant_experts")
+_FLAGS = ("dense_dp",)  # layout keys that are on or off (true / false in the file)
 
 
 def data_path() -> Path:
@@ -114,7 +115,8 @@ class PublishedRow:
     @property
     def setup(self) -> str:
         """'8 x h200 tp8, fp8/fp8/fp8, 128/2048, max': the row in one phrase."""
-        layout = " ".join(f"{k}{v}" for k, v in self.parallel if v > 1)
+        layout = " ".join(k.replace("_", "-") if k in _FLAGS else f"{k}{v}"
+                          for k, v in self.parallel if v > (0 if k in _FLAGS else 1))
         precision = "/".join((self.weights if self.weights != "none" else self.dtype,
                               self.activations, self.kv))
         batch = "max" if self.batch is None else f"b{self.batch}"
@@ -139,6 +141,9 @@ def _row(item: Any, where: str) -> PublishedRow:
     if bad:
         raise ConfigError(f"{where}/parallel: unknown key {bad[0]!r}; allowed: "
                           f"{', '.join(_LAYOUT_KEYS)}")
+    flag = next((k for k in _FLAGS if k in layout and not isinstance(layout[k], bool)), None)
+    if flag is not None:
+        raise ConfigError(f"{where}/parallel/{flag}: {layout[flag]!r}; allowed: true, false")
     batch = values.pop("batch")
     if batch != "max" and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 1):
         raise ConfigError(f"{where}/batch: {batch!r}; allowed: a whole number >= 1, or max")
@@ -239,6 +244,9 @@ def row_parallel(row: PublishedRow) -> ParallelConfig:
         raise ConfigError(f"{row.id}: gpus={row.gpus} is not a multiple of tp x pp = "
                           f"{per_replica}")
     values: dict[str, Any] = {"replicas": row.gpus // per_replica, **layout}
+    for key in _FLAGS:
+        if key in values:
+            values[key] = bool(values[key])
     return ParallelConfig(**values)
 
 

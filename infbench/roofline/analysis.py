@@ -914,7 +914,7 @@ def layout_dict(par: ParallelConfig, batch: int) -> dict[str, Any]:
     return {"tp": par.tp, "pp": par.pp, "ep": par.ep, "replicas": par.replicas,
             "microbatches": par.num_microbatches(batch) if par.pp > 1 else 1,
             "attention_dp": par.attention_dp, "dispatch_dtype": par.dispatch_dtype,
-            "devices": par.devices}
+            "dense_dp": par.dense_dp, "devices": par.devices}
 
 
 def deployment_dict(p: Prediction) -> dict[str, Any]:

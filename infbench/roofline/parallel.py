@@ -14,8 +14,9 @@ by how each operator is split (`ParallelConfig` documents the split):
 With attention data parallelism (`attention_dp` > 1, `device_ops`) a device runs two
 batches: the attention side (norms, the mixer's projections and attention, the router, the
 shared experts, the replicated embedding) on its rank's 1/attention_dp of the sequences,
-split tp / attention_dp ways; the group side (`GROUP_OPS`: the dense MLP, the routed
-experts, the LM head) on every rank's tokens, split tp ways (the experts: ep = tp).
+split tp / attention_dp ways; the group side (`group_ops`: the dense MLP, the routed
+experts, the LM head) on every rank's tokens, split tp ways (the experts: ep = tp).  With
+`dense_dp` the dense MLP moves to the attention side.
 
 Collectives, `n` devices, message `S` bytes, link bandwidth `B` per direction and latency
 `a` per hop (`Interconnect.tier` picks NVLink / PCIe / network by the group's span):
@@ -80,13 +81,19 @@ def kv_share(cfg: ModelConfig, tp: int) -> float:
     return 1.0 / tp if kvh >= tp else 1.0 / kvh
 
 
+def group_ops(par: ParallelConfig) -> tuple[str, ...]:
+    """The operators that run on every rank's tokens under attention dp (`GROUP_OPS`; the
+    dense MLP runs on the rank's own under `dense_dp`)."""
+    return tuple(n for n in GROUP_OPS if not (par.dense_dp and n == "mlp"))
+
+
 def op_split(name: str, par: ParallelConfig) -> int:
     """How many devices share operator `name` (its FLOPs, weights and activations): tp, or
     1 for what every device runs whole; under attention dp the attention side is split over
     a rank's tp / attention_dp devices and the embedding is replicated."""
     if name in REPLICATED_OPS or (par.attention_dp > 1 and name == "embed"):
         return 1
-    if par.attention_dp > 1 and name not in GROUP_OPS:
+    if par.attention_dp > 1 and name not in group_ops(par):
         return par.attention_tp
     return par.tp
 
@@ -116,7 +123,7 @@ def device_ops(cfg: ModelConfig, groups: Groups, dtype: str, quant: QuantConfig 
                par: ParallelConfig, *, stage: str, by_layer: bool = False) -> list[OpCost]:
     """One device's operators for a replica's batch `groups`: the batch's costs split as
     `op_split` says; under attention dp the attention side is priced on the fullest rank's
-    sequences and the group side (`GROUP_OPS`) on the whole batch."""
+    sequences and the group side (`group_ops`) on the whole batch."""
     ops = group_costs(cfg, groups, dtype, quant, by_layer=by_layer, stage=stage)
     if par.attention_dp == 1:
         return shard_ops(cfg, ops, par)
@@ -125,7 +132,7 @@ def device_ops(cfg: ModelConfig, groups: Groups, dtype: str, quant: QuantConfig 
     out = []
     for mine, whole in zip(shard_ops(cfg, rank, par), shard_ops(cfg, ops, par), strict=True):
         assert (mine.name, mine.layer) == (whole.name, whole.layer)
-        out.append(whole if mine.name in GROUP_OPS else mine)
+        out.append(whole if mine.name in group_ops(par) else mine)
     return out
 
 
@@ -317,8 +324,8 @@ def _dp_attention_comm(cfg: ModelConfig, par: ParallelConfig, hw: HardwareSpec, 
     rank (tp / attention_dp devices; none when a rank is one device), the MoE layers'
     all-to-all over all tp devices (and a rank all-reduce joining the shared experts'
     partial sums with the routed outputs), the dense MLP layers' all-gather of every rank's
-    tokens and reduce-scatter back, and the LM head's gather of the hidden states and of
-    the logits.  The embedding is replicated: no collective."""
+    tokens and reduce-scatter back (`dense_dp`: a rank all-reduce), and the LM head's
+    gather of the hidden states and of the logits.  The embedding is replicated: no collective."""
     a, d = dtype_bytes(dtype), cfg.hidden_size
     total = sum(sw.query_len * n for sw, n in groups)
     rank = sum(sw.query_len * n for sw, n in rank_groups(groups, par))
@@ -333,6 +340,8 @@ def _dp_attention_comm(cfg: ModelConfig, par: ParallelConfig, hw: HardwareSpec, 
         if is_moe_layer(cfg, spec):
             to_all += plan.time_s
             reduces += 1
+        elif par.dense_dp:
+            reduces += 1  # the rank's own tokens, after the dense MLP's down projection
         else:
             gathers += 2 * dense_gather  # all-gather before the dense MLP, reduce-scatter after
     if last:

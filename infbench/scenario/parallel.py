@@ -10,6 +10,7 @@ parallel:
   microbatches:  # pipeline micro-batches (default: pp)
   attention_dp: 1         # attention data-parallel ranks within tp (MoE: experts ep = tp)
   dispatch_dtype: model   # the MoE all-to-all dispatch: model (its dtype) | float8
+  dense_dp: false         # under attention_dp: the dense MLP on each rank's own tokens
   disaggregated:          # or prefill and decode on separate pools, each its own layout:
     prefill: {tp: 8, replicas: 2}     #   2 prefill instances of 8 devices
     decode: {tp: 8, attention_dp: 8}  #   1 decode instance of 8 devices

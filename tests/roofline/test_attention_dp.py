@@ -240,3 +240,61 @@ def test_cli_refusals_are_one_line(args, message, monkeypatch, capsys) -> None:
     code, out, err = run_cli(monkeypatch, capsys, "predict", *args)
     assert code == 2 and out == ""
     assert err.startswith("error: ") and message in err and err.count("\n") == 1
+
+
+# tiny-moe with its first layer dense: a SwiGLU of the model's intermediate size
+DENSE1 = replace(TINY, moe=replace(TINY.moe, first_k_dense=1)) if TINY.moe else TINY
+
+
+def test_dense_dp_runs_the_dense_mlp_on_the_rank_by_hand() -> None:
+    batch = [(SeqWork(1, 20), 8)]
+    par = P(tp=4, attention_dp=4, dense_dp=True)
+    mine = {(op.name, op.layer): op
+            for op in device_ops(DENSE1, batch, "bfloat16", None, par, stage="step",
+                                 by_layer=True)}
+    rank = {(op.name, op.layer): op
+            for op in group_costs(DENSE1, [(SeqWork(1, 20), 2)], "bfloat16", by_layer=True)}
+    # the dense MLP: the rank's 2 sequences, whole on its one device (replicated)
+    assert mine[("mlp", 0)] == rank[("mlp", 0)]
+    kw = dict(batch=8, prompt_len=10, gen_len=5, overlap="full")
+    gathered = predict(DENSE1, H100, parallel=P(tp=4, attention_dp=4), **kw)
+    dense = predict(DENSE1, H100, parallel=par, **kw)
+    # no all-gather of the 8 tokens (8 x 64 x 2 bytes) before it nor reduce-scatter after
+    assert gathered.decode_comm.all_gather_s - dense.decode_comm.all_gather_s == \
+        pytest.approx(2 * all_gather_s(8 * 64 * 2, 4, H100))
+    assert dense.decode_comm.all_reduce_s == 0.0  # a rank of one device reduces nothing
+    # the dense MLP's weights are held whole: 3/4 of them more per device
+    mlp = sum(op.weight_bytes for (name, _), op in rank.items() if name == "mlp")
+    assert dense.weight_bytes - gathered.weight_bytes == pytest.approx(mlp * 3 / 4, abs=1)
+    # ranks of 2 devices: the MLP split 2 ways, one rank all-reduce of its 4 tokens after it
+    two = predict(DENSE1, H100, parallel=P(tp=4, attention_dp=2, dense_dp=True), **kw)
+    two_gathered = predict(DENSE1, H100, parallel=P(tp=4, attention_dp=2), **kw)
+    assert two.decode_comm.all_reduce_s - two_gathered.decode_comm.all_reduce_s == \
+        pytest.approx(all_reduce_s(4 * 64 * 2, 2, H100, span=2))
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    (dict(tp=4, dense_dp=True), "parallel.dense_dp needs attention data parallelism"),
+    (dict(tp=4, attention_dp=4, dense_dp="yes"), "parallel.dense_dp: 'yes' is not a boolean; "
+                                                 "allowed: true, false"),
+])
+def test_bad_dense_dp_is_refused(kwargs, message) -> None:
+    with pytest.raises(ConfigError) as exc:
+        P(**kwargs)
+    assert message in str(exc.value)
+
+
+def test_dense_dp_flag_and_key(monkeypatch, capsys) -> None:
+    args = ["predict", "--model", "tiny-moe", "--batch", "8", "--prompt", "10", "--gen", "5",
+            "--tp", "4", "--attention-dp", "4", "--json"]
+    code, out, err = run_cli(monkeypatch, capsys, *args, "--dense-dp")
+    assert code == 0, err
+    row = json.loads(out)[0]
+    assert row["parallel"]["dense_dp"] is True
+    code, out2, err = run_cli(monkeypatch, capsys, *args, "--set", "parallel.dense_dp=true")
+    assert code == 0, err
+    assert json.loads(out2)[0]["parallel"] == row["parallel"]
+    code, out, err = run_cli(monkeypatch, capsys, "predict", "--model", "tiny-moe", "--tp",
+                             "4", "--dense-dp")
+    assert code == 2 and "parallel.dense_dp needs attention data parallelism" in err
+    assert len(err.strip().splitlines()) == 1
