@@ -306,7 +306,8 @@ def test_predict_parallel_json_and_table(monkeypatch, capsys) -> None:
                      "--replicas", "2"], monkeypatch, capsys)
     assert tp4["fits"] and tp4["parallel"] == {"tp": 4, "pp": 1, "ep": 1, "replicas": 2,
                                                "microbatches": 1, "attention_dp": 1,
-                                               "dispatch_dtype": "model", "devices": 8}
+                                               "dispatch_dtype": "model", "dense_dp": False,
+                                               "devices": 8}
     assert tp4["decode_comm_s"]["all_reduce_s"] > 0
     assert tp4["usable_memory_bytes"] == pytest.approx(81559 * 2**20 * 0.95)
     same, = run_json(["predict", "--model", "llama3-70b", "--batch", "8", "--set",

@@ -106,6 +106,10 @@ BAD_ROWS = [
     ("- {id: x, engine: vllm, model: m, gpu: h200, gpus: 1, prompt_len: 1, gen_len: 2, "
      "batch: 1, metric: itl_ms, scope: total, value: 1, source: s, parallel: {dp: 2}}",
      "unknown key 'dp'"),
+    ("- {id: x, engine: sglang, model: m, gpu: h200, gpus: 8, prompt_len: 1, gen_len: 2, "
+     "batch: 1, metric: itl_ms, scope: total, value: 1, source: s, "
+     "parallel: {tp: 8, attention_dp: 8, dense_dp: 2}}",
+     "parallel/dense_dp: 2; allowed: true, false"),
     ("- {id: x, engine: vllm, model: m, gpu: h200, gpus: 1, prompt_len: 1, gen_len: 2, "
      "batch: 1, metric: itl_ms, scope: total, value: 1, source: s, colour: red}",
      "unknown key 'colour'"),
