@@ -11,9 +11,14 @@ names, so any `quantization_config` spelling of the same layout loads):
     nvfp4, NVIDIA ModelOpt (`quant_algo: NVFP4`):
         P.weight uint8 (N, K/2) E2M1 pairs, P.weight_scale float8_e4m3fn (N, K/16),
         P.weight_scale_2 float32 ()
-    mxfp4 (OCP MX, one E8M0 byte per 32 inputs; gpt-oss stores its experts so, as
-    `_blocks` / `_scales`, which this loader does not read):
+    mxfp4 (OCP MX, one E8M0 byte per 32 inputs):
         P.weight uint8 (N, K/2) E2M1 pairs, P.weight_scale uint8 or float8_e8m0fnu (N, K/32)
+    gpt-oss's released MXFP4 routed experts (`quant_method: mxfp4`), per layer and matrix
+    X = gate_up_proj (N = 2I rows, gate and up rows alternating, K = H) or down_proj
+    (N = H, K = I), every expert's matrix (out, in) as transformers' mxfp4 integration
+    reads them:
+        mlp.experts.X_blocks uint8 (E, N, K/32, 16) E2M1 pairs (even column low nibble),
+        mlp.experts.X_scales uint8 (E, N, K/32) E8M0
 
 The scale tensors multiply the codes (DeepSeek's "inv" is the inverse of the quantizer's
 division).  A static activation scale (`P.input_scale`) is not used: activations are
@@ -25,12 +30,17 @@ format (a fused q/k/v or gate/up whose parts the file stores separately becomes 
 `ShardedLinear` of one per part, each with its own scales); `Loader.put` then copies the
 codes and scales into those buffers: no float copy of a quantized projection ever exists.
 Under any other `quant.weights` the same tensors are dequantized, one at a time, into the
-float model (as a GGUF file's blocks are without `native`).
+float model (as a GGUF file's blocks are without `native`).  gpt-oss's expert blocks
+(`plan_experts`, `ExpertLoader`) likewise: stored as `StackedFloatCodes` in the MoE layers
+under `native` (gate / up rows de-interleaved into MoEMLP's gate-then-up order, which
+moves whole rows of codes and scales, exactly), dequantized one stacked matrix at a time
+otherwise.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,7 +50,8 @@ from torch import nn
 
 from infbench.checkpoint.metadata import reading
 from infbench.core.errors import UserError
-from infbench.model.float_quant import FloatCodeLinear, ShardedLinear
+from infbench.model.float_quant import FloatCodeLinear, ShardedLinear, StackedFloatCodes
+from infbench.model.moe import MoEMLP
 from kernels.fp_format import (
     FP8_BLOCK,
     MX_BLOCK,
@@ -340,3 +351,139 @@ def _linear(model: nn.Module, parent_path: str, attr: str) -> nn.Linear | None:
         return None
     linear = getattr(parent, attr, None)
     return linear if isinstance(linear, nn.Linear) else None
+
+
+# ---------------------------------------------------------- gpt-oss's MXFP4 experts
+_EXPERT_BLOCKS = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)"
+                            r"_(blocks|scales)")
+
+
+@dataclass(frozen=True)
+class StoredExperts:
+    """One layer's stacked expert matrix stored as MXFP4 blocks: its checkpoint prefix
+    ("model.layers.0.mlp.experts.gate_up_proj") and the float (E, N, K)."""
+
+    prefix: str
+    layer: int
+    leaf: str  # gate_up_proj | down_proj
+    shape: tuple[int, int, int]
+
+
+def plan_experts(root: Path, files: list[Path]) -> list[StoredExperts]:
+    """gpt-oss's `_blocks` / `_scales` expert tensors of the file (empty for a float one);
+    a one-line UserError when a pair is incomplete or its dtypes / shapes disagree."""
+    heads = _headers(files)
+    out = []
+    for name, (dtype, shape) in sorted(heads.items()):
+        match = _EXPERT_BLOCKS.fullmatch(name)
+        if match is None or match.group(3) != "blocks":
+            if match is not None and name.replace("_scales", "_blocks") not in heads:
+                raise UserError(f"{root}: {name!r} has no {name.replace('_scales', '_blocks')!r}"
+                                " (MXFP4 experts store both)")
+            continue
+        scales = name.removesuffix("_blocks") + "_scales"
+        got = heads.get(scales)
+        e, n, groups = shape[:3] if len(shape) == 4 else (0, 0, 0)
+        if dtype != "U8" or len(shape) != 4 or shape[3] != MX_BLOCK // 2 or got is None \
+                or got[0] not in ("U8", "F8_E8M0") or got[1] != (e, n, groups):
+            raise UserError(f"{root}: MXFP4 experts {name!r} U8 {shape} need U8 of shape "
+                            f"(E, N, K/32, 16) and {scales!r} U8 (E, N, K/32); found {dtype} "
+                            f"{shape} and {got}")
+        out.append(StoredExperts(name.removesuffix("_blocks"), int(match.group(1)),
+                                 match.group(2), (e, n, groups * MX_BLOCK)))
+    return out
+
+
+def mxfp4_experts(blocks: torch.Tensor, scales: torch.Tensor, leaf: str) -> StackedFloatCodes:
+    """A layer's `_blocks` / `_scales` pair as MoEMLP stores it: gate_up's alternating
+    gate / up rows reordered to gate rows then up rows (codes and scales alike)."""
+    e, n = blocks.shape[:2]
+    packed = blocks.reshape(e, n, -1)  # (E, N, K / 2)
+    raw = scales.view(torch.uint8) if scales.dtype != torch.uint8 else scales  # (E, N, K/32)
+    if leaf == "gate_up_proj":
+        packed = torch.cat([packed[:, 0::2], packed[:, 1::2]], dim=1)
+        raw = torch.cat([raw[:, 0::2], raw[:, 1::2]], dim=1)
+    return StackedFloatCodes([Mxfp4Weight(packed[i].contiguous(), raw[i].contiguous())
+                              for i in range(e)])
+
+
+def empty_mxfp4_experts(shape: tuple[int, int, int], device: str | torch.device
+                        ) -> StackedFloatCodes:
+    e, n, k = shape
+    return StackedFloatCodes([Mxfp4Weight(
+        torch.empty(n, k // 2, dtype=torch.uint8, device=device),
+        torch.empty(n, k // MX_BLOCK, dtype=torch.uint8, device=device)) for _ in range(e)])
+
+
+def swap_experts(model: nn.Module, experts: list[StoredExperts]) -> None:
+    """Under `native`, on the meta device: each MoE layer whose experts the file stores as
+    MXFP4 holds empty `StackedFloatCodes` of their shapes (both matrices, or the file is
+    refused)."""
+    by_layer: dict[int, dict[str, StoredExperts]] = {}
+    for stored in experts:
+        by_layer.setdefault(stored.layer, {})[stored.leaf] = stored
+    for layer, leaves in sorted(by_layer.items()):
+        mlp = _layer_mlp(model, layer)
+        if mlp is None or set(leaves) != {"gate_up_proj", "down_proj"}:
+            raise UserError(f"{next(iter(leaves.values())).prefix}: MXFP4 experts need an MoE "
+                            "layer of the config storing both gate_up_proj and down_proj so")
+        w13 = empty_mxfp4_experts(leaves["gate_up_proj"].shape, "meta")
+        w2 = empty_mxfp4_experts(leaves["down_proj"].shape, "meta")
+        if w13.shape != tuple(mlp.w13.shape) or w2.shape != tuple(mlp.w2.shape):
+            raise UserError(f"model.layers.{layer}.mlp.experts: MXFP4 experts of shapes "
+                            f"{w13.shape} and {w2.shape}; the config expects "
+                            f"{tuple(mlp.w13.shape)} and {tuple(mlp.w2.shape)}")
+        mlp.set_stored_experts(w13, w2)
+
+
+def _layer_mlp(model: nn.Module, layer: int) -> MoEMLP | None:
+    """Layer `layer`'s MoE MLP, or None when there is no such layer or it is dense."""
+    try:
+        mlp = model.get_submodule(f"layers.{layer}.mlp")
+    except AttributeError:
+        return None
+    return mlp if isinstance(mlp, MoEMLP) else None
+
+
+@dataclass
+class ExpertLoader:
+    """Pairs each `_blocks` tensor with its `_scales`, then stores them in the model
+    (`native`) or hands `sink.put` the dequantized float matrix in the checkpoint's float
+    layout (E, K, N) under the float name."""
+
+    root: Path
+    experts: dict[str, StoredExperts]  # by prefix
+    native: bool
+    held: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
+    done: set[str] = field(default_factory=set)
+
+    def owns(self, name: str) -> bool:
+        return _EXPERT_BLOCKS.fullmatch(name) is not None
+
+    def put(self, name: str, tensor: torch.Tensor, model: nn.Module, sink: Any) -> None:
+        prefix, _, kind = name.rpartition("_")
+        stored = self.experts[prefix]
+        pieces = self.held.setdefault(prefix, {})
+        pieces[kind] = tensor
+        if len(pieces) < 2:
+            return
+        del self.held[prefix]
+        codes = mxfp4_experts(pieces["blocks"], pieces["scales"], stored.leaf)
+        if self.native:
+            mlp = _layer_mlp(model, stored.layer)
+            assert mlp is not None  # swap_experts checked it
+            into = mlp.w13 if stored.leaf == "gate_up_proj" else mlp.w2
+            assert isinstance(into, StackedFloatCodes)
+            with torch.no_grad():
+                into.codes.copy_(codes.codes)
+                into.scales.copy_(codes.scales)
+        else:  # float: back to the checkpoint's (E, K, N) layout (gate / up alternating)
+            raw = mxfp4_experts(pieces["blocks"], pieces["scales"], "down_proj")
+            sink.put(prefix, raw.dequantized().transpose(1, 2))
+        self.done.add(prefix)
+
+    def finish(self) -> None:
+        missing = sorted(set(self.experts) - self.done)
+        if missing:
+            raise UserError(f"{self.root}: checkpoint has no complete {missing[0]!r}_blocks / "
+                            f"_scales and {len(missing) - 1} more MXFP4 expert matrices")

@@ -228,20 +228,27 @@ def _load(
         config = _with_overrides(config_from_hf_dir(value), overrides)
         files = _safetensors_files(root) if weights != "random" else []
         matrices = fp_checkpoint.plan(root, files) if files else []
-        if native and not matrices:
+        experts = fp_checkpoint.plan_experts(root, files) if files else []
+        if native and not matrices and not experts:
             raise UserError(f"model.quant.weights=native: {root} stores no fp8 / nvfp4 "
                             "projections (F8_E4M3 weights with weight_scale(_inv), or U8 with "
                             "F8_E4M3 weight_scale); allowed for it: none, int8, int4, fp8, "
                             "mxfp4, nvfp4")
-        model, stored = _materialize_hf(config, torch_dtype, dev, root, matrices, native)
+        model, stored = _materialize_hf(config, torch_dtype, dev, root, matrices, native,
+                                        experts)
         summary = f"hf {value}"
         if weights == "random":
             _init_random(model, seed)
         else:
-            _load_safetensors(model, root, files, matrices, stored)
+            expert_loader = fp_checkpoint.ExpertLoader(root, {e.prefix: e for e in experts},
+                                                       native)
+            _load_safetensors(model, root, files, matrices, stored, expert_loader)
         if matrices:
             kept = len(stored.dequantized) if stored is not None else 0
             summary += f" ({fp_checkpoint.describe(matrices, native, kept)})"
+        if experts:
+            how = "run as stored" if native else "dequantized to the model dtype"
+            summary += f" (mxfp4 experts x{len(experts)}, {how})"
         has_tokenizer = (root / "tokenizer.json").is_file()
         tokenizer = Tokenizer.from_hf_dir(value) if has_tokenizer else None
         loaded = _finish(model, config, tokenizer, summary,
@@ -331,14 +338,18 @@ def _materialize(config: ModelConfig, dtype: torch.dtype, device: torch.device,
 
 def _materialize_hf(config: ModelConfig, dtype: torch.dtype, device: torch.device, root: Path,
                     matrices: list[fp_checkpoint.StoredMatrix], native: bool,
+                    experts: list[fp_checkpoint.StoredExperts] | None = None,
                     ) -> tuple[Transformer, fp_checkpoint.Loader | None]:
     """`_materialize` for an HF directory: with native weights the projections the file
-    stores in fp8 / nvfp4 become FloatCodeLinears on the meta device first, so only their
-    codes and scales are ever allocated; returns the loader that fills them."""
-    if not (native and matrices):
+    stores in fp8 / nvfp4 become FloatCodeLinears on the meta device first (gpt-oss's
+    MXFP4 experts StackedFloatCodes), so only their codes and scales are ever allocated;
+    returns the loader that fills the projections."""
+    if not (native and (matrices or experts)):
         return _materialize(config, dtype, device), None
     _check_fits(config, dtype, device)  # the float size: an upper bound of the stored one
     model = Transformer(config, dtype=dtype, device="meta")
+    if experts:
+        fp_checkpoint.swap_experts(model, experts)
     loader = fp_checkpoint.swap(model, _WeightSink(model, str(root)), matrices, root, dtype)
     model.to_empty(device=device)
     model.init_rope_cache()
@@ -479,10 +490,9 @@ class _WeightSink:
 
     def put(self, hf_name: str, tensor: torch.Tensor) -> None:
         if self.is_gpt_oss and hf_name.endswith(("_blocks", "_scales")):
-            raise UserError(f"{self.origin}: tensor {hf_name!r} is an MXFP4 block of the released "
-                            "gpt-oss experts; the engine loads float (bf16 / fp32) gpt-oss "
-                            "checkpoints only; allowed: a dequantized checkpoint (predict prices "
-                            "the MXFP4 one with model.quant.weights: native)")
+            raise UserError(f"{self.origin}: tensor {hf_name!r}: MXFP4 blocks / scales are "
+                            "read for the routed experts only (mlp.experts.gate_up_proj / "
+                            "down_proj); allowed elsewhere: float tensors")
         dest = self.target(hf_name)
         if dest is None:
             return
@@ -607,16 +617,20 @@ def _safetensors_files(root: Path) -> list[Path]:
 
 def _load_safetensors(model: Transformer, root: Path, files: list[Path],
                       matrices: list[fp_checkpoint.StoredMatrix],
-                      stored: fp_checkpoint.Loader | None) -> None:
+                      stored: fp_checkpoint.Loader | None,
+                      experts: fp_checkpoint.ExpertLoader | None = None) -> None:
     """Stream every tensor into the model.  The fp8 / nvfp4 matrices of `matrices` go as
     stored into `stored`'s FloatCodeLinears (native), or are dequantized to the model
-    dtype one matrix at a time (no `stored`)."""
+    dtype one matrix at a time (no `stored`); gpt-oss's MXFP4 experts likewise through
+    `experts`."""
     sink = _WeightSink(model, str(root))
     dequant = fp_checkpoint.Dequantizer(
         stored.dequantized if stored is not None else {m.prefix: m for m in matrices})
     for file in files:
         for name, tensor in _safetensors_tensors(file):
-            if stored is not None and stored.owns(name):
+            if experts is not None and experts.owns(name):
+                experts.put(name, tensor, model, sink)
+            elif stored is not None and stored.owns(name):
                 stored.put(name, tensor)
             elif fp_checkpoint.owned(dequant.matrices, name):
                 done = dequant.take(name, tensor)
@@ -630,6 +644,8 @@ def _load_safetensors(model: Transformer, root: Path, files: list[Path],
     sink.finish()
     if stored is not None:
         stored.finish()
+    if experts is not None:
+        experts.finish()
 
 
 def load_mtp_head(loaded: LoadedModel) -> Any:
