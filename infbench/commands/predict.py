@@ -105,6 +105,14 @@ def default_lengths(cfg: Any, prompt: int | None, gen: int | None,
                                  f"predicting --prompt {prompt_len} --gen {gen_len}")
 
 
+def _a2a_links(a2a: Any) -> str:
+    """Where an all-to-all runs: one link, or the network between nodes and the link in."""
+    if a2a.nodes == 1:
+        return str(a2a.tier)
+    return (f"{a2a.tier} between {a2a.nodes} nodes ({a2a.remote_nodes:.3g} per token, "
+            f"{fmt_si(a2a.network_bytes)}B) and {a2a.link_tier} in them")
+
+
 def parallel_config(tp: int | None, pp: int | None, ep: int | None, replicas: int | None,
                     microbatches: int | None = None, attention_dp: int | None = None,
                     dispatch_dtype: str | None = None, dense_dp: bool = False) -> Any:
@@ -405,7 +413,7 @@ def _print_details(console: Any, pp: PointPrice, p: Prediction) -> None:
                     f"{p.model} b={p.batch} {stage} all-to-all per MoE layer ({a2a.moe_layers} "
                     f"layers), per device: {a2a.tokens:,.6g} tokens x top-{a2a.top_k}, "
                     f"dispatch {fmt_si(a2a.dispatch_bytes)}B ({a2a.dispatch_dtype}) + combine "
-                    f"{fmt_si(a2a.combine_bytes)}B over {a2a.tier} (ep {a2a.group}): "
+                    f"{fmt_si(a2a.combine_bytes)}B over {_a2a_links(a2a)} (ep {a2a.group}): "
                     f"{fmt_ms(a2a.time_s)} ms per layer", highlight=False)
     if p.speculative is not None:
         s = p.speculative

@@ -5,6 +5,7 @@ against numbers worked out by hand for the tiny MoE preset."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 
 import pytest
@@ -298,3 +299,16 @@ def test_dense_dp_flag_and_key(monkeypatch, capsys) -> None:
                              "4", "--dense-dp")
     assert code == 2 and "parallel.dense_dp needs attention data parallelism" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_cli_prints_the_network_part_across_nodes(monkeypatch, capsys) -> None:
+    # DeepSeek-V2-Lite, 64 experts top-6 over 16 H100s (2 nodes): a node of 32 experts is
+    # missed with C(32, 6) / C(64, 6), so a token crosses to the other node that often less
+    code, out, err = run_cli(monkeypatch, capsys, "predict", "--model", "deepseek-v2-lite",
+                             "--batch", "4", "--prompt", "16", "--gen", "2", "--tp", "16",
+                             "--ep", "16")
+    assert code == 0, err
+    remote = 1 - math.comb(32, 6) / math.comb(64, 6)
+    text = " ".join(out.split())  # the console wraps long lines
+    assert f"over network between 2 nodes ({remote:.3g} per token, " in text
+    assert "and nvlink4 in them (ep 16)" in text
