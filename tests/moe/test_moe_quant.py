@@ -20,6 +20,7 @@ from infbench.model.context import DenseContext
 from infbench.model.float_quant import FloatCodeLinear, StackedFloatCodes
 from infbench.model.loader import load_model
 from infbench.model.moe import MoEMLP, moe_layers, routed_expert_bytes
+from infbench.roofline.shapes import weight_bytes
 
 TOL = 1e-5
 # Every expert and shared-expert width a multiple of 32 (the fp4 blocks)
@@ -87,6 +88,10 @@ def test_stored_experts_equal_their_dequantized_weights(tmp_path: Path, kind: st
     stored = sum(mod.stored_bytes for mod in loaded.model.modules()
                  if isinstance(mod, FloatCodeLinear | StackedFloatCodes))
     assert loaded.weight_bytes == floats + stored
+    if kind != "deepseek_v2" and (fmt == "mxfp4" or scales == "channel"):
+        # formats without per-matrix scales: exactly what `predict` prices (MLA keeps its
+        # kv_b_proj float in the engine, docs/quantization.md)
+        assert loaded.weight_bytes == weight_bytes(loaded.config, "float32", quant)
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
