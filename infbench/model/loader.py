@@ -456,7 +456,7 @@ class _WeightSink:
         self.pending = {p for p in self.pending if p[0] not in stacked}
         self.pending |= {(n, s) for n in views for s in range(len(view_shards.get(n, [0])))}
         self.stacked = stacked
-        self.is_gpt_oss = model.config.arch == "gpt_oss"
+        self.is_gpt_oss = cfg is not None and cfg.arch == "gpt_oss"
 
     def target(self, hf_name: str) -> tuple[str, int] | None:
         """(our name, shard) for a checkpoint tensor; None for tensors we deliberately skip."""
