@@ -61,7 +61,7 @@ from infbench.model.float_quant import use_float_activations
 from infbench.model.gemma import GeGLUMLP
 from infbench.model.gguf_blocks import empty_format, format_parts, map_rows, native_weight
 from infbench.model.layers import SwiGLUMLP
-from infbench.model.moe import expert_views, gpt_oss_expert_layout, moe_target
+from infbench.model.moe import expert_views, gpt_oss_expert_layout, moe_layers, moe_target
 from infbench.model.prune import apply_prune
 from infbench.model.quant import (
     QuantEmbedding,
@@ -174,6 +174,10 @@ def _check_native_source(source: dict[str, str], weights: str,
 
 def _use_float_activations(loaded: LoadedModel, activations: str) -> None:
     """W8A8 / W4A4 numerics: every fp8 / mxfp4 / nvfp4 projection rounds its inputs."""
+    if any(m.stored_experts for m in moe_layers(loaded.model)):
+        raise ConfigError(f"quant.activations={activations}: the stored routed experts of an "
+                          "MoE model multiply float activations only; allowed for MoE "
+                          "models: float")
     try:
         count = use_float_activations(loaded.model, activations)
     except ValueError as exc:  # a stored format the activations do not pair with

@@ -122,3 +122,9 @@ def test_stored_experts_keep_the_float_modules_out() -> None:
     loaded = load_model({"preset": "tiny-moe"}, quant=QuantConfig(weights="fp8"))
     m = moe_layers(loaded.model)[0]
     assert isinstance(m, MoEMLP) and m.stored_experts and m.w13.format_name == "fp8/channel"
+
+
+def test_rounded_activations_are_refused_for_stored_experts() -> None:
+    """W8A8 / W4A4 numerics are not reproduced inside the experts: refused, not skipped."""
+    with pytest.raises(ConfigError, match="activations=fp8: .*allowed for MoE models: float"):
+        load_model({"preset": "tiny-moe"}, quant=QuantConfig(weights="fp8", activations="fp8"))
