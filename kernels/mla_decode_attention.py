@@ -179,9 +179,9 @@ def mla_decode_attention(
         num_rows = batch * num_heads  # partial (rows, S, Dl), lse (rows, S), out (rows, Dl)
         block_r = 4 if compiled else 64
         _paged_decode_reduce_kernel[(cdiv(num_rows, block_r),)](
-            partial, lse, out, num_rows,
+            partial, lse, out, lse, num_rows, num_heads,  # MLA has no sinks (never read)
             V_HEAD_DIM=rank, NUM_SPLITS=num_splits, BLOCK_R=block_r,
-            BLOCK_DV=triton.next_power_of_2(rank),
+            BLOCK_DV=triton.next_power_of_2(rank), HAS_SINKS=False,
         )
     return out
 

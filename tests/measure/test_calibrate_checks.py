@@ -287,7 +287,7 @@ def _point(hardware: str = "cpu") -> Any:
 
 def test_a_prediction_carries_the_profile_flags(tmp_path, monkeypatch):
     monkeypatch.setattr("infbench.measure.prediction.predict", lambda *a, **k: SimpleNamespace(
-        e2e_s=1.0, overlap="none"))
+        e2e_s=1.0, overlap="none", disaggregated=None))
     monkeypatch.setattr("infbench.measure.prediction.prediction_dict",
                         lambda p: {"ttft_s": 0.1, "tpot_s": 0.01, "e2e_s": p.e2e_s})
     cfg = ModelConfig.from_name("smollm2-135m")

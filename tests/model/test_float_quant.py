@@ -109,11 +109,6 @@ def test_fp4_needs_whole_scale_blocks():
                    quant=QuantConfig(weights="mxfp4"))
 
 
-def test_moe_models_are_refused():
-    with pytest.raises(ConfigError, match="routed experts"):
-        load_model({"preset": "tiny-moe"}, quant=QuantConfig(weights="fp8"))
-
-
 @pytest.mark.parametrize("weights", ["int8", "fp8"])
 def test_mla_keeps_kv_b_proj_in_float(weights):
     """MLA's cached decode multiplies by per-head slices of kv_b_proj's float weight: the
