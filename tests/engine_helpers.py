@@ -17,6 +17,13 @@ from infbench.engine.request import Request, SamplingParams
 from infbench.model.context import DenseContext
 
 
+def dense_logits(model: Any, ids: torch.Tensor) -> torch.Tensor:
+    """Logits (T, V) of one sequence `ids` through the model's dense (non-paged) path."""
+    with torch.no_grad():
+        hidden = model(ids, torch.arange(ids.shape[0]), DenseContext.single(ids.shape[0]))
+        return model.compute_logits(hidden)  # type: ignore[no-any-return]
+
+
 def make_engine(loaded: Any, requests: Sequence[Request], dtype: str = "float32",
                 kv_quant: str = "none", **engine_kw: Any) -> Engine:
     """A CPU engine with block size 4 sized for `requests` (or for `kv_cache_memory` bytes);

@@ -1023,8 +1023,8 @@ PRESETS: dict[str, ModelConfig] = {
                       topk_method="noaux_tc", norm_topk_prob=True, n_group=8, topk_group=4,
                       routed_scaling_factor=2.5),
     ),
-    # moonshotai/Kimi-K2-Instruct (DeepseekV3ForCausalLM; 1.04T total, 32B active): 64 heads,
-    # 384 experts in one group, one dense layer, no MTP module; YaRN x32 from 4k.
+    # moonshotai/Kimi-K2-Instruct (DeepseekV3ForCausalLM; card 1T / 32B active, 1.026T here):
+    # 64 heads, 384 experts in one group, one dense layer, no MTP module; YaRN x32 from 4k.
     "kimi-k2": ModelConfig(
         name="kimi-k2", vocab_size=163840, hidden_size=7168, num_layers=61, num_heads=64,
         num_kv_heads=64, intermediate_size=18432, max_seq_len=131072, rms_norm_eps=1e-6,

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from engine_helpers import dense_logits
 
 from infbench.checkpoint.metadata import config_from_hf_dir
 from infbench.engine.llm import LLM
@@ -72,12 +73,6 @@ def write_hf(tmp: Path, case: str, seed: int = 0) -> Any:
     return model
 
 
-def _ours(model: Any, ids: torch.Tensor) -> torch.Tensor:
-    with torch.no_grad():
-        hidden = model(ids, torch.arange(ids.shape[0]), DenseContext.single(ids.shape[0]))
-        return model.compute_logits(hidden)  # (T, V)
-
-
 def _theirs(hf: Any, ids: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         return hf(ids[None]).logits[0].float()  # (T, V)
@@ -88,7 +83,7 @@ def test_logits_match_transformers(tmp_path: Path, case: str) -> None:
     hf = write_hf(tmp_path, case)
     model = load_model({"path": str(tmp_path)}).model
     ids = torch.randint(0, VOCAB, (SEQ_LEN,), generator=torch.Generator().manual_seed(1))
-    ours, ref = _ours(model, ids), _theirs(hf, ids)
+    ours, ref = dense_logits(model, ids), _theirs(hf, ids)
     assert ours.shape == (SEQ_LEN, VOCAB)
     assert (ours - ref).abs().max().item() < TOL
 
@@ -159,7 +154,7 @@ def test_softcap_falls_back_from_the_fused_cpu_decode_layer(tmp_path: Path) -> N
     def dense_greedy(model: Any, prompt: list[int], n: int) -> list[int]:
         ids = list(prompt)
         for _ in range(n):
-            ids.append(int(_ours(model, torch.tensor(ids))[-1].argmax()))
+            ids.append(int(dense_logits(model, torch.tensor(ids))[-1].argmax()))
         return ids[len(prompt):]
 
     prompt = [3, 17, 42, 5, 9, 61, 2, 8, 30]
@@ -223,10 +218,10 @@ def test_int8_weights_keep_biases_and_gemma_blocks(tmp_path: Path, case: str) ->
 
     write_hf(tmp_path, case)
     ids = torch.randint(0, VOCAB, (SEQ_LEN,), generator=torch.Generator().manual_seed(1))
-    exact = _ours(load_model({"path": str(tmp_path)}).model, ids)
+    exact = dense_logits(load_model({"path": str(tmp_path)}).model, ids)
     quant = load_model({"path": str(tmp_path)}, quant=QuantConfig(weights="int8"))
     assert "int8 rtn" in quant.source
-    err = (_ours(quant.model, ids) - exact).abs().max().item()
+    err = (dense_logits(quant.model, ids) - exact).abs().max().item()
     assert 0 < err < 0.05 * exact.abs().max().item()
 
 
@@ -293,7 +288,7 @@ def test_speculative_verification_rows_are_soft_capped_too(tmp_path: Path) -> No
     prompt = [7, 8, 9, 10] * 3
     ids = list(prompt)
     for _ in range(12):
-        ids.append(int(_ours(capped.model, torch.tensor(ids))[-1].argmax()))
+        ids.append(int(dense_logits(capped.model, torch.tensor(ids))[-1].argmax()))
     llm = LLM(capped, backend="cpu", max_model_len=64, num_kv_blocks=32, block_size=4,
               speculative=SpeculativeConfig("ngram", 3, ngram_max=2))
     out = llm.generate([prompt], SamplingParams(max_tokens=12, ignore_eos=True))
@@ -319,4 +314,4 @@ def test_yarn_rope_matches_transformers_attention_factor_included(tmp_path: Path
             del CASES["qwen2-yarn"]
     model = load_model({"path": str(tmp_path)}).model
     ids = torch.randint(0, VOCAB, (SEQ_LEN,), generator=torch.Generator().manual_seed(1))
-    assert (_ours(model, ids) - _theirs(hf, ids)).abs().max().item() < TOL
+    assert (dense_logits(model, ids) - _theirs(hf, ids)).abs().max().item() < TOL

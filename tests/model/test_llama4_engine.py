@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 import torch
+from engine_helpers import dense_logits
 
 from infbench.engine.llm import LLM
 from infbench.engine.request import SamplingParams
-from infbench.model.context import DenseContext
 from infbench.model.loader import load_model
 
 VOCAB, SEQ_LEN, TOL = 96, 19, 1e-4
@@ -61,12 +61,6 @@ def write_hf(tmp: Path, case: str, seed: int = 0) -> Any:
     return model
 
 
-def _ours(model: Any, ids: torch.Tensor) -> torch.Tensor:
-    with torch.no_grad():
-        hidden = model(ids, torch.arange(ids.shape[0]), DenseContext.single(ids.shape[0]))
-        return model.compute_logits(hidden)  # (T, V)
-
-
 @pytest.mark.parametrize("case", list(CASES))
 def test_logits_match_transformers(tmp_path: Path, case: str) -> None:
     hf = write_hf(tmp_path, case)
@@ -74,7 +68,7 @@ def test_logits_match_transformers(tmp_path: Path, case: str) -> None:
     ids = torch.randint(0, VOCAB, (SEQ_LEN,), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         ref = hf(ids[None]).logits[0].float()
-    ours = _ours(model, ids)
+    ours = dense_logits(model, ids)
     assert ours.shape == (SEQ_LEN, VOCAB)
     assert (ours - ref).abs().max().item() < TOL
 
@@ -83,11 +77,11 @@ def test_each_llama4_feature_changes_the_logits(tmp_path: Path) -> None:
     """Turning a feature off moves the logits: the parity above exercises every one."""
     write_hf(tmp_path, "scout-like")
     ids = torch.randint(0, VOCAB, (SEQ_LEN,), generator=torch.Generator().manual_seed(1))
-    base = _ours(load_model({"path": str(tmp_path)}).model, ids)
+    base = dense_logits(load_model({"path": str(tmp_path)}).model, ids)
     for change in (dict(attention_chunk=None), dict(qk_l2_norm=False),
                    dict(attn_temperature_floor=None), dict(nope_layers=()),
                    dict(moe={"scale_input": False})):
-        other = _ours(load_model({"path": str(tmp_path)}, overrides=change).model, ids)
+        other = dense_logits(load_model({"path": str(tmp_path)}, overrides=change).model, ids)
         assert (other - base).abs().max().item() > 1e-3, change
 
 
@@ -266,7 +260,7 @@ def test_multimodal_checkpoint_runs_its_text_model(tmp_path: Path) -> None:
     ids = torch.randint(0, 80, (SEQ_LEN,), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         ref = hf.language_model(ids[None]).logits[0].float()
-    assert (_ours(load_model({"path": str(tmp_path)}).model, ids) - ref).abs().max() < TOL
+    assert (dense_logits(load_model({"path": str(tmp_path)}).model, ids) - ref).abs().max() < TOL
 
 
 _TRITON_ENGINE = r"""
