@@ -22,7 +22,9 @@ def test_quick_overhead_run_writes_figures(tmp_path: Path) -> None:
     for side in ("in_process", "served"):
         s = o[side]
         assert s["num_requests"] == 2 and s["output_tokens"] == 2 * 6
-        assert s["ttft_p50_s"] > 0 and s["tpot_mean_s"] > 0
+        # Tokens that reach the client in one read share a timestamp (a loaded machine
+        # coalesces SSE chunks), so a TPOT of 0 is a measurement, not a failure.
+        assert s["ttft_p50_s"] > 0 and s["tpot_mean_s"] is not None and s["tpot_mean_s"] >= 0
     assert o["added_ttft_p50_s"] == pytest.approx(o["served"]["ttft_p50_s"]
                                                   - o["in_process"]["ttft_p50_s"])
     assert {t["status"] for t in o["targets"]} <= {"PASS", "NOT MET"}

@@ -246,3 +246,29 @@ def test_the_shipped_gate_and_its_committed_baseline_fit(monkeypatch):
     assert gate is not None and gate.normalize == "torch_reference"
     assert all(p.measure.torch_reference for p in points)
     check_gate(gate, points)
+
+
+def test_ci_gate_base_commit_runs_the_same_scenario():
+    """.ci/gate measures results/baselines/ci/base_commit on the CI machine and gates HEAD
+    against it: the base must be a full sha whose scenarios/ci_gate.yaml is today's (else the
+    two sides are different points and the gate refuses them, exit 2)."""
+    import re
+    import shutil
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[2]
+    lines = [line.strip() for line in (repo / "results/baselines/ci/base_commit")
+             .read_text().splitlines() if line.strip() and not line.startswith("#")]
+    assert len(lines) == 1 and re.fullmatch(r"[0-9a-f]{40}", lines[0]), lines
+    if shutil.which("git") is None or not (repo / ".git").exists():
+        pytest.skip("not a git checkout")
+    shown = subprocess.run(["git", "-C", str(repo), "show", f"{lines[0]}:scenarios/ci_gate.yaml"],
+                           capture_output=True, text=True)
+    if shown.returncode != 0:
+        pytest.skip(f"base commit not in this clone (shallow?): {shown.stderr.strip()}")
+    import yaml
+
+    base = yaml.safe_load(shown.stdout)
+    now = yaml.safe_load((repo / "scenarios/ci_gate.yaml").read_text())
+    assert {k: v for k, v in base.items() if k not in ("gate", "measure")} == \
+        {k: v for k, v in now.items() if k not in ("gate", "measure")}
