@@ -30,7 +30,7 @@ run: $(STAMP)
 	$(BIN)/infbench run scenarios/quickstart.yaml
 
 test: $(STAMP)
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest tests --durations=30
 
 lint: $(STAMP)
 	$(BIN)/ruff check infbench kernels tests
