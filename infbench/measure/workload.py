@@ -10,7 +10,10 @@ Prompts are random token ids (from [min(10, vocab - 1), vocab), skipping EOS) or
 windows of the shipped public-domain text (`infbench/data/prose.txt`), cut at
 seeded offsets and cycled for long prompts.  With `shared_prefix_len` P the first
 P tokens of every prompt are one seeded "system prompt"; a drawn prompt length is
-raised to P when shorter, so every prompt contains the whole prefix.
+raised to P when shorter, so every prompt contains the whole prefix.  `workload.prefix`
+groups (measure/prefix.py) generalize it: each request carries its group's prefix, at the
+start of a generated prompt or a trace row, prepended to a text dataset's prompt, and
+`draw_workload` returns the groups' summary (the intended hit rate) with the requests.
 
 Arrivals: all at t=0 (static, offline, or a rate of inf), a gamma process of shape
 `burstiness` and mean gap 1/rate (poisson; shape 1 is the Poisson process, drawn as
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import math
 import sys
+from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 from typing import Any
@@ -38,9 +42,18 @@ import numpy as np
 from infbench.core.errors import ConfigError, UserError
 from infbench.engine.request import Request, SamplingParams
 from infbench.measure import datasets
+from infbench.measure import prefix as prefix_mod
 from infbench.scenario.workload import WorkloadPoint
 
 _NUM_STREAMS = 5  # prompt lengths, output lengths, arrivals, prompt tokens, sampling seeds
+
+
+@dataclass(frozen=True)
+class DrawnWorkload:
+    """A point's requests and its prefix groups (the result's `prefix` section, or None)."""
+
+    requests: list[Request]
+    prefix: dict[str, Any] | None
 
 
 def generate_requests(point: WorkloadPoint, vocab_size: int, tokenizer: Any = None,
@@ -50,18 +63,33 @@ def generate_requests(point: WorkloadPoint, vocab_size: int, tokenizer: Any = No
 
     `max_model_len` (the model's context) filters dataset text prompts that cannot fit.
     """
+    return draw_workload(point, vocab_size, tokenizer, eos_token_id, max_model_len).requests
+
+
+def draw_workload(point: WorkloadPoint, vocab_size: int, tokenizer: Any = None,
+                  eos_token_id: int | None = None,
+                  max_model_len: int | None = None) -> DrawnWorkload:
+    """`generate_requests`' requests with the summary of their prefix groups
+    (measure/prefix.py: the groups and the hit rate they mean)."""
     if vocab_size <= 0:
         raise ConfigError(f"vocab_size must be > 0, got {vocab_size}")
     len_rng, gen_rng, arrival_rng, prompt_rng, seed_rng = _streams(point)
     n = point.num_prompts
     if point.dataset is not None:
-        prompts, lens, entries = _dataset_prompts(point, len_rng, prompt_rng, vocab_size,
-                                                  tokenizer, eos_token_id, max_model_len)
+        prompts, lens, entries, groups = _dataset_prompts(
+            point, len_rng, prompt_rng, vocab_size, tokenizer, eos_token_id, max_model_len)
         gen_lens = np.asarray(lens, dtype=np.int64)
         arrivals = (trace_arrivals(point, entries) if point.kind == "trace" else
                     arrival_times(arrival_rng, point.kind, point.rate, n, point.burstiness))
-        return _build(point, prompts, gen_lens, arrivals, seed_rng, eos_token_id)
+        prompts, summary = _place_prefix(point, groups, prompts, vocab_size, tokenizer,
+                                         eos_token_id)
+        prefix_mod.check_context(groups, prompts, gen_lens, max_model_len, point.dataset.path)
+        return DrawnWorkload(_build(point, prompts, gen_lens, arrivals, seed_rng,
+                                    eos_token_id), summary)
     prompt_lens, gen_lens = _lengths(point, len_rng, gen_rng)
+    groups = prefix_mod.plan(point, prompt_lens, draw_lengths)
+    if groups is not None:  # a prompt shorter than its group's prefix is raised to it
+        prompt_lens = groups.prompt_lengths(prompt_lens)
     arrivals = arrival_times(arrival_rng, point.kind, point.rate, n, point.burstiness)
     if point.prompt_source == "text":
         prompts = _text_prompts(prompt_rng, [int(x) for x in prompt_lens], point, tokenizer,
@@ -69,7 +97,29 @@ def generate_requests(point: WorkloadPoint, vocab_size: int, tokenizer: Any = No
     else:
         prompts = _random_prompts(prompt_rng, [int(x) for x in prompt_lens],
                                   point.shared_prefix_len, vocab_size, eos_token_id)
-    return _build(point, prompts, gen_lens, arrivals, seed_rng, eos_token_id)
+    prompts, summary = _place_prefix(point, groups, prompts, vocab_size, tokenizer, eos_token_id)
+    return DrawnWorkload(_build(point, prompts, gen_lens, arrivals, seed_rng, eos_token_id),
+                         summary)
+
+
+def _place_prefix(point: WorkloadPoint, groups: prefix_mod.PrefixPlan | None,
+                  prompts: list[list[int]], vocab_size: int, tokenizer: Any,
+                  eos: int | None) -> tuple[list[list[int]], dict[str, Any] | None]:
+    """The prompts with their group's prefix in place, and the groups' summary (without
+    workload.prefix: shared_prefix_len's one group, already in the prompts, or None)."""
+    if groups is None:
+        return prompts, prefix_mod.summary(prefix_mod.one_group(point), prompts)
+    is_text = point.prompt_source == "text" or groups.is_prepended
+    bos = getattr(tokenizer, "bos_token_id", None) if is_text else None
+    if is_text:  # windows of the shipped text, as the tokenizer encodes it
+        corpus = _corpus(tokenizer, vocab_size, eos, "workload.prefix")[1]
+        prefixes = prefix_mod.prefix_tokens(point, groups,
+                                            lambda rng, k: _window(rng, corpus, k))
+    else:
+        prefixes = prefix_mod.prefix_tokens(point, groups,
+                                            lambda rng, k: _random_ids(rng, k, vocab_size, eos))
+    placed = prefix_mod.place(groups, prompts, prefixes, bos)
+    return placed, prefix_mod.summary(groups, placed, bos)
 
 
 def _build(point: WorkloadPoint, prompts: list[list[int]], gen_lens: np.ndarray,
@@ -108,8 +158,16 @@ def request_lengths(point: WorkloadPoint) -> tuple[np.ndarray, np.ndarray]:
         outs = [e.output_len if e.output_len is not None else
                 datasets.word_count(e.reference) if e.reference is not None else point.gen_len
                 for e in entries]
-        return np.asarray(prompts, dtype=np.int64), np.asarray(outs, dtype=np.int64)
-    return _lengths(point, len_rng, gen_rng)
+        return (_with_prefix(point, np.asarray(prompts, dtype=np.int64)),
+                np.asarray(outs, dtype=np.int64))
+    prompt_lens, gen_lens = _lengths(point, len_rng, gen_rng)
+    return _with_prefix(point, prompt_lens), gen_lens
+
+
+def _with_prefix(point: WorkloadPoint, prompt_lens: np.ndarray) -> np.ndarray:
+    """Prompt lengths with their prefix group's prefix (unchanged without workload.prefix)."""
+    groups = prefix_mod.plan(point, prompt_lens, draw_lengths)
+    return prompt_lens if groups is None else groups.prompt_lengths(prompt_lens)
 
 
 def _streams(point: WorkloadPoint) -> list[np.random.Generator]:
@@ -213,10 +271,13 @@ def _sampled_entries(point: WorkloadPoint, rng: np.random.Generator, fits: Any,
 def _dataset_prompts(point: WorkloadPoint, pick_rng: np.random.Generator,
                      prompt_rng: np.random.Generator, vocab_size: int, tokenizer: Any,
                      eos: int | None, max_model_len: int | None
-                     ) -> tuple[list[list[int]], list[int], list[datasets.DatasetEntry]]:
-    """(prompt ids, output lengths, entries) of the sampled entries.  Text entries that do
-    not fit the context are skipped before sampling; trace rows never are (that would
-    change the trace's timing), so an over-long row is the engine's one-line error."""
+                     ) -> tuple[list[list[int]], list[int], list[datasets.DatasetEntry],
+                                prefix_mod.PrefixPlan | None]:
+    """(prompt ids, output lengths, entries, prefix groups) of the sampled entries.  Text
+    entries that do not fit the context are skipped before sampling; trace rows never are
+    (that would change the trace's timing), so an over-long row is the engine's one-line
+    error.  A text prompt's prefix is placed later (_place_prefix); a trace row's length
+    is raised to its group's prefix here, as a generated prompt's is."""
     assert point.dataset is not None
     cfg = point.dataset
     if cfg.kind != "trace" and (tokenizer is None or not hasattr(tokenizer, "encode")):
@@ -250,12 +311,19 @@ def _dataset_prompts(point: WorkloadPoint, pick_rng: np.random.Generator,
         if top >= vocab_size:
             raise UserError(f"workload.dataset: the tokenizer produces id {top}, outside the "
                             f"model vocabulary (0..{vocab_size - 1})")
-        return prompts, outs, entries
+        bos = getattr(tokenizer, "bos_token_id", None)
+        head = int(bos is not None and all(p[:1] == [bos] for p in prompts))
+        groups = prefix_mod.plan(point, np.asarray([len(p) for p in prompts]), draw_lengths,
+                                 head)
+        return prompts, outs, entries, groups
     lengths = [int(e.prompt_len or 1) for e in entries]
+    groups = prefix_mod.plan(point, np.asarray(lengths, dtype=np.int64), draw_lengths)
+    if groups is not None:
+        lengths = [int(x) for x in groups.prompt_lengths(np.asarray(lengths))]
     if point.prompt_source == "text":
         return (_text_prompts(prompt_rng, lengths, point, tokenizer, vocab_size, eos), outs,
-                entries)
-    return _random_prompts(prompt_rng, lengths, 0, vocab_size, eos), outs, entries
+                entries, groups)
+    return _random_prompts(prompt_rng, lengths, 0, vocab_size, eos), outs, entries, groups
 
 
 # ------------------------------------------------------------------ random prompts
@@ -289,6 +357,31 @@ def _encode(tokenizer: Any, text: str) -> list[int]:
     return [int(t) for t in getattr(ids, "ids", ids)]  # tokenizers.Encoding has .ids
 
 
+def _corpus(tokenizer: Any, vocab_size: int, eos: int | None,
+            key: str) -> tuple[list[int], np.ndarray]:
+    """(the BOS head every prompt keeps, the text's token ids without BOS and EOS)."""
+    if tokenizer is None or not hasattr(tokenizer, "encode"):
+        raise UserError(f"{key}: text prompts need the model's tokenizer and this model has "
+                        "none; allowed for it: random")
+    ids = _encode(tokenizer, prose())
+    bos = getattr(tokenizer, "bos_token_id", None)
+    # Keep the tokenizer's own habit: if it prepends BOS, every prompt starts with BOS.
+    head = [bos] if bos is not None and ids[:1] == [bos] else []
+    corpus = np.asarray([t for t in ids if t not in (bos, eos)], dtype=np.int64)
+    if corpus.size == 0:
+        raise UserError(f"{key}: the tokenizer encodes the text to nothing")
+    if int(corpus.max()) >= vocab_size:
+        raise UserError(f"{key}: the tokenizer produces id {int(corpus.max())}, "
+                        f"outside the model vocabulary (0..{vocab_size - 1})")
+    return head, corpus
+
+
+def _window(rng: np.random.Generator, corpus: np.ndarray, count: int) -> list[int]:
+    """`count` tokens of the text from a seeded offset (cycled past its end)."""
+    start = int(rng.integers(0, corpus.size))
+    return [int(t) for t in corpus[(start + np.arange(count)) % corpus.size]]
+
+
 def _text_prompts(rng: np.random.Generator, lengths: list[int], point: WorkloadPoint,
                   tokenizer: Any, vocab_size: int, eos: int | None) -> list[list[int]]:
     if tokenizer is None or not hasattr(tokenizer, "encode"):
@@ -296,20 +389,10 @@ def _text_prompts(rng: np.random.Generator, lengths: list[int], point: WorkloadP
                         "model has none; allowed for it: random")
     if point.chat:
         return _chat_prompts(rng, lengths, point.shared_prefix_len, tokenizer)
-    ids = _encode(tokenizer, prose())
-    bos = getattr(tokenizer, "bos_token_id", None)
-    # Keep the tokenizer's own habit: if it prepends BOS, every prompt starts with BOS.
-    head = [bos] if bos is not None and ids[:1] == [bos] else []
-    corpus = np.asarray([t for t in ids if t not in (bos, eos)], dtype=np.int64)
-    if corpus.size == 0:
-        raise UserError("workload.prompt_source: the tokenizer encodes the text to nothing")
-    if int(corpus.max()) >= vocab_size:
-        raise UserError(f"workload.prompt_source: the tokenizer produces id {int(corpus.max())}, "
-                        f"outside the model vocabulary (0..{vocab_size - 1})")
+    head, corpus = _corpus(tokenizer, vocab_size, eos, "workload.prompt_source")
 
     def window(count: int) -> list[int]:
-        start = int(rng.integers(0, corpus.size))
-        return [int(t) for t in corpus[(start + np.arange(count)) % corpus.size]]
+        return _window(rng, corpus, count)
 
     fixed = head
     if point.shared_prefix_len > len(head):

@@ -56,7 +56,9 @@ ADDED_SCENARIO_KEYS.update({"scenario.workload.burstiness": 1.0,
                             "scenario.model.quant.activations": "float",
                             "scenario.workload.max_duration_s": DEFAULT_MAX_DURATION_S,
                             # 2026-12-02: fp8 scales and the parallel layouts of issue 26
-                            "scenario.model.quant.fp8_scales": None})
+                            "scenario.model.quant.fp8_scales": None,
+                            # 2026-12-02: prefix groups (issue 27)
+                            "scenario.workload.prefix": None})
 
 
 def _as_recorded(scenario: dict[str, Any]) -> dict[str, Any]:

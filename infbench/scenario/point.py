@@ -117,13 +117,15 @@ class ScenarioPoint:
 
 def _workload_dict(workload: WorkloadPoint) -> dict[str, Any]:
     """The workload as strict JSON: num_requests as run (resolved when unset), a rate of
-    inf as the string "inf", the dataset as its keys."""
+    inf as the string "inf", the dataset and the prefix block as their keys."""
     out = {f.name: getattr(workload, f.name) for f in dataclasses.fields(workload)}
     out["num_requests"] = workload.num_prompts
     if out["rate"] == math.inf:
         out["rate"] = "inf"
     if workload.dataset is not None:
         out["dataset"] = workload.dataset.model_dump()
+    if workload.prefix is not None:
+        out["prefix"] = workload.prefix.model_dump()
     return out
 
 

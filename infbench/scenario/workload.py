@@ -18,6 +18,8 @@ from pydantic import Field
 
 from infbench.core.errors import ConfigError
 from infbench.scenario.derive import section_from
+from infbench.scenario.prefix import PrefixSection
+from infbench.scenario.prefix import check as check_prefix
 from infbench.scenario.values import (
     MAX_SEED,
     NonNegFloat,
@@ -108,6 +110,8 @@ class WorkloadPoint:
     in flight (its TTFT counts from that submission); null: no cap."""
     dataset: DatasetSection | None = None
     """Prompts (and output lengths, and for a trace arrival times) from a file."""
+    prefix: PrefixSection | None = None
+    """Prefix groups: requests whose prompts share their group's prefix (docs/prefix.md)."""
     max_duration_s: Annotated[float, Field(gt=0, le=MAX_DURATION_S, strict=True,
                                            allow_inf_nan=False)] = DEFAULT_MAX_DURATION_S
     """The longest a run's arrivals may span (poisson: (requests - 1) / rate expected; trace:
@@ -127,6 +131,9 @@ class WorkloadPoint:
         self._check_arrivals()
         self._check_duration()
         self._check_dataset()
+        check_prefix(self.prefix, shared_prefix_len=self.shared_prefix_len, chat=self.chat,
+                     num_prompts=self.num_prompts, prompt_len=self.prompt_len,
+                     dataset_kind=None if self.dataset is None else self.dataset.kind)
 
     def _check_arrivals(self) -> None:
         """The arrival keys that only make sense together."""
