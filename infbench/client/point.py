@@ -22,7 +22,7 @@ import os
 import socket
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infbench.client.failures import count_reasons
 from infbench.client.openai_target import (
@@ -34,9 +34,12 @@ from infbench.client.openai_target import (
 )
 from infbench.core.errors import UserError
 from infbench.core.metric_names import NUM_REASONING_TOKENS, TTFO_METRIC
-from infbench.engine.request import Request
+from infbench.results.prefix import with_measured
 from infbench.scenario.point import ScenarioPoint
 from infbench.scenario.target import TargetSection, tokenizer_source
+
+if TYPE_CHECKING:
+    from infbench.measure.workload import DrawnWorkload
 
 CLIENT_BACKEND = "openai-client"
 
@@ -63,10 +66,10 @@ def concurrency_cap(workload: Any) -> int | None:
     return None if limit is None else int(limit) * samples
 
 
-def point_requests(point: ScenarioPoint, tokenizer: Any) -> list[Request]:
+def point_requests(point: ScenarioPoint, tokenizer: Any) -> DrawnWorkload:
     """The point's workload, drawn as the engine draws it (vocabulary from the tokenizer,
-    else from the model section)."""
-    from infbench.measure.workload import generate_requests
+    else from the model section), with its prefix groups' summary."""
+    from infbench.measure.workload import draw_workload
 
     if tokenizer is not None:
         vocab = tokenizer.vocab_size
@@ -76,7 +79,7 @@ def point_requests(point: ScenarioPoint, tokenizer: Any) -> list[Request]:
         raise UserError(f"{point.source}: target.tokenizer: required without a model section "
                         "(random prompt ids need the server's vocabulary size)")
     eos = tokenizer.eos_token_id if tokenizer is not None else None
-    return generate_requests(point.workload, vocab, tokenizer=tokenizer, eos_token_id=eos)
+    return draw_workload(point.workload, vocab, tokenizer=tokenizer, eos_token_id=eos)
 
 
 def client_env(target: TargetSection, models: Any) -> dict[str, Any]:
@@ -135,7 +138,8 @@ def run_target_point(point: ScenarioPoint, *, cache: Any = None, device: str | N
     if target.tokenizer is not None:
         phase("loading tokenizer")
         tokenizer = load_tokenizer(target.tokenizer, point.source)
-    requests = point_requests(point, tokenizer)
+    drawn = point_requests(point, tokenizer)
+    requests = drawn.requests
     cap = concurrency_cap(point.workload)
     plan = ClientPlan(target, tokenizer, cap)
     api_key = os.environ.get(target.api_key_env) if target.api_key_env else None
@@ -201,7 +205,10 @@ def run_target_point(point: ScenarioPoint, *, cache: Any = None, device: str | N
         seed=point.workload.seed, hardware=hardware, repeats=runs, spread=spread,
         extra={"telemetry": telemetry,
                "requests": metrics_mod.request_rows(passes[-1].records),
-               "engine_disabled": []})
+               "engine_disabled": [],
+               # prefix groups: intended hit rate vs the server's (telemetry.server_metrics)
+               **({"prefix": with_measured(drawn.prefix, summary, telemetry)}
+                  if drawn.prefix is not None else {})})
 
 
 def _refuse_all_failed(run: TargetRun, num_sequences: int, point: ScenarioPoint,

@@ -163,7 +163,9 @@ def report(
     Results of a scenario with variants also get one row per variant (bytes, speed, accuracy),
     speculative points a table of acceptance and speed-up (also spec_* columns in the
     --json / --markdown / --csv rows), MoE points a table of routing statistics beside the
-    roofline's expert bytes (docs/moe.md; moe_* columns in those rows), and points run with
+    roofline's expert bytes (docs/moe.md; moe_* columns in those rows), points with prefix
+    groups their intended vs measured prefix-cache hit rate (docs/prefix.md; prefix_* columns),
+    and points run with
     measure.slo a goodput table and, over a rate sweep, the highest rate meeting the SLOs
     (slo_max_rate in --json rows); client runs with failed requests get a line each on
     stderr counting them by reason (docs/client.md)."""
@@ -180,6 +182,7 @@ def report(
         max_rate_summaries,
     )
     from infbench.results.moe import moe_rows, moe_table
+    from infbench.results.prefix import prefix_notes, prefix_rows, prefix_table
     from infbench.results.report import (
         profile_flag_notes,
         report_frame,
@@ -202,6 +205,9 @@ def report(
         print(note, file=sys.stderr)
     for note in failure_notes(loaded):  # client runs: failed requests by reason
         print(note, file=sys.stderr)
+    prefix = prefix_rows(loaded)
+    for note in prefix_notes(prefix):  # measured hit rate far from the intended one
+        print(note, file=sys.stderr)
     if as_json:
         rows = report_rows(loaded)
         if max_rates:  # each row: the SLO max rate of its sweep (the same in one sweep)
@@ -218,6 +224,8 @@ def report(
         moe = moe_rows(loaded)
         if moe:  # MoE models: routing measured vs the roofline's uniform routing
             Console().print(moe_table(moe))
+        if prefix:  # prefix groups: intended vs measured prefix-cache hit rate
+            Console().print(prefix_table(prefix))
         if goodput:  # points run with `measure.slo`
             Console().print(goodput_table(goodput))
             for summary in max_rates:

@@ -115,4 +115,4 @@ def run_point(point: ScenarioPoint, *, cache: ModelCache | None = None,
     telemetry.update(stage.profile_ncu(point, dev, phase))
     summary = stage.summarize(point, loaded, measured, cache.said)
     return stage.assemble_result(point, loaded, engine, measured, summary, telemetry=telemetry,
-                                 accuracy=accuracy, slowdown=slowdown)
+                                 accuracy=accuracy, slowdown=slowdown, prefix=plan.prefix)

@@ -49,10 +49,11 @@ from infbench.measure.torch_reference import (
     unsupported_reason,
 )
 from infbench.measure.traffic import annotate_steps, stage_traffic
-from infbench.measure.workload import generate_requests
+from infbench.measure.workload import draw_workload
 from infbench.model.dtypes import TORCH_DTYPES
 from infbench.model.loader import LoadedModel, load_model
 from infbench.results import store as results_mod
+from infbench.results.prefix import with_measured
 from infbench.scenario.point import ModelPoint, ScenarioPoint
 
 Phase = Callable[[str], None]  # the progress line's current phase ("repeat 2/3")
@@ -126,6 +127,7 @@ class RequestPlan:
     requests: list[Request]
     max_concurrency: int | None  # the client's cap on outstanding requests; None: no cap
     is_realtime: bool  # timed repeats release them at their arrival times (warm-ups: at once)
+    prefix: dict[str, Any] | None = None  # the prefix groups' summary (measure/prefix.py)
 
 
 def plan_requests(point: ScenarioPoint, loaded: LoadedPoint,
@@ -134,9 +136,10 @@ def plan_requests(point: ScenarioPoint, loaded: LoadedPoint,
     most `max_concurrency` at a time (bench.client_concurrency)."""
     tok = loaded.model.tokenizer
     eos = tok.eos_token_id if tok is not None else None
-    requests = generate_requests(point.workload, loaded.config.vocab_size, tokenizer=tok,
-                                 eos_token_id=eos, max_model_len=loaded.config.max_seq_len)
-    return RequestPlan(requests, max_concurrency, point.workload.is_realtime)
+    drawn = draw_workload(point.workload, loaded.config.vocab_size, tokenizer=tok,
+                          eos_token_id=eos, max_model_len=loaded.config.max_seq_len)
+    return RequestPlan(drawn.requests, max_concurrency, point.workload.is_realtime,
+                       drawn.prefix)
 
 
 # ---- reference: the plain-torch model timed beside the repeats -----------------------------
@@ -398,8 +401,10 @@ def point_env(point: ScenarioPoint, loaded: LoadedPoint, engine: Engine,
 
 def assemble_result(point: ScenarioPoint, loaded: LoadedPoint, engine: Engine,
                     measured: Measured, summary: Summary, *, telemetry: dict[str, Any],
-                    accuracy: accuracy_mod.Accuracy | None, slowdown: float) -> dict[str, Any]:
-    """The point's self-describing result (results.store.build_result)."""
+                    accuracy: accuracy_mod.Accuracy | None, slowdown: float,
+                    prefix: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The point's self-describing result (results.store.build_result); `prefix` is the
+    plan's prefix groups, recorded beside the engine's measured hit rate."""
     steps = [{**dataclasses.asdict(s), **c}
              for s, c in zip(measured.steps, measured.step_costs, strict=True)]
     scenario = point.to_dict()  # model.weights: real | random (the path is this machine's)
@@ -411,5 +416,7 @@ def assemble_result(point: ScenarioPoint, loaded: LoadedPoint, engine: Engine,
                "requests": measured.request_rows,
                # what the scenario asked for but this model ran without (never silent)
                "engine_disabled": list(engine.disabled),
-               **({"accuracy": accuracy.to_dict()} if accuracy is not None else {})},
+               **({"accuracy": accuracy.to_dict()} if accuracy is not None else {}),
+               **({"prefix": with_measured(prefix, summary.metrics, telemetry)}
+                  if prefix is not None else {})},
     )

@@ -22,6 +22,7 @@ from infbench.core.io import write_text_atomic
 from infbench.core.metric_names import TTFO_METRIC
 from infbench.results.accessor import metric, scenario_number
 from infbench.results.moe import has_moe, moe_columns
+from infbench.results.prefix import has_prefix, prefix_columns
 from infbench.results.speculative import EXPORTED as SPEC_EXPORTED
 from infbench.results.speculative import has_speculative, spec_row
 
@@ -191,11 +192,13 @@ def report_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The rows of `report_frame` as plain dicts (None where a value is unknown); the
     accuracy columns only where some result has an `accuracy` section, the `spec_*` columns
     (results/speculative.py) only where some result has `metrics.speculative`, the goodput
-    columns only where some result was run with `measure.slo`."""
+    columns only where some result was run with `measure.slo`, the `prefix_*` columns only
+    where some result has prefix groups."""
     with_accuracy = has_accuracy(results)
     with_goodput = has_goodput(results)
     with_spec = has_speculative(results)
     with_moe = has_moe(results)
+    with_prefix = has_prefix(results)
     with_flags = any(_profile_flags(r) for r in results)
     rows = []
     for r in results:
@@ -241,6 +244,7 @@ def report_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
             **({name: metric(r, name) for name in GOODPUT_METRICS} if with_goodput else {}),
             **(_spec_columns(r) if with_spec else {}),
             **(moe_columns(r) if with_moe else {}),  # MoE routing vs the roofline (moe.py)
+            **(prefix_columns(r) if with_prefix else {}),  # hit rates (prefix.py)
             **({"profile_flags": "; ".join(_profile_flags(r)) or None} if with_flags else {}),
             "file": r.get("_path"),
         })

@@ -24,7 +24,8 @@ Versions:
   point run with `measure.slo`, and `prediction.profile_flags`, the flags of the calibrated
   profile the point was priced on, and `metrics.diffusion`, `prediction.diffusion` and
   `diffusion` of a `decoding.kind: diffusion` point, and `prediction.overlap`, the operator
-  overlap the prediction used), so every version 2 file loads whichever of them it has.
+  overlap the prediction used, and `prefix`, the prefix groups' intended and measured hit
+  rates), so every version 2 file loads whichever of them it has.
 """
 
 from __future__ import annotations
@@ -424,6 +425,21 @@ class EngineDisabled(_Closed):
     reason: str
 
 
+class PrefixSharing(_Closed):
+    """The point's prefix groups (workload.prefix or shared_prefix_len, measure/prefix.py):
+    the hit rate the drawn requests mean beside the one measured (results/prefix.py)."""
+
+    num_groups: int
+    lengths: list[int] = Field(default_factory=list)  # tokens of each group's prefix
+    num_requests: list[int] = Field(default_factory=list)  # requests of each group
+    target_hit_rate: Number | None = None  # workload.prefix.target_hit_rate, if given
+    num_hit_tokens: int | None = None  # what an ideal cache of every group would serve
+    num_prompt_tokens: int | None = None
+    intended_hit_rate: Number | None = None  # num_hit_tokens / num_prompt_tokens
+    measured_hit_rate: Number | None = None
+    measured_from: str | None = None  # the result path the measured rate was read from
+
+
 class RunResult(_Closed):
     """One scenario point's result file (`<name>_<index>.json`)."""
 
@@ -451,6 +467,7 @@ class RunResult(_Closed):
     # open: decoding.kind diffusion's settings, the analytic detail (step kinds, the
     # autoregressive twin) and the first sequence's tokens (measure/diffusion_point.py)
     diffusion: dict[str, Any] | None = None
+    prefix: PrefixSharing | None = None  # prefix groups: intended vs measured hit rate
 
     model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
 
