@@ -101,3 +101,31 @@ def test_a_server_rate_is_read_where_present_and_never_invented() -> None:
         (row,) = prefix_rows([{**client, "telemetry": telemetry}])
         assert row["measured_hit_rate"] is None and prefix_notes([row]) == []
     assert prefix_rows([{"name": "plain", "metrics": {}}]) == []
+
+
+def test_a_client_run_sends_the_groups_and_records_the_intended_rate(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A `target:` run sends the engine's requests (the same groups) and records the intended
+    rate; without the server's metrics the measured one stays unknown, never 0."""
+    from infbench.client.mock_server import MockConfig, MockServer
+    from infbench.results.store import load_result
+
+    config = MockConfig()
+    with MockServer(config) as server:
+        path = tmp_path / "t.yaml"
+        path.write_text(
+            f"name: cli\ntarget: {{kind: openai, base_url: '{server.base_url}', model: m}}\n"
+            "model: {preset: tiny}\n"
+            "workload: {kind: offline, num_requests: 6, prompt_len: 12, gen_len: 2, seed: 1,"
+            " prefix: {num_groups: 2, length: 8}}\nmeasure: {warmup: 0, repeats: 1}\n")
+        code, _, err = run_cli(monkeypatch, capsys, "run", str(path), "--out",
+                               str(tmp_path / "out"))
+    assert code == 0, err
+    result = load_result(tmp_path / "out" / "cli_000.json")
+    section = result["prefix"]
+    assert section["num_requests"] == [3, 3]
+    assert section["intended_hit_rate"] == pytest.approx(4 * 8 / (6 * 12))
+    assert section["measured_hit_rate"] is None and section["measured_from"] is None
+    sent = [tuple(body["prompt"][:8]) for body in config.received]
+    assert len(set(sent)) == 2 and sorted(sent.count(s) for s in set(sent)) == [3, 3]
