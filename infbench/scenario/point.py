@@ -125,7 +125,7 @@ def _workload_dict(workload: WorkloadPoint) -> dict[str, Any]:
     if workload.dataset is not None:
         out["dataset"] = workload.dataset.model_dump()
     if workload.prefix is not None:
-        out["prefix"] = workload.prefix.model_dump()
+        out["prefix"] = workload.prefix.model_dump(mode="json")  # tuples as lists
     return out
 
 

@@ -24,6 +24,7 @@ from `WorkloadPoint.__post_init__` once per point.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated, Literal
 
 from pydantic import Field
@@ -42,7 +43,8 @@ class PrefixSection(Section):
     """How many prefix groups (distinct shared prefixes)."""
     length: NonNegInt | None = None
     """Tokens of every group's prefix (with length_dist: their mean)."""
-    lengths: Annotated[list[NonNegInt], Field(min_length=1)] | None = None
+    # tuples, so that a point holding the section stays hashable (frozen all the way)
+    lengths: Annotated[tuple[NonNegInt, ...], Field(min_length=1)] | None = None
     """Tokens of each group's prefix, one per group (instead of length)."""
     length_dist: PrefixLengthDist = "fixed"
     """With length: each group's length drawn around it (fixed | uniform | normal |
@@ -50,7 +52,7 @@ class PrefixSection(Section):
     length_spread: Annotated[float, Field(ge=0, le=100, strict=True,
                                           allow_inf_nan=False)] = 0.5
     """Relative spread of length_dist (uniform: L*(1-s)..L*(1+s))."""
-    shares: Annotated[list[PosFloat], Field(min_length=1)] | None = None
+    shares: Annotated[tuple[PosFloat, ...], Field(min_length=1)] | None = None
     """Weights of the groups' shares of the requests, one per group (default equal);
     the counts are the shares rounded (largest remainder), in a seeded order."""
     target_hit_rate: Annotated[float, Field(gt=0, lt=1, strict=True,
@@ -60,7 +62,8 @@ class PrefixSection(Section):
     length or lengths)."""
 
 
-def group_counts(shares: list[float] | None, num_groups: int, num_requests: int) -> list[int]:
+def group_counts(shares: Sequence[float] | None, num_groups: int,
+                 num_requests: int) -> list[int]:
     """Requests per group: the shares (equal when None) of `num_requests`, rounded by largest
     remainder (ties to the lower group index), so the counts always add up."""
     weights = shares if shares is not None else [1.0] * num_groups

@@ -188,5 +188,9 @@ def test_a_sweep_of_target_hit_rates_gives_one_point_each() -> None:
     rates = [draw_workload(p.workload, 1000).prefix for p in points]
     assert [r["target_hit_rate"] for r in rates] == [0.25, 0.5]  # type: ignore[index]
     assert points[1].to_dict()["workload"]["prefix"]["target_hit_rate"] == 0.5
+    grouped = dataclasses.replace(points[0].workload, prefix=PrefixSection(
+        num_groups=2, lengths=[4, 8], shares=[1, 3]))
+    assert hash(grouped) and grouped.prefix is not None  # a point stays hashable (tuples)
+    assert grouped.prefix.model_dump(mode="json")["lengths"] == [4, 8]
     assert [r["intended_hit_rate"] for r in rates] == pytest.approx(  # type: ignore[index]
         [0.25, 0.5], abs=0.01)
