@@ -33,6 +33,7 @@ from infbench.scenario.measure import GateSection, MeasureSection
 from infbench.scenario.model import ModelSection
 from infbench.scenario.parallel import ParallelSection
 from infbench.scenario.point import ScenarioPoint, point_label
+from infbench.scenario.search import SearchSection
 from infbench.scenario.target import TargetSection
 from infbench.scenario.values import MAX_POINTS, Section
 from infbench.scenario.workload import SWEEPABLE_WORKLOAD, WorkloadPoint, WorkloadSection
@@ -67,6 +68,8 @@ class Scenario(Section):
     """autoregressive (default) or masked diffusion (scenario/decoding.py, docs/diffusion.md)."""
     measure: MeasureSection = Field(default_factory=MeasureSection)
     gate: GateSection | None = None
+    search: SearchSection | None = None
+    """The capacity search of `infbench search` (docs/search.md); `run` does not read it."""
     sweep: dict[str, list[Any]] = Field(default_factory=dict)
     """Dotted key -> list of values, e.g. {model.attention.kind: [mha, gqa]}."""
     variants: list[dict[str, Any]] = Field(default_factory=list)
@@ -109,6 +112,33 @@ class Scenario(Section):
             raise ValueError(f"gate.metric: {self.gate.metric} cannot be normalized by the torch "
                              "reference, which measures output tokens/s; allowed with "
                              "normalize: torch_reference: output_tokens_per_s")
+        return self
+
+    @model_validator(mode="after")
+    def _search_is_runnable(self) -> Scenario:
+        # Refused at load time, not after the first point of a search.
+        search = self.search
+        if search is None:
+            return self
+        key = f"workload.{search.workload_key}"
+        if self.measure.slo is None:
+            raise ValueError("search: needs measure.slo (the objectives whose attainment it "
+                             "searches; docs/goodput.md)")
+        if search.over == "rate" and self.workload.kind != "poisson":
+            raise ValueError(f"search.over: rate needs workload.kind poisson (got "
+                             f"{self.workload.kind}); allowed with other kinds: concurrency")
+        if search.over == "concurrency" and self.workload.kind == "static":
+            raise ValueError("search.over: concurrency sets workload.max_concurrency, which "
+                             "kind static does not take (its batch_size is its concurrency); "
+                             "allowed kinds: offline, poisson, trace")
+        given = getattr(self.workload, search.workload_key)
+        swept = [f"sweep.{key}" for k in self.sweep if k == key] + [
+            f"variants[{i}].{key}" for i, v in enumerate(self.variants) if key in v]
+        if isinstance(given, (list, tuple)) and len(given) > 1:
+            swept.append(key)
+        if swept:
+            raise ValueError(f"search.over: {search.over} is what the search sets; remove it "
+                             f"from {swept[0]} (a list there sweeps it)")
         return self
 
     @model_validator(mode="after")

@@ -21,6 +21,12 @@ from infbench.scenario.values import short_repr
 
 def load_scenario(path: str | os.PathLike[str], sets: Sequence[str] = ()) -> Scenario:
     """Read, override (`--set key=value`), validate and expand-check one scenario file."""
+    return scenario_from_document(read_document(path, sets), str(path))
+
+
+def read_document(path: str | os.PathLike[str], sets: Sequence[str] = ()) -> dict[str, Any]:
+    """One scenario file as its YAML mapping with the `--set` items applied, not validated
+    (`infbench search` sets the searched key before validating each point)."""
     source = str(path)
     file = Path(path)
     if not file.exists():
@@ -37,7 +43,7 @@ def load_scenario(path: str | os.PathLike[str], sets: Sequence[str] = ()) -> Sce
         raise UserError(f"{source}: top-level key {short_repr(bad_keys[0])} is not a name; "
                         f"allowed: {', '.join(sorted(Scenario.model_fields))}")
     apply_sets(data, sets, source)
-    return scenario_from_document(data, source)
+    return data
 
 
 def scenario_from_document(data: dict[str, Any], source: str) -> Scenario:
