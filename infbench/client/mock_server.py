@@ -16,8 +16,11 @@ failure tests; with `misbehave_every=k` only every k-th request does.  `received
 the JSON bodies for tests; `reasoning_tokens=r` makes a chat stream a reasoning model's
 (r tokens as `delta.reasoning_content`, or `reasoning_field="reasoning"`, then content, with
 `usage.completion_tokens_details.reasoning_tokens` unless `reasoning_usage=False`);
-`api_key` answers 401 to requests without that bearer token; with `log_sends`, GET
-/mock/sends lists (seed, chunk index, send time) of every chunk written.  Run it standalone with
+`load_delay_s` makes the server slow down with load: every chunk after the first waits that
+much longer per other stream in flight (a capacity search needs latency that grows with the
+concurrency or the rate); `api_key` answers 401 to requests without that bearer token;
+with `log_sends`, GET /mock/sends lists (seed, chunk index, send time) of every chunk
+written.  Run it standalone with
 `python -m infbench.client.mock_server --port 8000` (`--misbehave NAME` for a bad server).
 """
 
@@ -64,6 +67,7 @@ class MockConfig:
     reasoning_field: str = "reasoning_content"
     reasoning_usage: bool = True
     api_key: str | None = None  # set: every route but /mock/sends answers 401 without it
+    load_delay_s: float = 0.0  # added to each token gap per other stream in flight
 
 
 # Ways to get the protocol wrong (misbehave=NAME), each applied to every misbehaving request.
@@ -100,6 +104,7 @@ def _prompt_tokens(body: dict[str, Any]) -> int:
 
 def make_app(config: MockConfig) -> web.Application:
     count = [0]
+    in_flight = [0]  # streams being written (load_delay_s)
 
     def refused(request: web.Request) -> web.Response | None:
         if config.api_key is None or request.headers.get("Authorization") == \
@@ -127,49 +132,11 @@ def make_app(config: MockConfig) -> web.Application:
         n = config.num_tokens if config.num_tokens is not None else int(body["max_tokens"])
         if config.misbehave is not None and count[0] % max(1, config.misbehave_every) == 0:
             return await _misbehave(request, config, chat, n, count[0])
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        start = time.perf_counter()
-        k = max(1, config.tokens_per_chunk)
-        sent = 0
-        base = {"id": f"cmpl-{count[0]}", "object": "chat.completion.chunk" if chat
-                else "text_completion", "model": config.model}
-        while sent < n:
-            due = start + config.first_delay_s + config.token_delay_s * (sent // k)
-            wait = due - time.perf_counter()
-            if wait > 0:
-                await asyncio.sleep(wait)
-            # a chunk is all reasoning or all content: it ends where the reasoning does
-            end = min(sent + k, n)
-            is_reasoning = chat and sent < config.reasoning_tokens
-            if is_reasoning:
-                end = min(end, config.reasoning_tokens)
-            text = "".join(_word(i) for i in range(sent, end))
-            sent = end
-            finish = "length" if sent == n else None
-            choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
-            if chat:
-                key = config.reasoning_field if is_reasoning else "content"
-                choice["delta"] = {key: text}
-            else:
-                choice["text"] = text
-            now = time.perf_counter()
-            if config.log_sends:
-                config.sends.append((body.get("seed"), (sent - 1) // k, now))
-            event = {**base, "choices": [choice], "mock_sent_s": now}
-            await resp.write(b"data: " + json.dumps(event).encode() + b"\n\n")
-        if config.send_usage and (body.get("stream_options") or {}).get("include_usage"):
-            usage: dict[str, Any] = {"prompt_tokens": _prompt_tokens(body),
-                                     "completion_tokens": n,
-                                     "total_tokens": _prompt_tokens(body) + n}
-            if chat and config.reasoning_tokens and config.reasoning_usage:
-                usage["completion_tokens_details"] = {
-                    "reasoning_tokens": min(n, config.reasoning_tokens)}
-            await resp.write(b"data: " + json.dumps({**base, "choices": [], "usage": usage})
-                             .encode() + b"\n\n")
-        await resp.write(b"data: [DONE]\n\n")
-        await resp.write_eof()
-        return resp
+        in_flight[0] += 1
+        try:
+            return await _stream(request, config, body, chat, n, count[0], in_flight)
+        finally:
+            in_flight[0] -= 1
 
     async def sends(_request: web.Request) -> web.Response:
         return web.json_response(config.sends)
@@ -180,6 +147,61 @@ def make_app(config: MockConfig) -> web.Application:
     app.router.add_post("/v1/completions", complete)
     app.router.add_post("/v1/chat/completions", complete)
     return app
+
+
+async def _stream(request: web.Request, config: MockConfig, body: dict[str, Any], chat: bool,
+                  n: int, number: int, in_flight: list[int]) -> web.StreamResponse:
+    """One well-behaved completion stream of n tokens on the configured schedule."""
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    k = max(1, config.tokens_per_chunk)
+    sent = 0
+    base = {"id": f"cmpl-{number}", "object": "chat.completion.chunk" if chat
+            else "text_completion", "model": config.model}
+    start = time.perf_counter()
+    # Under load each gap also waits load_delay_s per other stream at that moment, summed
+    # from the start as the plain schedule is, so a late wake-up does not push every later
+    # chunk.
+    gaps, loaded = 0, 0.0
+    while sent < n:
+        if sent // k > gaps:
+            loaded += config.load_delay_s * max(0, in_flight[0] - 1) * (sent // k - gaps)
+            gaps = sent // k
+        due = start + config.first_delay_s + config.token_delay_s * gaps + loaded
+        wait = due - time.perf_counter()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        # a chunk is all reasoning or all content: it ends where the reasoning does
+        end = min(sent + k, n)
+        is_reasoning = chat and sent < config.reasoning_tokens
+        if is_reasoning:
+            end = min(end, config.reasoning_tokens)
+        text = "".join(_word(i) for i in range(sent, end))
+        sent = end
+        finish = "length" if sent == n else None
+        choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
+        if chat:
+            key = config.reasoning_field if is_reasoning else "content"
+            choice["delta"] = {key: text}
+        else:
+            choice["text"] = text
+        now = time.perf_counter()
+        if config.log_sends:
+            config.sends.append((body.get("seed"), (sent - 1) // k, now))
+        event = {**base, "choices": [choice], "mock_sent_s": now}
+        await resp.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+    if config.send_usage and (body.get("stream_options") or {}).get("include_usage"):
+        usage: dict[str, Any] = {"prompt_tokens": _prompt_tokens(body),
+                                 "completion_tokens": n,
+                                 "total_tokens": _prompt_tokens(body) + n}
+        if chat and config.reasoning_tokens and config.reasoning_usage:
+            usage["completion_tokens_details"] = {
+                "reasoning_tokens": min(n, config.reasoning_tokens)}
+        await resp.write(b"data: " + json.dumps({**base, "choices": [], "usage": usage})
+                         .encode() + b"\n\n")
+    await resp.write(b"data: [DONE]\n\n")
+    await resp.write_eof()
+    return resp
 
 
 def _chunk(chat: bool, text: str, finish: str | None) -> dict[str, Any]:
@@ -306,6 +328,8 @@ def main() -> None:
     parser.add_argument("--tokens-per-chunk", type=int, default=1)
     parser.add_argument("--first-delay-s", type=float, default=0.0)
     parser.add_argument("--token-delay-s", type=float, default=0.0)
+    parser.add_argument("--load-delay-s", type=float, default=0.0,
+                        help="Add this to each token gap per other stream in flight.")
     parser.add_argument("--no-usage", action="store_true", help="Send no usage chunk.")
     parser.add_argument("--log-sends", action="store_true",
                         help="Keep every chunk's send time for GET /mock/sends.")
@@ -322,6 +346,7 @@ def main() -> None:
                         reasoning_field=args.reasoning_field, num_tokens=args.num_tokens,
                         tokens_per_chunk=args.tokens_per_chunk,
                         first_delay_s=args.first_delay_s, token_delay_s=args.token_delay_s,
+                        load_delay_s=args.load_delay_s,
                         keep_bodies=False, log_sends=args.log_sends,
                         send_usage=not args.no_usage, misbehave=args.misbehave,
                         misbehave_every=args.misbehave_every)

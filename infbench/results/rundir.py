@@ -12,6 +12,10 @@
 - a directory that already holds a run is refused unless `--resume` or
   `--overwrite` (which removes only the files infbench wrote there).
 
+`infbench search` decides each point from the last: it claims the directory with its first
+point, lists each later one as it is chosen (`RunDir.add_point`) and writes its summary,
+`search.json`, beside the manifest.
+
 Readers (`report`, `compare`, `plots`, `roofline`) expand a directory through
 `result_files`: the manifest's done points, or every `*.json` of an older run
 without a manifest.  This module never imports torch.
@@ -38,6 +42,7 @@ from infbench.results.store import RESULT_KIND, load_result, to_jsonable, write_
 from infbench.scenario.point import ScenarioPoint
 
 MANIFEST_NAME = "manifest.json"
+SEARCH_NAME = "search.json"  # `infbench search`'s summary, beside the manifest
 LOCK_NAME = ".lock"
 MANIFEST_KIND = "infbench.run_manifest"
 MANIFEST_VERSION = 1
@@ -371,10 +376,23 @@ class RunDir:
 
     def remove_temp_files(self) -> None:
         """Temp files of atomic writes a killed run left (we hold the lock: none is live)."""
-        names = [MANIFEST_NAME, self.manifest.csv, *(p.file for p in self.manifest.points)]
+        names = [MANIFEST_NAME, SEARCH_NAME, self.manifest.csv,
+                 *(p.file for p in self.manifest.points)]
         for tmp in self.path.glob(".*.tmp"):
             if any(tmp.name.startswith(f".{n}.") for n in names):
                 tmp.unlink(missing_ok=True)
+
+    def add_point(self, point: ScenarioPoint) -> None:
+        """List a point decided while the run goes (`infbench search` picks each value from
+        the last): pending, with its file name, and in the scenario hash."""
+        if any(p.index == point.index for p in self.manifest.points):
+            raise ValueError(f"point {point.index} is already in the manifest")
+        self.manifest.points.append(
+            PointEntry(point.index, point.label, point_file_name(point.name, point.index)))
+        self.manifest.scenario_points.extend(normalized_points([point]))
+        self.manifest.scenario_hash = scenario_hash(self.manifest.scenario_points,
+                                                    self.manifest.device)
+        self.save()
 
     def pending(self) -> list[int]:
         return [p.index for p in self.manifest.points if p.status != "done"]
@@ -414,8 +432,9 @@ class RunDir:
 
 
 def clear_run_files(out_dir: Path, manifest: Manifest | None, results: list[Path]) -> None:
-    """Remove what infbench wrote in `out_dir` (manifest, point files, CSV, temp files)."""
-    names = {MANIFEST_NAME}
+    """Remove what infbench wrote in `out_dir` (manifest, search summary, point files, CSV,
+    temp files)."""
+    names = {MANIFEST_NAME, SEARCH_NAME}
     if manifest is not None:
         names.update(p.file for p in manifest.points)
         names.add(manifest.csv)

@@ -468,6 +468,9 @@ class RunResult(_Closed):
     # autoregressive twin) and the first sequence's tokens (measure/diffusion_point.py)
     diffusion: dict[str, Any] | None = None
     prefix: PrefixSharing | None = None  # prefix groups: intended vs measured hit rate
+    # open: a point of `infbench search` (measure/search.py): what it searched, the value,
+    # the try and its phase (bracket, bisect, repeat)
+    search: dict[str, Any] | None = None
 
     model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
 
