@@ -304,10 +304,13 @@ def plots(
     """Figures of results: latency-throughput, distributions, the measured roofline.
 
     Speed vs perplexity when the results carry accuracy (quantized or pruned points), speed-up
-    against k when they carry speculative metrics, and latency and goodput against the
-    request rate for a rate sweep run with measure.slo."""
+    against k when they carry speculative metrics, latency and goodput against the
+    request rate for a rate sweep run with measure.slo, and the Pareto view (per-user
+    against per-server output tokens/s, one curve per target or variant) of two points
+    or more."""
     from infbench.plots.analytic import FIGURE_FORMATS, check_size
     from infbench.plots.goodput import goodput_rate_figure
+    from infbench.plots.pareto import pareto_figure
     from infbench.plots.measured import (
         accuracy_speed_figure,
         distributions_figure,
@@ -350,6 +353,9 @@ def plots(
     goodput = out / f"goodput_rate.{fmt}"  # only for a rate sweep run with measure.slo
     if goodput_rate_figure(loaded, goodput, size=size) is not None:
         paths["goodput_rate"] = goodput
+    pareto = out / f"pareto.{fmt}"  # per-user against per-server tok/s: two points or more
+    if pareto_figure(loaded, pareto, size=size) is not None:
+        paths["pareto"] = pareto
     if as_json:
         _print_json({name: str(path) for name, path in paths.items()})
         return

@@ -55,7 +55,7 @@ def test_plots_json_and_size_and_format(monkeypatch, capsys, tmp_path):
                            str(tmp_path / "f"), "--format", "svg", "--size", "slide", "--json")
     assert code == 0
     paths = json.loads(out)
-    assert set(paths) == {"latency_throughput", "distributions", "roofline_measured"}
+    assert set(paths) == {"latency_throughput", "distributions", "roofline_measured", "pareto"}
     for path in paths.values():
         assert path.endswith(".svg") and Path(path).read_text().startswith("<?xml")
     code, _, err = run_cli(monkeypatch, capsys, "plots", str(BASELINES), "--out",

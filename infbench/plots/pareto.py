@@ -1,0 +1,134 @@
+"""The Pareto view of a sweep: what each user gets against what the server delivers.
+
+One point per result: x is the server's output tokens/s (`output_tokens_per_s`), divided by
+the point's device count when every point has one (the in-process engine runs on one
+device; a `target:` server's devices are not recorded, so a set with one plots per server);
+y is the output tokens/s one user sees, 1 / TPOT p50, or, when no point of a result has a
+TPOT (one-token outputs), the median over its requests of output tokens / E2E.  Moving up
+costs throughput and moving right costs interactivity, so the points worth running are the
+*Pareto front*: those no other point of the same curve beats on both axes.
+
+One curve per target or variant: a result's `variant` (scenario `variants:`), else its
+target (model at host), else its scenario name.  Each curve draws all its points hollow and
+its front filled and joined.  Returns the plotted values, so tests check numbers rather
+than pixels; None (nothing written) with fewer than two points that have both values.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from infbench.plots.measured import _run_colours, figure_caption
+from infbench.results.accessor import metric
+
+TEXT = {"title": "Per-user against per-server output tokens/s",
+        "server": "output tok/s per server", "device": "output tok/s per device",
+        "user": "output tok/s per user (1 / TPOT p50)"}
+
+
+def per_user_tokens_per_s(result: dict[str, Any]) -> float | None:
+    """1 / TPOT p50; without a TPOT, the median of output tokens / E2E over the requests."""
+    tpot = metric(result, "tpot_s.p50")
+    if tpot is not None and tpot > 0:
+        return 1.0 / tpot
+    rates = [r["num_output_tokens"] / (r["finish_s"] - r["arrival_s"])
+             for r in result.get("requests") or []
+             if r.get("finish_s") is not None and r.get("num_output_tokens")
+             and r["finish_s"] > r["arrival_s"]]
+    return statistics.median(rates) if rates else None
+
+
+def device_count(result: dict[str, Any]) -> int | None:
+    """The devices the point ran on: a recorded parallel layout's, 1 for the engine, None
+    for a server (its devices are not in the result)."""
+    scenario = result.get("scenario") or {}
+    layout = scenario.get("parallel")
+    if isinstance(layout, dict) and isinstance(layout.get("devices"), int):
+        return int(layout["devices"])
+    if scenario.get("target"):
+        return None
+    return 1
+
+
+def curve_key(result: dict[str, Any]) -> str:
+    """The curve a point belongs to: its variant, else its target, else its scenario name."""
+    scenario = result.get("scenario") or {}
+    variant = (scenario.get("swept") or {}).get("variant")
+    if variant:
+        return str(variant)
+    target = scenario.get("target")
+    if isinstance(target, dict):
+        host = urlparse(str(target.get("base_url", ""))).netloc or "?"
+        return f"{target.get('model', '?')} @ {host}"
+    return str(result.get("name") or "run")
+
+
+def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
+    """Indices of the points no other point beats on both axes (higher is better), sorted
+    by x; of equal points the first is kept."""
+    front = []
+    for i, (x, y) in enumerate(points):
+        beaten = any((a >= x and b >= y) and ((a, b) != (x, y) or j < i)
+                     for j, (a, b) in enumerate(points) if j != i)
+        if not beaten:
+            front.append(i)
+    return sorted(front, key=lambda i: points[i][0])
+
+
+def pareto_data(results: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """What the figure draws: per curve its points (label, x, y, on_front) and front
+    indices, and whether x is per device; None with fewer than two plottable points."""
+    counts = [device_count(r) for r in results]
+    per_device = all(c is not None for c in counts)
+    curves: dict[str, list[dict[str, Any]]] = {}
+    for r, devices in zip(results, counts, strict=True):
+        server, user = metric(r, "output_tokens_per_s"), per_user_tokens_per_s(r)
+        if server is None or user is None:
+            continue
+        x = server / devices if per_device and devices else server
+        curves.setdefault(curve_key(r), []).append(
+            {"label": r.get("label"), "x": x, "y": user, "devices": devices})
+    if sum(len(points) for points in curves.values()) < 2:
+        return None
+    out = []
+    for key, points in curves.items():
+        front = pareto_front([(p["x"], p["y"]) for p in points])
+        for i, p in enumerate(points):
+            p["on_front"] = i in front
+        out.append({"key": key, "points": points, "front": front})
+    return {"curves": out, "per_device": per_device,
+            "x_label": TEXT["device" if per_device else "server"]}
+
+
+def pareto_figure(results: list[dict[str, Any]], out: str | os.PathLike[str],
+                  size: str = "column") -> dict[str, Any] | None:
+    """The Pareto figure (see the module docstring)."""
+    from infbench.plots.analytic import figure_style, new_figure, save_figure
+
+    data = pareto_data(results)
+    if data is None:
+        return None
+    with figure_style(size):
+        fig = new_figure(size)
+        ax = fig.subplots()
+        colours = _run_colours(len(data["curves"]))
+        for curve, colour in zip(data["curves"], colours, strict=True):
+            points = curve["points"]
+            ax.scatter([p["x"] for p in points], [p["y"] for p in points], marker="o",
+                       facecolors="none", edgecolors=colour)
+            front = [points[i] for i in curve["front"]]
+            ax.plot([p["x"] for p in front], [p["y"] for p in front], marker="o",
+                    color=colour, label=f"{curve['key']} (front)")
+        ax.set_xlabel(data["x_label"])
+        ax.set_ylabel(TEXT["user"])
+        ax.grid(True, which="major", alpha=0.3)
+        legend = ax.legend(fontsize="x-small", loc="best")
+        fig.suptitle(TEXT["title"] + "\n" + figure_caption(results))
+        path = save_figure(fig, Path(out))
+    return {**data, "path": str(path), "figure": fig,
+            "legend": [t.get_text() for t in legend.get_texts()]}
