@@ -310,7 +310,6 @@ def plots(
     or more."""
     from infbench.plots.analytic import FIGURE_FORMATS, check_size
     from infbench.plots.goodput import goodput_rate_figure
-    from infbench.plots.pareto import pareto_figure
     from infbench.plots.measured import (
         accuracy_speed_figure,
         distributions_figure,
@@ -318,6 +317,7 @@ def plots(
         measured_roofline_figure,
         speculative_figure,
     )
+    from infbench.plots.pareto import pareto_figure
     from infbench.results.gate import load_results
 
     check_size(size)

@@ -82,9 +82,8 @@ def search(
     out_dir = out or default_out_dir(f"{first.name}-search", time.strftime("%Y%m%d-%H%M%S"))
     width = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 120
     console = Console(stderr=True, width=width)
-    for note in dict.fromkeys([*preflight(checked, out_dir, device),
-                               *[first.dtype_reason] * bool(first.dtype_reason),
-                               *first.notes]):
+    notes = [*preflight(checked, out_dir, device), first.dtype_reason, *first.notes]
+    for note in dict.fromkeys(n for n in notes if n):
         console.print(f"note: {note}", highlight=False)
     if not overwrite and out_dir.is_dir() and read_manifest(out_dir) is not None:
         raise UserError(f"{out_dir}: holds a run; use --overwrite to replace it, or another "

@@ -59,17 +59,18 @@ def search_table(summary: dict[str, Any]) -> Any:
     over = summary["over"]
     verdicts = {v["value"]: v["passed"] for v in summary["values"]}
     table = Table(title=f"search over {summary['key']}: points tried")
-    heading = "rate req/s" if over == "rate" else "concurrency"
-    # "this try": the try alone against the target; "value": the median of the value's tries
+    heading = "rate req/s" if over == "rate" else "in flight"
+    # "this try": the try alone against the target; "value": the median of the value's
+    # tries.  The files are in search.json (the tries in order: <name>_000.json, ...).
     for col in ("#", "phase", heading, "within SLO %", "this try", "value", "goodput req/s",
-                "TTFT p99 ms", "TPOT p99 ms", "file"):
-        table.add_column(col, justify="left" if col in ("phase", "file") else "right")
+                "TTFT p99 ms", "TPOT p99 ms"):
+        table.add_column(col, justify="left" if col == "phase" else "right")
     for t in summary["tries"]:
         attained = t.get("attainment")
         table.add_row(str(t["index"]), t["phase"], value_text(t["value"], over),
                       "-" if attained is None else f"{attained * 100:.1f}",
                       "pass" if t["passed"] else "fail",
                       "pass" if verdicts.get(t["value"]) else "fail",
-                      _fmt(t.get("goodput_requests_per_s"), 3), _fmt(t.get("ttft_p99_ms")),
-                      _fmt(t.get("tpot_p99_ms")), str(t.get("file") or "-"))
+                      _fmt(t.get("goodput_requests_per_s"), 2), _fmt(t.get("ttft_p99_ms")),
+                      _fmt(t.get("tpot_p99_ms")))
     return table

@@ -74,7 +74,3 @@ class SearchSection(Section):
     def workload_key(self) -> str:
         """The workload key the search sets: rate or max_concurrency."""
         return SEARCH_KEYS[self.over]
-
-    def value(self, x: float) -> float | int:
-        """A searched value as the workload takes it (an int for a concurrency)."""
-        return int(x) if self.is_integer else float(x)
