@@ -68,6 +68,13 @@ TABLE: dict[str, dict[str, Case]] = {
         "out_of_range": None,
         "missing_argument": ([], "scenario"),
     },
+    "search": {
+        "unknown_option": (["x.yaml", "--bogus"], "--bogus"),
+        "missing_value": (["x.yaml", "--out"], "--out"),
+        "wrong_type": (["x.yaml", "--set"], "--set"),
+        "out_of_range": None,
+        "missing_argument": ([], "scenario"),
+    },
     "generate": {
         "unknown_option": (["--model", "tiny", "--bogus"], "--bogus"),
         "missing_value": (["--model"], "--model"),
