@@ -28,6 +28,8 @@ REASONS: dict[str, str] = {
     "no_finish_reason": "the stream ended without a finish_reason",
     "count_mismatch": "the server's token counts disagree with the tokens received",
     "no_tokens": "the completion carried no tokens",
+    "no_token_ids": "a session turn's reply carried no token ids for the next turn's token "
+                    "prompt, and no target.tokenizer was set to encode its text",
 }
 
 

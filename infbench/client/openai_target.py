@@ -191,9 +191,10 @@ def _error_text(exc: BaseException) -> str:
 
 async def _one_request(plan: ClientPlan, request: Request, sample: int, t0: float,
                        session: aiohttp.ClientSession, headers: dict[str, str],
-                       stream: Stream) -> Stream:
-    """Send one request and read its stream; every way it can go wrong is RequestFailed."""
-    body = json.dumps(plan.body(request, sample)).encode()
+                       stream: Stream, body_json: dict[str, Any] | None = None) -> Stream:
+    """Send one request and read its stream; every way it can go wrong is RequestFailed.
+    `body_json` replaces `plan.body(request, sample)` (a session turn's history)."""
+    body = json.dumps(plan.body(request, sample) if body_json is None else body_json).encode()
     url = plan.target.url
     try:
         async with session.post(url, data=body, headers=headers) as resp:

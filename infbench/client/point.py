@@ -32,8 +32,17 @@ from infbench.client.openai_target import (
     open_session,
     run_requests,
 )
+from infbench.client.sessions import (
+    SessionsRun,
+    check_plan,
+    point_conversations,
+    run_sessions,
+    sessions_summary,
+    tag_rows,
+)
 from infbench.core.errors import UserError
 from infbench.core.metric_names import NUM_REASONING_TOKENS, TTFO_METRIC
+from infbench.engine.request import Request
 from infbench.results.prefix import with_measured
 from infbench.scenario.point import ScenarioPoint
 from infbench.scenario.target import TargetSection, tokenizer_source
@@ -100,17 +109,27 @@ def client_env(target: TargetSection, models: Any) -> dict[str, Any]:
     return env
 
 
+def _rows(run: TargetRun) -> list[dict[str, Any]]:
+    """The result's request rows; a session turn's carry its session_id and turn."""
+    from infbench.measure import metrics as metrics_mod
+
+    rows = metrics_mod.request_rows(run.records)
+    return tag_rows(rows, run) if isinstance(run, SessionsRun) else rows
+
+
 def _summary(run: TargetRun, percentiles: Any, slo: Any = None) -> dict[str, Any]:
     from infbench.measure import metrics as metrics_mod
     from infbench.measure.goodput import goodput_metrics
 
-    rows = metrics_mod.request_rows(run.records)
+    rows = _rows(run)
     m = metrics_mod.from_request_rows(rows, percentiles, run.wall_s)
     m.update({"num_requests": len(run.records), "wall_s": float(run.wall_s),
               "num_prompt_tokens": sum(r.num_prompt_tokens for r in run.records),
               "num_output_tokens": sum(r.num_output_tokens for r in run.records)})
     if TTFO_METRIC in m:  # a reasoning model: its reasoning tokens among the output tokens
         m[NUM_REASONING_TOKENS] = sum(r.num_reasoning_tokens for r in run.records)
+    if isinstance(run, SessionsRun):
+        m.update(sessions_summary(run, rows, percentiles))
     if slo is not None:  # as for an engine run (measure/bench.py); failures meet no SLO
         m.update(goodput_metrics(rows, slo, run.wall_s, num_failed=len(run.failures)))
     return m
@@ -138,28 +157,45 @@ def run_target_point(point: ScenarioPoint, *, cache: Any = None, device: str | N
     if target.tokenizer is not None:
         phase("loading tokenizer")
         tokenizer = load_tokenizer(target.tokenizer, point.source)
-    drawn = point_requests(point, tokenizer)
-    requests = drawn.requests
     cap = concurrency_cap(point.workload)
     plan = ClientPlan(target, tokenizer, cap)
+    is_sessions = point.workload.kind == "sessions"  # multi-turn: client/sessions.py
+    drawn = None
+    if is_sessions:
+        check_plan(plan)
+        conversations = point_conversations(point, tokenizer)
+        requests: list[Request] = []
+        num_sequences = sum(len(c.turns) for c in conversations)
+        pool = cap or len(conversations)
+    else:
+        drawn = point_requests(point, tokenizer)
+        requests = drawn.requests
+        num_sequences = sum(r.n for r in requests)
+        pool = cap or num_sequences
     api_key = os.environ.get(target.api_key_env) if target.api_key_env else None
     if target.api_key_env and not api_key:
         raise UserError(f"{point.source}: target.api_key_env: environment variable "
                         f"{target.api_key_env} is not set (or empty)")
-    num_sequences = sum(r.n for r in requests)
     where = f"{point.name} point {point.index} ({point.label})"
 
+    async def one_pass(session: Any) -> TargetRun:
+        if is_sessions:
+            return await run_sessions(plan, point.workload, conversations, session=session,
+                                      api_key=api_key, eos_token_id=getattr(
+                                          tokenizer, "eos_token_id", None))
+        return await run_requests(plan, requests, session=session, api_key=api_key)
+
     async def measure() -> tuple[Any, list[TargetRun]]:
-        async with open_session(target, cap or num_sequences) as session:
+        async with open_session(target, pool) as session:
             models = await fetch_models(session, target, api_key)
             passes: list[TargetRun] = []
             for i in range(point.measure.warmup):
                 phase(f"warm-up {i + 1}/{point.measure.warmup}")
-                warm = await run_requests(plan, requests, session=session, api_key=api_key)
+                warm = await one_pass(session)
                 _refuse_all_failed(warm, num_sequences, point, "warm-up")
             for i in range(point.measure.repeats):
                 phase(f"repeat {i + 1}/{point.measure.repeats}")
-                run = await run_requests(plan, requests, session=session, api_key=api_key)
+                run = await one_pass(session)
                 _refuse_all_failed(run, num_sequences, point, f"repeat {i + 1}")
                 passes.append(run)
             return models, passes
@@ -173,6 +209,8 @@ def run_target_point(point: ScenarioPoint, *, cache: Any = None, device: str | N
         # be a half, so the summary keeps the last repeat's, like `requests` below.
         if key in runs[-1]:
             summary[key] = runs[-1][key]
+    if is_sessions:  # per turn and per session: of the last repeat, like `requests`
+        summary.update({k: runs[-1][k] for k in ("by_turn", "sessions")})
     summary["noise"] = metrics_mod.noise(runs)
     for warning in summary["noise"]["warnings"]:
         print(f"note: {where}: {warning}", file=sys.stderr)
@@ -193,7 +231,9 @@ def run_target_point(point: ScenarioPoint, *, cache: Any = None, device: str | N
     env = client_env(target, models)
     env["model_source"] = point.model_source() or None
     telemetry = {"client": {
-        "num_sent": num_sequences * len(passes), "num_failed": sum(failed),
+        # a session's turns after a failed one are never sent (client/sessions.py)
+        "num_sent": sum(num_sequences - getattr(run, "num_skipped", 0) for run in passes),
+        "num_failed": sum(failed),
         "failed_per_repeat": failed, "failures_by_reason": by_reason,
         "failed_requests": [{"request_id": f.request_id, "reason": f.reason, "error": f.message}
                             for f in passes[-1].failures],
@@ -204,11 +244,11 @@ def run_target_point(point: ScenarioPoint, *, cache: Any = None, device: str | N
         point.to_dict(), metrics=summary, prediction=prediction, steps=[], env=env,
         seed=point.workload.seed, hardware=hardware, repeats=runs, spread=spread,
         extra={"telemetry": telemetry,
-               "requests": metrics_mod.request_rows(passes[-1].records),
+               "requests": _rows(passes[-1]),
                "engine_disabled": [],
                # prefix groups: intended hit rate vs the server's (telemetry.server_metrics)
                **({"prefix": with_measured(drawn.prefix, summary, telemetry)}
-                  if drawn.prefix is not None else {})})
+                  if drawn is not None and drawn.prefix is not None else {})})
 
 
 def _refuse_all_failed(run: TargetRun, num_sequences: int, point: ScenarioPoint,

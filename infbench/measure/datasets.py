@@ -71,8 +71,9 @@ class DatasetEntry:
     where: str = ""  # where in its file: "line 7" (jsonl, trace) or "entry 3" (sharegpt)
 
 
-def resolve_path(path: str) -> Path:
-    """`infbench:samples/NAME` -> the shipped sample file; anything else as a path.
+def resolve_path(path: str, key: str = "workload.dataset.path") -> Path:
+    """`infbench:samples/NAME` -> the shipped sample file; anything else as a path (`key`:
+    the scenario key its errors name).
 
     A packaged name is looked up among the shipped samples, never joined onto the package
     directory, so `infbench:samples/../../etc/passwd` is refused before anything is read.
@@ -82,14 +83,14 @@ def resolve_path(path: str) -> Path:
         folder, _, base = name.partition("/")
         if folder != "samples" or base not in sample_names():
             shipped = ", ".join(f"{PACKAGED_PREFIX}samples/{n}" for n in sample_names())
-            raise UserError(f"workload.dataset.path: {shown(path)}: no such packaged file; "
+            raise UserError(f"{key}: {shown(path)}: no such packaged file; "
                             f"allowed: {shipped}")
         return Path(str(resources.files("infbench").joinpath("data", "samples", base)))
     file = Path(path).expanduser()
     if not file.exists():
-        raise UserError(f"workload.dataset.path: {path}: no such file")
+        raise UserError(f"{key}: {path}: no such file")
     if not file.is_file():
-        raise UserError(f"workload.dataset.path: {path}: not a file")
+        raise UserError(f"{key}: {path}: not a file")
     return file
 
 

@@ -163,6 +163,8 @@ def unpredicted(workload: WorkloadPoint) -> str:
     """Why the roofline does not price this workload; '' when it does."""
     if workload.kind == "poisson":
         return "not predicted: Poisson arrivals (queueing)"
+    if workload.kind == "sessions":
+        return "not predicted: multi-turn sessions (each turn's prompt grows by the history)"
     if workload.kind == "trace" or workload.dataset is not None:
         return ("not predicted: prompt and output lengths from a dataset (the roofline "
                 "prices one shape)")

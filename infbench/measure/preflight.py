@@ -33,6 +33,7 @@ import numpy as np
 from infbench.core.config import ModelConfig
 from infbench.core.device import available_memory_bytes, resolve_device
 from infbench.core.errors import UserError
+from infbench.measure.sessions import session_lengths
 from infbench.measure.workload import request_lengths
 from infbench.results.gate import gated_values, load_results, parse_threshold, scenario_difference
 from infbench.results.rundir import check_writable, normalized_points
@@ -50,7 +51,9 @@ def preflight(points: list[ScenarioPoint], out_dir: Path,
     free: dict[str, int] = {}
     for point in points:
         if point.target is not None:  # a server: its model is not here
-            check_host_memory(point, request_lengths(point.workload))
+            check_host_memory(point, session_lengths(point.workload)
+                              if point.workload.kind == "sessions" else
+                              request_lengths(point.workload))
             continue
         check_single_device(point)
         cfg = point.model_config()  # each checkpoint is read once (config_from_source)

@@ -58,7 +58,9 @@ ADDED_SCENARIO_KEYS.update({"scenario.workload.burstiness": 1.0,
                             # 2026-12-02: fp8 scales and the parallel layouts of issue 26
                             "scenario.model.quant.fp8_scales": None,
                             # 2026-12-02: prefix groups (issue 27)
-                            "scenario.workload.prefix": None})
+                            "scenario.workload.prefix": None,
+                            # multi-turn sessions (docs/sessions.md)
+                            "scenario.workload.sessions": None})
 
 
 def _as_recorded(scenario: dict[str, Any]) -> dict[str, Any]:

@@ -25,7 +25,9 @@ Versions:
   profile the point was priced on, and `metrics.diffusion`, `prediction.diffusion` and
   `diffusion` of a `decoding.kind: diffusion` point, and `prediction.overlap`, the operator
   overlap the prediction used, and `prefix`, the prefix groups' intended and measured hit
-  rates), so every version 2 file loads whichever of them it has.
+  rates, and `metrics.by_turn` and `metrics.sessions` and the request rows' `session_id`
+  and `turn` of a `workload.kind: sessions` point), so every version 2 file loads whichever
+  of them it has.
 """
 
 from __future__ import annotations
@@ -180,6 +182,31 @@ class MoEStepRow(_Closed):
     cv: Number | None = None
 
 
+class TurnMetrics(_Closed):
+    """`metrics.by_turn[]`: the requests of one turn index of a sessions run."""
+
+    turn: int
+    num_requests: int
+    mean_prompt_tokens: Number | None = None
+    mean_output_tokens: Number | None = None
+    ttft_s: LatencyStats | None = None
+    tpot_s: LatencyStats | None = None
+    e2e_s: LatencyStats | None = None
+
+
+class SessionMetrics(_Closed):
+    """`metrics.sessions`: the conversations of a sessions run (measure/sessions.py)."""
+
+    num_sessions: int | None = None
+    num_completed: int | None = None  # every turn answered
+    num_turns: int | None = None  # planned
+    num_turns_done: int | None = None
+    num_turns_skipped: int | None = None  # after a failed turn of their session
+    mean_turns: Number | None = None
+    duration_s: LatencyStats | None = None  # a completed session's first send to last token
+    sessions_per_s: Number | None = None  # completed sessions per second of the run
+
+
 class Metrics(_Closed):
     """One measured run's metrics (a result's `metrics` is the median of its repeats)."""
 
@@ -223,6 +250,9 @@ class Metrics(_Closed):
     num_slo_met: Number | None = None  # the median over repeats may fall between two counts
     diffusion: StageTraffic | None = None  # decoding.kind diffusion: its refinement steps
     moe: MoERouting | None = None  # MoE models: routing measured vs uniform (docs/moe.md)
+    # workload.kind sessions (docs/sessions.md): per turn index and per session
+    by_turn: list[TurnMetrics] | None = None
+    sessions: SessionMetrics | None = None
 
 
 class Accuracy(_Closed):
@@ -383,6 +413,9 @@ class RequestRow(_Closed):
     # num_output_tokens) and when its first content token came (None: none came)
     num_reasoning_tokens: int = 0
     first_output_s: Number | None = None
+    # only on a turn of a multi-turn session (workload.kind sessions): which, 0-based turn
+    session_id: str | None = None
+    turn: int | None = None
 
 
 class Hardware(_Closed):

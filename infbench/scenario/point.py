@@ -126,6 +126,8 @@ def _workload_dict(workload: WorkloadPoint) -> dict[str, Any]:
         out["dataset"] = workload.dataset.model_dump()
     if workload.prefix is not None:
         out["prefix"] = workload.prefix.model_dump(mode="json")  # tuples as lists
+    if workload.sessions is not None:
+        out["sessions"] = workload.sessions.model_dump()
     return out
 
 

@@ -20,6 +20,7 @@ from infbench.core.errors import ConfigError
 from infbench.scenario.derive import section_from
 from infbench.scenario.prefix import PrefixSection
 from infbench.scenario.prefix import check as check_prefix
+from infbench.scenario.sessions import SessionsSection
 from infbench.scenario.values import (
     MAX_SEED,
     NonNegFloat,
@@ -31,7 +32,7 @@ from infbench.scenario.values import (
     StrictBool,
 )
 
-WorkloadKind = Literal["static", "offline", "poisson", "trace"]
+WorkloadKind = Literal["static", "offline", "poisson", "trace", "sessions"]
 DatasetKind = Literal["sharegpt", "jsonl", "trace"]
 PromptSource = Literal["random", "text"]
 LengthDist = Literal["fixed", "uniform", "normal", "lognormal"]
@@ -78,7 +79,9 @@ class WorkloadPoint:
 
     kind: WorkloadKind = "static"
     """static: num_requests (default batch_size) requests, batch_size at a time; offline:
-    num_requests at t=0; poisson: arrivals at `rate`; trace: the dataset trace's timestamps."""
+    num_requests at t=0; poisson: arrivals at `rate`; trace: the dataset trace's timestamps;
+    sessions: multi-turn conversations (`sessions`), arriving at `rate` sessions per second
+    (unset: all at t=0)."""
     batch_size: PosInt = 1
     prompt_len: PosInt = 128
     gen_len: PosInt = 32
@@ -117,6 +120,9 @@ class WorkloadPoint:
     """The longest a run's arrivals may span (poisson: (requests - 1) / rate expected; trace:
     its drawn rows' span times time_scale); longer is refused before the run (24 h unless
     raised, at most 365 days)."""
+    sessions: SessionsSection | None = None
+    """kind sessions: the conversations (turns, message lengths, think times;
+    docs/sessions.md); unset with kind sessions: the section's defaults."""
 
     def __post_init__(self) -> None:
         if self.kind == "poisson" and self.rate is None:
@@ -131,6 +137,7 @@ class WorkloadPoint:
         self._check_arrivals()
         self._check_duration()
         self._check_dataset()
+        self._check_sessions()
         check_prefix(self.prefix, shared_prefix_len=self.shared_prefix_len, chat=self.chat,
                      num_prompts=self.num_prompts, prompt_len=self.prompt_len,
                      dataset_kind=None if self.dataset is None else self.dataset.kind)
@@ -144,9 +151,9 @@ class WorkloadPoint:
             raise ConfigError(f"workload.num_requests: kind static runs batch_size "
                               f"({self.batch_size}) requests at a time; allowed: at least "
                               f"batch_size, or unset (got {self.num_requests})")
-        if self.burstiness != 1.0 and self.kind != "poisson":
+        if self.burstiness != 1.0 and self.kind not in ("poisson", "sessions"):
             raise ConfigError(f"workload.burstiness: shapes poisson arrivals; allowed with "
-                              f"workload.kind poisson (got kind {self.kind})")
+                              f"workload.kind poisson or sessions (got kind {self.kind})")
         if self.kind == "trace" and not self._has_trace:
             raise ConfigError("workload.kind: 'trace' replays a trace's timestamps and needs "
                               "workload.dataset: {kind: trace, path: FILE.csv}")
@@ -158,16 +165,18 @@ class WorkloadPoint:
     def _check_duration(self) -> None:
         """Poisson arrivals expected to span more than max_duration_s are refused here, at
         load (a trace's span is known once its file is read: measure/workload.py)."""
-        if self.kind != "poisson" or self.rate is None or not math.isfinite(self.rate):
+        if self.kind not in ("poisson", "sessions") or self.rate is None or \
+                not math.isfinite(self.rate):
             return
         expected = (self.num_prompts - 1) / self.rate  # the first arrives at t=0
+        what = "sessions" if self.kind == "sessions" else "requests"
         if expected > self.max_duration_s:
             raise ConfigError(
-                f"workload.rate: {self.num_prompts} requests at {self.rate:g}/s arrive over "
+                f"workload.rate: {self.num_prompts} {what} at {self.rate:g}/s arrive over "
                 f"about {expected:.3g} s ({_readable_s(expected)}), beyond "
                 f"workload.max_duration_s {self.max_duration_s:g} "
                 f"({_readable_s(self.max_duration_s)}); allowed: a higher rate, fewer "
-                f"requests, or max_duration_s up to {MAX_DURATION_S:.0f} when a run that long "
+                f"{what}, or max_duration_s up to {MAX_DURATION_S:.0f} when a run that long "
                 "is meant")
 
     def _check_dataset(self) -> None:
@@ -183,6 +192,28 @@ class WorkloadPoint:
                 raise ConfigError(f"workload.{key}: the prompts come from "
                                   f"workload.dataset ({self.dataset.path}); remove {key}")
 
+    def _check_sessions(self) -> None:
+        """kind sessions draws its lengths from workload.sessions: the keys that shape
+        single requests do not apply (the section itself was checked when it loaded)."""
+        if self.sessions is not None and self.kind != "sessions":
+            raise ConfigError(f"workload.sessions: describes multi-turn conversations; allowed "
+                              f"with workload.kind sessions (got kind {self.kind})")
+        if self.kind != "sessions":
+            return
+        defaults = WorkloadPoint()
+        for key in ("num_requests", "prompt_len", "gen_len", "shared_prefix_len",
+                    "samples_per_prompt", "prompt_source", "prompt_len_dist", "gen_len_dist",
+                    "chat", "dataset", "prefix"):
+            if getattr(self, key) != getattr(defaults, key):
+                instead = {"num_requests": "sessions.num_sessions",
+                           "prompt_len": "sessions.user_len",
+                           "gen_len": "sessions.output_len",
+                           "shared_prefix_len": "sessions.system_prompt_len",
+                           "dataset": "sessions.dataset"}.get(key)
+                raise ConfigError(f"workload.{key}: kind sessions draws its turns from "
+                                  "workload.sessions; remove " + key
+                                  + (f" (use workload.{instead})" if instead else ""))
+
     @property
     def _has_trace(self) -> bool:
         """The dataset is a trace (its timestamps, or with kind poisson only its lengths)."""
@@ -197,9 +228,16 @@ class WorkloadPoint:
     def num_prompts(self) -> int:
         """Requests (distinct prompts) of a run: num_requests, or when unset batch_size for
         kind static and DEFAULT_NUM_REQUESTS for the other kinds."""
+        if self.kind == "sessions":  # the conversations (each of several requests)
+            return self.session_config.num_sessions
         if self.num_requests is not None:
             return self.num_requests
         return self.batch_size if self.kind == "static" else DEFAULT_NUM_REQUESTS
+
+    @property
+    def session_config(self) -> SessionsSection:
+        """workload.sessions, or its defaults when kind sessions left it unset."""
+        return self.sessions if self.sessions is not None else SessionsSection()
 
     @property
     def num_sequences(self) -> int:

@@ -1,0 +1,265 @@
+"""Run multi-turn sessions (`workload.kind: sessions`) against an OpenAI-compatible server.
+
+The conversations are planned by measure/sessions.py (seeded); this module plays them.
+Each session starts at its arrival (with `workload.max_concurrency`, when fewer sessions
+than that are active; it holds its slot until its last turn ends) and sends its turns one
+after the other: turn k goes out `think_s` after turn k-1's stream ended, and its prompt is
+the history so far plus the new user message.  The history holds the replies as the server
+returned them:
+
+- chat: `messages` = the system prompt (when set) as a system message, then user and
+  assistant messages in order, the assistant's content the text it streamed (reasoning
+  text left out, as chat clients do);
+- completions with text prompts: the system prompt, every user message and every reply
+  text, concatenated;
+- completions with token prompts: the ids, each reply as the token ids the server sent
+  (`target.return_token_ids`) or else the tokenizer's encoding of its text.
+
+Every turn is one streamed request through `openai_target._one_request`, timed as every
+other client request (its TTFT counts from the moment the turn was sent), and becomes a
+`RequestRecord` with the id `<session>/t<turn>`.  A turn that fails ends its session: the
+later turns cannot be built without its reply, and are counted as skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from infbench.client.failures import RequestFailed
+from infbench.client.openai_target import (
+    ClientPlan,
+    Failure,
+    TargetRun,
+    _error_text,
+    _one_request,
+    to_record,
+)
+from infbench.client.stream import Stream
+from infbench.core.errors import UserError
+from infbench.engine.request import Request, SamplingParams
+from infbench.measure.sessions import (
+    Conversation,
+    Turn,
+    by_turn_metrics,
+    plan_sessions,
+    session_stats,
+)
+from infbench.scenario.workload import WorkloadPoint
+
+
+@dataclass
+class SessionSpan:
+    """One session as it ran: its first send, its last token, the turns that finished."""
+
+    session_id: str
+    start_s: float
+    end_s: float
+    num_turns: int  # planned
+    num_done: int = 0
+
+    @property
+    def completed(self) -> bool:
+        return self.num_done == self.num_turns
+
+
+@dataclass
+class SessionsRun(TargetRun):
+    """One pass over the conversations: a TargetRun (one record per finished turn), plus
+    the sessions."""
+
+    sessions: list[SessionSpan] = field(default_factory=list)
+    turn_of: dict[str, tuple[str, int]] = field(default_factory=dict)  # id -> (session, k)
+    num_skipped: int = 0  # turns never sent: an earlier turn of their session failed
+
+    @property
+    def num_turns(self) -> int:
+        return sum(s.num_turns for s in self.sessions)
+
+
+def turn_id(session_id: str, index: int) -> str:
+    return f"{session_id}/t{index}"
+
+
+def check_plan(plan: ClientPlan) -> None:
+    """Token prompts send every reply back as ids: the server's (return_token_ids) or the
+    tokenizer's encoding of its text; with neither, the second turn could not be built."""
+    if not plan.target.sends_text and plan.tokenizer is None and \
+            not plan.target.return_token_ids:
+        raise UserError("workload.kind: sessions with target.prompt_format tokens sends each "
+                        "reply back as token ids; allowed: set target.tokenizer (encodes the "
+                        "reply text) or target.return_token_ids: true (the server's ids)")
+
+
+class _History:
+    """One session's conversation so far, in the form the target's prompts take."""
+
+    def __init__(self, plan: ClientPlan, conversation: Conversation) -> None:
+        self.plan = plan
+        self.ids: list[int] = list(conversation.system_ids)
+        self.messages: list[dict[str, str]] = []
+        self.text = ""
+        if conversation.system_ids and plan.target.sends_text:
+            system = self._decode(conversation.system_ids)
+            self.messages.append({"role": "system", "content": system})
+            self.text = system
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        if self.plan.tokenizer is None:  # the target schema requires one for text prompts
+            raise ValueError("text prompts need target.tokenizer")
+        return str(self.plan.tokenizer.decode(list(ids), skip_special_tokens=True))
+
+    def ask(self, turn: Turn) -> None:
+        self.ids.extend(turn.user_ids)
+        if self.plan.target.sends_text:
+            user = turn.user_text if turn.user_text is not None else self._decode(turn.user_ids)
+            self.messages.append({"role": "user", "content": user})
+            self.text += user if not self.text or turn.user_text is None else "\n" + user
+
+    def answer(self, stream: Stream) -> None:
+        """The reply as the server returned it joins the history."""
+        reply = "".join(c.text for c in stream.chunks if not c.is_reasoning)
+        ids = [i for c in stream.chunks if not c.is_reasoning and c.token_ids is not None
+               for i in c.token_ids]
+        complete = all(c.token_ids is not None for c in stream.chunks if not c.is_reasoning)
+        if not (complete and ids) and self.plan.tokenizer is not None:
+            ids = list(self.plan.tokenizer.encode(reply, add_special_tokens=False))
+        elif not (complete and ids) and not self.plan.target.sends_text:
+            raise RequestFailed("no_token_ids", f"the reply ({len(stream.chunks)} chunk(s)) "
+                                                "carried no token ids and target.tokenizer is "
+                                                "not set to encode its text")
+        self.ids.extend(int(i) for i in ids)
+        self.messages.append({"role": "assistant", "content": reply})
+        self.text += reply
+
+    def body(self, request: Request) -> dict[str, Any]:
+        body = self.plan.body(request, 0) if not self.plan.target.sends_text else \
+            self.plan.body(_no_prompt(request), 0)
+        if self.plan.target.endpoint == "chat":
+            body["messages"] = list(self.messages)
+        elif self.plan.target.sends_text:
+            body["prompt"] = self.text
+        return body
+
+
+def _no_prompt(request: Request) -> Request:
+    """The request without ids to detokenize (the body's prompt is set from the history)."""
+    return Request(request_id=request.request_id, prompt_ids=(0,), sampling=request.sampling,
+                   arrival_s=request.arrival_s)
+
+
+def _sampling(workload: WorkloadPoint, turn: Turn, eos: int | None) -> SamplingParams:
+    stop = (eos,) if eos is not None and not workload.ignore_eos else ()
+    return SamplingParams(temperature=workload.temperature, top_k=workload.top_k,
+                          top_p=workload.top_p, max_tokens=turn.max_tokens, seed=turn.seed,
+                          stop_token_ids=stop, ignore_eos=workload.ignore_eos)
+
+
+async def run_sessions(plan: ClientPlan, workload: WorkloadPoint,
+                       conversations: Sequence[Conversation], *,
+                       session: aiohttp.ClientSession, api_key: str | None = None,
+                       eos_token_id: int | None = None) -> SessionsRun:
+    """Play every conversation once; session arrivals replayed in real time."""
+    t0 = time.perf_counter()
+    clock = time.perf_counter
+    chat = plan.target.endpoint == "chat"
+    headers = plan.headers(api_key)
+    deadline = plan.target.request_timeout_s
+    run = SessionsRun(records=[], failures=[], wall_s=0.0, start_perf_s=t0)
+    slots = asyncio.Semaphore(plan.max_concurrency) if plan.max_concurrency else None
+    last = [0.0]
+
+    async def one_turn(history: _History, conv: Conversation, turn: Turn) -> bool:
+        rid = turn_id(conv.session_id, turn.index)
+        run.turn_of[rid] = (conv.session_id, turn.index)
+        history.ask(turn)
+        sent = clock() - t0
+        request = Request(request_id=rid, prompt_ids=tuple(history.ids) or (0,),
+                          sampling=_sampling(workload, turn, eos_token_id), arrival_s=sent)
+        stream = Stream(max_tokens=turn.max_tokens, chat=chat)
+        try:
+            await asyncio.wait_for(_one_request(plan, request, 0, t0, session, headers, stream,
+                                                history.body(request)), deadline)
+            record = to_record(rid, sent, request, stream, plan.tokenizer)
+            history.answer(stream)
+        except asyncio.TimeoutError:
+            run.failures.append(Failure(rid, f"no complete answer within "
+                                             f"target.request_timeout_s {deadline:g} s",
+                                        "deadline"))
+            last[0] = max(last[0], clock() - t0)
+            return False
+        except RequestFailed as exc:
+            run.failures.append(Failure(rid, _error_text(exc), exc.reason))
+            last[0] = max(last[0], clock() - t0)
+            return False
+        run.records.append(record)
+        last[0] = max(last[0], stream.end_s)
+        return True
+
+    async def one(conv: Conversation) -> None:
+        delay = conv.arrival_s - (clock() - t0)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if slots is not None:
+            await slots.acquire()
+        span = SessionSpan(conv.session_id, clock() - t0, clock() - t0, len(conv.turns))
+        run.sessions.append(span)
+        history = _History(plan, conv)
+        try:
+            for k, turn in enumerate(conv.turns):
+                if turn.think_s > 0:
+                    await asyncio.sleep(turn.think_s)
+                if not await one_turn(history, conv, turn):
+                    run.num_skipped += len(conv.turns) - k - 1
+                    break
+                span.num_done += 1
+        finally:
+            span.end_s = clock() - t0
+            if slots is not None:
+                slots.release()
+
+    await asyncio.gather(*(one(c) for c in sorted(conversations, key=lambda c: c.arrival_s)))
+    run.records.sort(key=lambda r: r.request_id)
+    run.failures.sort(key=lambda f: f.request_id)
+    run.sessions.sort(key=lambda s: s.session_id)
+    run.wall_s = max(last[0], 1e-9)
+    return run
+
+
+def point_conversations(point: Any, tokenizer: Any) -> list[Conversation]:
+    """The point's conversations, planned as the engine would plan them (vocabulary from
+    the tokenizer, else from the model section)."""
+    if tokenizer is not None:
+        vocab = tokenizer.vocab_size
+    elif point.model:
+        vocab = point.model_config().vocab_size
+    else:
+        raise UserError(f"{point.source}: target.tokenizer: required without a model section "
+                        "(random prompt ids need the server's vocabulary size)")
+    eos = tokenizer.eos_token_id if tokenizer is not None else None
+    return plan_sessions(point.workload, vocab, tokenizer=tokenizer, eos_token_id=eos)
+
+
+def tag_rows(rows: list[dict[str, Any]], run: SessionsRun) -> list[dict[str, Any]]:
+    """Request rows (measure.metrics.request_rows) with their session_id and turn."""
+    for row in rows:
+        if row["id"] in run.turn_of:
+            row["session_id"], row["turn"] = run.turn_of[row["id"]]
+    return rows
+
+
+def sessions_summary(run: SessionsRun, rows: list[dict[str, Any]],
+                     percentiles: Sequence[float]) -> dict[str, Any]:
+    """`metrics.by_turn` and `metrics.sessions` of one pass (rows: tag_rows's)."""
+    done = [s for s in run.sessions if s.completed]
+    return {"by_turn": by_turn_metrics(rows, percentiles),
+            "sessions": session_stats(
+                [s.end_s - s.start_s for s in done], num_sessions=len(run.sessions),
+                num_completed=len(done), num_turns=run.num_turns,
+                num_done=sum(s.num_done for s in run.sessions), num_skipped=run.num_skipped,
+                wall_s=run.wall_s, percentiles=percentiles)}
