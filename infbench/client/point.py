@@ -37,12 +37,11 @@ from infbench.client.sessions import (
     check_plan,
     point_conversations,
     run_sessions,
-    sessions_summary,
-    tag_rows,
 )
 from infbench.core.errors import UserError
 from infbench.core.metric_names import NUM_REASONING_TOKENS, TTFO_METRIC
 from infbench.engine.request import Request
+from infbench.measure.sessions import sessions_metrics, tag_rows
 from infbench.results.prefix import with_measured
 from infbench.scenario.point import ScenarioPoint
 from infbench.scenario.target import TargetSection, tokenizer_source
@@ -114,7 +113,7 @@ def _rows(run: TargetRun) -> list[dict[str, Any]]:
     from infbench.measure import metrics as metrics_mod
 
     rows = metrics_mod.request_rows(run.records)
-    return tag_rows(rows, run) if isinstance(run, SessionsRun) else rows
+    return tag_rows(rows) if isinstance(run, SessionsRun) else rows
 
 
 def _summary(run: TargetRun, percentiles: Any, slo: Any = None) -> dict[str, Any]:
@@ -129,7 +128,8 @@ def _summary(run: TargetRun, percentiles: Any, slo: Any = None) -> dict[str, Any
     if TTFO_METRIC in m:  # a reasoning model: its reasoning tokens among the output tokens
         m[NUM_REASONING_TOKENS] = sum(r.num_reasoning_tokens for r in run.records)
     if isinstance(run, SessionsRun):
-        m.update(sessions_summary(run, rows, percentiles))
+        m.update(sessions_metrics(rows, run.conversations, run.wall_s, percentiles,
+                                  num_failed=len(run.failures)))
     if slo is not None:  # as for an engine run (measure/bench.py); failures meet no SLO
         m.update(goodput_metrics(rows, slo, run.wall_s, num_failed=len(run.failures)))
     return m

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -46,44 +46,19 @@ from infbench.engine.request import Request, SamplingParams
 from infbench.measure.sessions import (
     Conversation,
     Turn,
-    by_turn_metrics,
     plan_sessions,
-    session_stats,
+    turn_id,
 )
 from infbench.scenario.workload import WorkloadPoint
 
 
 @dataclass
-class SessionSpan:
-    """One session as it ran: its first send, its last token, the turns that finished."""
-
-    session_id: str
-    start_s: float
-    end_s: float
-    num_turns: int  # planned
-    num_done: int = 0
-
-    @property
-    def completed(self) -> bool:
-        return self.num_done == self.num_turns
-
-
-@dataclass
 class SessionsRun(TargetRun):
-    """One pass over the conversations: a TargetRun (one record per finished turn), plus
-    the sessions."""
+    """One pass over the conversations: a TargetRun (one record per finished turn) and the
+    turns never sent (an earlier turn of their session failed)."""
 
-    sessions: list[SessionSpan] = field(default_factory=list)
-    turn_of: dict[str, tuple[str, int]] = field(default_factory=dict)  # id -> (session, k)
-    num_skipped: int = 0  # turns never sent: an earlier turn of their session failed
-
-    @property
-    def num_turns(self) -> int:
-        return sum(s.num_turns for s in self.sessions)
-
-
-def turn_id(session_id: str, index: int) -> str:
-    return f"{session_id}/t{index}"
+    num_skipped: int = 0
+    conversations: Sequence[Conversation] = ()  # what was planned (metrics.sessions)
 
 
 def check_plan(plan: ClientPlan) -> None:
@@ -170,13 +145,13 @@ async def run_sessions(plan: ClientPlan, workload: WorkloadPoint,
     chat = plan.target.endpoint == "chat"
     headers = plan.headers(api_key)
     deadline = plan.target.request_timeout_s
-    run = SessionsRun(records=[], failures=[], wall_s=0.0, start_perf_s=t0)
+    run = SessionsRun(records=[], failures=[], wall_s=0.0, start_perf_s=t0,
+                      conversations=conversations)
     slots = asyncio.Semaphore(plan.max_concurrency) if plan.max_concurrency else None
     last = [0.0]
 
     async def one_turn(history: _History, conv: Conversation, turn: Turn) -> bool:
         rid = turn_id(conv.session_id, turn.index)
-        run.turn_of[rid] = (conv.session_id, turn.index)
         history.ask(turn)
         sent = clock() - t0
         request = Request(request_id=rid, prompt_ids=tuple(history.ids) or (0,),
@@ -207,8 +182,6 @@ async def run_sessions(plan: ClientPlan, workload: WorkloadPoint,
             await asyncio.sleep(delay)
         if slots is not None:
             await slots.acquire()
-        span = SessionSpan(conv.session_id, clock() - t0, clock() - t0, len(conv.turns))
-        run.sessions.append(span)
         history = _History(plan, conv)
         try:
             for k, turn in enumerate(conv.turns):
@@ -217,16 +190,13 @@ async def run_sessions(plan: ClientPlan, workload: WorkloadPoint,
                 if not await one_turn(history, conv, turn):
                     run.num_skipped += len(conv.turns) - k - 1
                     break
-                span.num_done += 1
         finally:
-            span.end_s = clock() - t0
             if slots is not None:
                 slots.release()
 
     await asyncio.gather(*(one(c) for c in sorted(conversations, key=lambda c: c.arrival_s)))
     run.records.sort(key=lambda r: r.request_id)
     run.failures.sort(key=lambda f: f.request_id)
-    run.sessions.sort(key=lambda s: s.session_id)
     run.wall_s = max(last[0], 1e-9)
     return run
 
@@ -243,23 +213,3 @@ def point_conversations(point: Any, tokenizer: Any) -> list[Conversation]:
                         "(random prompt ids need the server's vocabulary size)")
     eos = tokenizer.eos_token_id if tokenizer is not None else None
     return plan_sessions(point.workload, vocab, tokenizer=tokenizer, eos_token_id=eos)
-
-
-def tag_rows(rows: list[dict[str, Any]], run: SessionsRun) -> list[dict[str, Any]]:
-    """Request rows (measure.metrics.request_rows) with their session_id and turn."""
-    for row in rows:
-        if row["id"] in run.turn_of:
-            row["session_id"], row["turn"] = run.turn_of[row["id"]]
-    return rows
-
-
-def sessions_summary(run: SessionsRun, rows: list[dict[str, Any]],
-                     percentiles: Sequence[float]) -> dict[str, Any]:
-    """`metrics.by_turn` and `metrics.sessions` of one pass (rows: tag_rows's)."""
-    done = [s for s in run.sessions if s.completed]
-    return {"by_turn": by_turn_metrics(rows, percentiles),
-            "sessions": session_stats(
-                [s.end_s - s.start_s for s in done], num_sessions=len(run.sessions),
-                num_completed=len(done), num_turns=run.num_turns,
-                num_done=sum(s.num_done for s in run.sessions), num_skipped=run.num_skipped,
-                wall_s=run.wall_s, percentiles=percentiles)}

@@ -165,8 +165,8 @@ def report(
     --json / --markdown / --csv rows), MoE points a table of routing statistics beside the
     roofline's expert bytes (docs/moe.md; moe_* columns in those rows), points with prefix
     groups their intended vs measured prefix-cache hit rate (docs/prefix.md; prefix_* columns),
-    and points run with
-    measure.slo a goodput table and, over a rate sweep, the highest rate meeting the SLOs
+    multi-turn sessions a table of latency by turn index (docs/sessions.md), and points run
+    with measure.slo a goodput table and, over a rate sweep, the highest rate meeting the SLOs
     (slo_max_rate in --json rows); client runs with failed requests get a line each on
     stderr counting them by reason (docs/client.md)."""
     from rich.console import Console
@@ -191,6 +191,7 @@ def report(
         write_csv,
         write_markdown,
     )
+    from infbench.results.sessions import by_turn_rows, by_turn_table, session_lines
     from infbench.results.speculative import spec_rows, spec_table
     from infbench.results.variants import variant_rows, variant_table
 
@@ -226,6 +227,11 @@ def report(
             Console().print(moe_table(moe))
         if prefix:  # prefix groups: intended vs measured prefix-cache hit rate
             Console().print(prefix_table(prefix))
+        turns = by_turn_rows(loaded)
+        if turns:  # workload.kind sessions: latency by turn index (docs/sessions.md)
+            Console().print(by_turn_table(turns))
+            for line in session_lines(loaded):
+                Console().print(line, highlight=False)
         if goodput:  # points run with `measure.slo`
             Console().print(goodput_table(goodput))
             for summary in max_rates:

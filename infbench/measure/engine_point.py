@@ -35,11 +35,13 @@ from infbench.measure import accuracy as accuracy_mod
 from infbench.measure import calibrate
 from infbench.measure import metrics as metrics_mod
 from infbench.measure import speculative as spec_mod
+from infbench.measure.engine_sessions import run_engine_sessions, sizing_requests
 from infbench.measure.goodput import goodput_metrics
 from infbench.measure.machine import resolve_hardware
 from infbench.measure.model_cache import ModelCache
 from infbench.measure.moe_routing import routing_metrics
 from infbench.measure.prediction import predict_point
+from infbench.measure.sessions import Conversation, plan_sessions, sessions_metrics, tag_rows
 from infbench.measure.telemetry import NvmlSampler, ncu_profile
 from infbench.measure.torch_reference import (
     SUPPORTED_ATTENTION,
@@ -55,6 +57,7 @@ from infbench.model.loader import LoadedModel, load_model
 from infbench.results import store as results_mod
 from infbench.results.prefix import with_measured
 from infbench.scenario.point import ModelPoint, ScenarioPoint
+from infbench.scenario.workload import WorkloadPoint
 
 Phase = Callable[[str], None]  # the progress line's current phase ("repeat 2/3")
 
@@ -128,6 +131,23 @@ class RequestPlan:
     max_concurrency: int | None  # the client's cap on outstanding requests; None: no cap
     is_realtime: bool  # timed repeats release them at their arrival times (warm-ups: at once)
     prefix: dict[str, Any] | None = None  # the prefix groups' summary (measure/prefix.py)
+    # workload.kind sessions: the conversations, played by measure/engine_sessions.py
+    # (`requests` then holds one request per session at its longest, to size the KV pool)
+    conversations: list[Conversation] | None = None
+    workload: WorkloadPoint | None = None
+    eos_token_id: int | None = None
+
+    def run(self, engine: Engine, realtime: bool,
+            on_step: Callable[[StepRecord], None] | None = None) -> RunOutput:
+        """One pass: the requests through `Engine.run`, or the sessions' closed loop."""
+        if self.conversations is not None:
+            assert self.workload is not None
+            return run_engine_sessions(engine, self.conversations, self.workload,
+                                       realtime=realtime, on_step=on_step,
+                                       max_concurrency=self.max_concurrency,
+                                       eos_token_id=self.eos_token_id)
+        return engine.run(self.requests, realtime_arrivals=realtime, on_step=on_step,
+                          max_concurrency=self.max_concurrency)
 
 
 def plan_requests(point: ScenarioPoint, loaded: LoadedPoint,
@@ -136,6 +156,12 @@ def plan_requests(point: ScenarioPoint, loaded: LoadedPoint,
     most `max_concurrency` at a time (bench.client_concurrency)."""
     tok = loaded.model.tokenizer
     eos = tok.eos_token_id if tok is not None else None
+    if point.workload.kind == "sessions":
+        conversations = plan_sessions(point.workload, loaded.config.vocab_size, tokenizer=tok,
+                                      eos_token_id=eos)
+        return RequestPlan(sizing_requests(conversations), max_concurrency, True,
+                           conversations=conversations, workload=point.workload,
+                           eos_token_id=eos)
     drawn = draw_workload(point.workload, loaded.config.vocab_size, tokenizer=tok,
                           eos_token_id=eos, max_model_len=loaded.config.max_seq_len)
     return RequestPlan(drawn.requests, max_concurrency, point.workload.is_realtime,
@@ -205,8 +231,7 @@ def start_engine(point: ScenarioPoint, loaded: LoadedPoint, plan: RequestPlan) -
 def _plain_run(engine: Engine, plan: RequestPlan, realtime: bool) -> RunOutput:
     """The requests decoded without speculation (the speculative point's baseline)."""
     engine.set_speculation(False)
-    out = engine.run(plan.requests, realtime_arrivals=realtime,
-                     max_concurrency=plan.max_concurrency)
+    out = plan.run(engine, realtime)
     engine.set_speculation(True)
     return out
 
@@ -215,7 +240,7 @@ def warm_up(point: ScenarioPoint, engine: Engine, plan: RequestPlan, phase: Phas
     """measure.warmup untimed passes, every request released at once."""
     for i in range(point.measure.warmup):
         phase(f"warm-up {i + 1}/{point.measure.warmup}")
-        engine.run(plan.requests, realtime_arrivals=False, max_concurrency=plan.max_concurrency)
+        plan.run(engine, realtime=False)
         if speculation(point) is not None:  # the plain baseline is timed too: warm it as well
             _plain_run(engine, plan, realtime=False)
 
@@ -303,9 +328,12 @@ def measure_repeats(point: ScenarioPoint, loaded: LoadedPoint, engine: Engine,
     last: tuple[RunOutput, list[dict[str, Any]]] | None = None
     for i in range(point.measure.repeats):
         phase(f"repeat {i + 1}/{point.measure.repeats}")
-        out = engine.run(plan.requests, realtime_arrivals=plan.is_realtime, on_step=on_step,
-                         max_concurrency=plan.max_concurrency)
+        out = plan.run(engine, plan.is_realtime, on_step)
         m, step_costs = repeat_metrics(point, loaded, engine, out, hw)
+        if plan.conversations is not None:  # per turn index and per session
+            m.update(sessions_metrics(tag_rows(metrics_mod.request_rows(out.requests)),
+                                      plan.conversations, out.wall_s,
+                                      point.measure.percentiles))
         add_same_run_reference(m, loaded.device)
         if bracket is not None:
             add_torch_reference(m, bracket)
@@ -316,7 +344,9 @@ def measure_repeats(point: ScenarioPoint, loaded: LoadedPoint, engine: Engine,
         last = out, step_costs
     assert last is not None  # measure.repeats is at least 1 (the schema's PosInt)
     out, step_costs = last
-    return Measured(runs, hw, out.steps, step_costs, metrics_mod.request_rows(out.requests))
+    rows = metrics_mod.request_rows(out.requests)
+    return Measured(runs, hw, out.steps, step_costs,
+                    tag_rows(rows) if plan.conversations is not None else rows)
 
 
 # ---- accuracy, telemetry -------------------------------------------------------------------
@@ -369,6 +399,9 @@ def summarize(point: ScenarioPoint, loaded: LoadedPoint, measured: Measured,
     a note for each noise warning and for each flag of a doubtful hardware profile."""
     hw = measured.hardware
     metrics, spread = metrics_mod.aggregate_repeats(measured.runs)
+    for key in ("by_turn", "sessions"):  # sessions: of the last repeat, like its rows
+        if key in measured.runs[-1]:
+            metrics[key] = measured.runs[-1][key]
     metrics["noise"] = metrics_mod.noise(
         measured.runs, reference_bytes_per_s=metrics.get("reference_bytes_per_s"),
         hardware_bandwidth=hw.bandwidth, hardware_name=hw.name)

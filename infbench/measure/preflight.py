@@ -51,13 +51,11 @@ def preflight(points: list[ScenarioPoint], out_dir: Path,
     free: dict[str, int] = {}
     for point in points:
         if point.target is not None:  # a server: its model is not here
-            check_host_memory(point, session_lengths(point.workload)
-                              if point.workload.kind == "sessions" else
-                              request_lengths(point.workload))
+            check_host_memory(point, _lengths(point))
             continue
         check_single_device(point)
         cfg = point.model_config()  # each checkpoint is read once (config_from_source)
-        lengths = request_lengths(point.workload)  # drawn once, read by every check
+        lengths = _lengths(point)  # drawn once, read by every check
         longest = longest_request(lengths)
         check_context(point, cfg, longest)
         notes.extend(check_memory(point, cfg, longest, device, free))
@@ -147,6 +145,13 @@ HOST_BYTES_PER_SEQUENCE = 2_000
 HOST_BYTES_PER_TOKEN = 40
 
 
+def _lengths(point: ScenarioPoint) -> tuple[np.ndarray, np.ndarray]:
+    """(prompt, output) lengths of every request; a session's turns at their longest."""
+    if point.workload.kind == "sessions":
+        return session_lengths(point.workload)
+    return request_lengths(point.workload)
+
+
 def check_host_memory(point: ScenarioPoint, lengths: tuple[np.ndarray, np.ndarray]) -> None:
     """The workload's requests themselves must fit in host memory (a batch of millions of
     requests is valid YAML but would be OOM-killed while the requests are built)."""
@@ -165,6 +170,12 @@ def check_host_memory(point: ScenarioPoint, lengths: tuple[np.ndarray, np.ndarra
 
 def check_context(point: ScenarioPoint, cfg: ModelConfig, longest: tuple[int, int]) -> None:
     prompt, gen = longest
+    if prompt + gen > cfg.max_seq_len and point.workload.kind == "sessions":
+        raise UserError(
+            f"{_where(point)}: workload.sessions: the longest turn's prompt (its history with "
+            f"every earlier reply at max_tokens) + output = {prompt} + {gen} = {prompt + gen} "
+            f"tokens exceeds the model context (model max_seq_len {cfg.max_seq_len} "
+            "tokens); allowed: fewer turns or shorter messages; nothing was measured")
     if prompt + gen > cfg.max_seq_len:
         w = point.workload
         drawn = "" if w.prompt_len_dist == w.gen_len_dist == "fixed" else " (longest drawn)"

@@ -337,14 +337,46 @@ def by_turn_metrics(rows: Sequence[Mapping[str, Any]],
     return out
 
 
-def session_stats(durations: Sequence[float], *, num_sessions: int, num_completed: int,
-                  num_turns: int, num_done: int, num_skipped: int, wall_s: float,
-                  percentiles: Sequence[float]) -> dict[str, Any]:
-    """`metrics.sessions`: the sessions of one run, and how long a completed one took (its
-    first request sent to its last token, think times included)."""
-    return {"num_sessions": num_sessions, "num_completed": num_completed,
-            "num_turns": num_turns, "num_turns_done": num_done,
-            "num_turns_skipped": num_skipped,
-            "mean_turns": num_turns / num_sessions if num_sessions else None,
-            "duration_s": latency_stats(list(durations), percentiles),
-            "sessions_per_s": num_completed / wall_s if wall_s > 0 else None}
+def turn_id(session_id: str, index: int) -> str:
+    """A turn's request id, `s0003/t2` (`tag_rows` reads the two parts back)."""
+    return f"{session_id}/t{index}"
+
+
+def tag_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Request rows (measure.metrics.request_rows) of session turns with their session_id
+    and turn, read back from their ids (turn_id)."""
+    for row in rows:
+        sid, sep, k = str(row["id"]).rpartition("/t")
+        if sep and k.isdigit():
+            row["session_id"], row["turn"] = sid, int(k)
+    return rows
+
+
+def sessions_metrics(rows: Sequence[Mapping[str, Any]], conversations: Sequence[Conversation],
+                     wall_s: float, percentiles: Sequence[float],
+                     num_failed: int = 0) -> dict[str, Any]:
+    """`metrics.by_turn` and `metrics.sessions` of one pass (rows: tag_rows's).
+
+    A completed session answered every turn; its duration runs from its first turn's
+    arrival to its last token, think times included.  Skipped turns are those never sent
+    because an earlier turn of their session failed (`num_failed`: the failed turns)."""
+    by_session: dict[str, list[Mapping[str, Any]]] = {}
+    for row in rows:
+        if row.get("session_id") is not None:
+            by_session.setdefault(str(row["session_id"]), []).append(row)
+    planned = sum(len(c.turns) for c in conversations)
+    done = sum(len(v) for v in by_session.values())
+    durations = []
+    for conv in conversations:
+        answered = by_session.get(conv.session_id, [])
+        if len(answered) == len(conv.turns):
+            first = min(answered, key=lambda r: r["turn"])
+            durations.append(max(r["finish_s"] or r["arrival_s"] for r in answered)
+                             - first["arrival_s"])
+    return {"by_turn": by_turn_metrics(rows, percentiles), "sessions": {
+        "num_sessions": len(conversations), "num_completed": len(durations),
+        "num_turns": planned, "num_turns_done": done,
+        "num_turns_skipped": max(planned - done - num_failed, 0),
+        "mean_turns": planned / len(conversations) if conversations else None,
+        "duration_s": latency_stats(durations, percentiles),
+        "sessions_per_s": len(durations) / wall_s if wall_s > 0 else None}}
