@@ -18,7 +18,9 @@ returned them:
 Every turn is one streamed request through `openai_target._one_request`, timed as every
 other client request (its TTFT counts from the moment the turn was sent), and becomes a
 `RequestRecord` with the id `<session>/t<turn>`.  A turn that fails ends its session: the
-later turns cannot be built without its reply, and are counted as skipped.
+later turns cannot be built without its reply, and are counted as skipped.  (So does a
+reply that cannot join a token history: no ids sent and no tokenizer; the next turn is then
+the failure, reason `no_token_ids`.)
 """
 
 from __future__ import annotations
@@ -150,7 +152,10 @@ async def run_sessions(plan: ClientPlan, workload: WorkloadPoint,
     slots = asyncio.Semaphore(plan.max_concurrency) if plan.max_concurrency else None
     last = [0.0]
 
-    async def one_turn(history: _History, conv: Conversation, turn: Turn) -> bool:
+    async def one_turn(history: _History, conv: Conversation, turn: Turn) -> int | None:
+        """Send one turn; None when it (and its reply's place in the history) went well,
+        else the index of the turn that failed: this one, or the next one when the reply
+        cannot join the history (no_token_ids)."""
         rid = turn_id(conv.session_id, turn.index)
         history.ask(turn)
         sent = clock() - t0
@@ -161,20 +166,26 @@ async def run_sessions(plan: ClientPlan, workload: WorkloadPoint,
             await asyncio.wait_for(_one_request(plan, request, 0, t0, session, headers, stream,
                                                 history.body(request)), deadline)
             record = to_record(rid, sent, request, stream, plan.tokenizer)
-            history.answer(stream)
         except asyncio.TimeoutError:
             run.failures.append(Failure(rid, f"no complete answer within "
                                              f"target.request_timeout_s {deadline:g} s",
                                         "deadline"))
             last[0] = max(last[0], clock() - t0)
-            return False
+            return turn.index
         except RequestFailed as exc:
             run.failures.append(Failure(rid, _error_text(exc), exc.reason))
             last[0] = max(last[0], clock() - t0)
-            return False
+            return turn.index
         run.records.append(record)
         last[0] = max(last[0], stream.end_s)
-        return True
+        if turn.index + 1 < len(conv.turns):  # the next turn's history needs the reply
+            try:
+                history.answer(stream)
+            except RequestFailed as exc:
+                run.failures.append(Failure(turn_id(conv.session_id, turn.index + 1),
+                                            _error_text(exc), exc.reason))
+                return turn.index + 1
+        return None
 
     async def one(conv: Conversation) -> None:
         delay = conv.arrival_s - (clock() - t0)
@@ -184,11 +195,12 @@ async def run_sessions(plan: ClientPlan, workload: WorkloadPoint,
             await slots.acquire()
         history = _History(plan, conv)
         try:
-            for k, turn in enumerate(conv.turns):
+            for turn in conv.turns:
                 if turn.think_s > 0:
                     await asyncio.sleep(turn.think_s)
-                if not await one_turn(history, conv, turn):
-                    run.num_skipped += len(conv.turns) - k - 1
+                failed = await one_turn(history, conv, turn)
+                if failed is not None:  # the later turns cannot be built
+                    run.num_skipped += len(conv.turns) - failed - 1
                     break
         finally:
             if slots is not None:

@@ -26,7 +26,7 @@ class WordTokenizer:
 
 def test_the_samples_ship_and_load() -> None:
     assert sample_names() == ["azure_trace_small.csv", "prompts_small.jsonl",
-                              "sharegpt_small.json"]
+                              "sessions_small.jsonl", "sharegpt_small.json"]
     share = load_dataset("sharegpt", "infbench:samples/sharegpt_small.json")
     assert len(share) == 32  # the unanswered conversation is skipped
     assert share[0].prompt == "What is the boiling point of water at sea level?"
