@@ -21,6 +21,8 @@ _STATS = ("p50", "p90")
 
 def _label(result: dict[str, Any]) -> str:
     name, label = result.get("name"), result.get("label")  # several scenarios may share labels
+    if name and label in (None, "default"):
+        return str(name)
     return f"{name} {label}" if name and label else str(label or name)
 
 
