@@ -117,7 +117,8 @@ def test_bad_value_inside_a_list_names_its_index(tmp_path: Path) -> None:
 def test_unknown_literal_lists_allowed_values(tmp_path: Path) -> None:
     path = write(tmp_path, "name: x\nmodel: {preset: tiny}\nworkload: {kind: burst}\n")
     assert error_of(path) == (
-        f"{path}: workload.kind: unknown value 'burst'; allowed: static, offline, poisson, trace")
+        f"{path}: workload.kind: unknown value 'burst'; allowed: static, offline, poisson, trace, "
+        "sessions")
     path = write(tmp_path, "name: x\nmodel: {preset: tiny, attention: {kind: flash}}\n")
     assert "model.attention.kind: unknown value 'flash'; allowed: mha, gqa" in error_of(path)
 
