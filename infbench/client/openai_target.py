@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -59,6 +60,7 @@ class TargetRun:
     failures: list[Failure]
     wall_s: float
     start_perf_s: float  # time.perf_counter() at the run's t=0 (for accuracy checks)
+    num_unsent: int = 0  # requests not sent: due after submit_until_s (measure.duration_s)
 
 
 @dataclass(frozen=True)
@@ -217,8 +219,12 @@ async def _one_request(plan: ClientPlan, request: Request, sample: int, t0: floa
 
 async def run_requests(plan: ClientPlan, requests: Sequence[Request], *,
                        session: aiohttp.ClientSession, api_key: str | None = None,
-                       on_done: Callable[[], None] | None = None) -> TargetRun:
-    """Serve `requests` through the target once; arrival offsets replayed in real time."""
+                       on_done: Callable[[], None] | None = None,
+                       submit_until_s: float | None = None) -> TargetRun:
+    """Serve `requests` through the target once; arrival offsets replayed in real time.
+
+    `submit_until_s` (measure.duration_s): a request due, or let through the cap, after that
+    many seconds is not sent (counted in `num_unsent`); those in flight finish."""
     t0 = time.perf_counter()
     chat = plan.target.endpoint == "chat"
     headers = plan.headers(api_key)
@@ -227,9 +233,14 @@ async def run_requests(plan: ClientPlan, requests: Sequence[Request], *,
     failures: list[Failure] = []
     slots = asyncio.Semaphore(plan.max_concurrency) if plan.max_concurrency else None
     last = [0.0]
+    unsent = [0]
+    stop = math.inf if submit_until_s is None else submit_until_s
 
     async def one(request: Request, sample: int) -> None:
         rid = request.request_id if request.n == 1 else f"{request.request_id}/{sample}"
+        if request.arrival_s >= stop:
+            unsent[0] += 1
+            return
         delay = request.arrival_s - (time.perf_counter() - t0)
         if delay > 0:
             await asyncio.sleep(delay)
@@ -237,6 +248,10 @@ async def run_requests(plan: ClientPlan, requests: Sequence[Request], *,
         if slots is not None:
             await slots.acquire()
             arrival = max(arrival, time.perf_counter() - t0)  # TTFT from the submission
+            if arrival >= stop:  # the duration ended while it waited for a slot
+                slots.release()
+                unsent[0] += 1
+                return
         stream = Stream(max_tokens=request.sampling.max_tokens, chat=chat)
         try:
             await asyncio.wait_for(
@@ -262,7 +277,7 @@ async def run_requests(plan: ClientPlan, requests: Sequence[Request], *,
     await asyncio.gather(*(one(r, j) for r in ordered for j in range(r.n)))
     records.sort(key=lambda r: r.request_id)
     failures.sort(key=lambda f: f.request_id)
-    return TargetRun(records, failures, max(last[0], 1e-9), t0)
+    return TargetRun(records, failures, max(last[0], 1e-9), t0, unsent[0])
 
 
 async def fetch_models(session: aiohttp.ClientSession, target: TargetSection,

@@ -77,6 +77,7 @@ def concurrency_cap(workload: Any) -> int | None:
 def point_requests(point: ScenarioPoint, tokenizer: Any) -> DrawnWorkload:
     """The point's workload, drawn as the engine draws it (vocabulary from the tokenizer,
     else from the model section), with its prefix groups' summary."""
+    from infbench.measure.windows import timed_workload
     from infbench.measure.workload import draw_workload
 
     if tokenizer is not None:
@@ -87,7 +88,7 @@ def point_requests(point: ScenarioPoint, tokenizer: Any) -> DrawnWorkload:
         raise UserError(f"{point.source}: target.tokenizer: required without a model section "
                         "(random prompt ids need the server's vocabulary size)")
     eos = tokenizer.eos_token_id if tokenizer is not None else None
-    return draw_workload(point.workload, vocab, tokenizer=tokenizer, eos_token_id=eos)
+    return draw_workload(timed_workload(point), vocab, tokenizer=tokenizer, eos_token_id=eos)
 
 
 def client_env(target: TargetSection, models: Any) -> dict[str, Any]:
@@ -116,9 +117,12 @@ def _rows(run: TargetRun) -> list[dict[str, Any]]:
     return tag_rows(rows) if isinstance(run, SessionsRun) else rows
 
 
-def _summary(run: TargetRun, percentiles: Any, slo: Any = None) -> dict[str, Any]:
+def _summary(run: TargetRun, point: ScenarioPoint) -> dict[str, Any]:
     from infbench.measure import metrics as metrics_mod
     from infbench.measure.goodput import goodput_metrics
+    from infbench.measure.windows import add_window
+
+    percentiles, slo = point.measure.percentiles, point.measure.slo
 
     rows = _rows(run)
     m = metrics_mod.from_request_rows(rows, percentiles, run.wall_s)
@@ -132,6 +136,7 @@ def _summary(run: TargetRun, percentiles: Any, slo: Any = None) -> dict[str, Any
                                   num_failed=len(run.failures)))
     if slo is not None:  # as for an engine run (measure/bench.py); failures meet no SLO
         m.update(goodput_metrics(rows, slo, run.wall_s, num_failed=len(run.failures)))
+    add_window(m, rows, run.wall_s, point)  # measure.window: metrics.window (docs/windows.md)
     return m
 
 
@@ -147,6 +152,7 @@ def run_target_point(point: ScenarioPoint, *, cache: Any = None, device: str | N
     from infbench.hardware.spec import get_hardware
     from infbench.measure import metrics as metrics_mod
     from infbench.measure.prediction import predict_point
+    from infbench.measure.windows import duration_note
     from infbench.results import store as results_mod
 
     if point.target is None:
@@ -177,13 +183,15 @@ def run_target_point(point: ScenarioPoint, *, cache: Any = None, device: str | N
         raise UserError(f"{point.source}: target.api_key_env: environment variable "
                         f"{target.api_key_env} is not set (or empty)")
     where = f"{point.name} point {point.index} ({point.label})"
+    until = point.measure.duration_s  # a time-based run stops submitting then
 
     async def one_pass(session: Any) -> TargetRun:
         if is_sessions:
             return await run_sessions(plan, point.workload, conversations, session=session,
                                       api_key=api_key, eos_token_id=getattr(
                                           tokenizer, "eos_token_id", None))
-        return await run_requests(plan, requests, session=session, api_key=api_key)
+        return await run_requests(plan, requests, session=session, api_key=api_key,
+                                  submit_until_s=until)
 
     async def measure() -> tuple[Any, list[TargetRun]]:
         async with open_session(target, pool) as session:
@@ -201,7 +209,7 @@ def run_target_point(point: ScenarioPoint, *, cache: Any = None, device: str | N
             return models, passes
 
     models, passes = asyncio.run(measure())
-    runs = [_summary(run, point.measure.percentiles, point.measure.slo) for run in passes]
+    runs = [_summary(run, point) for run in passes]
     summary, spread = metrics_mod.aggregate_repeats(runs)
     for key in ("num_requests", "num_prompt_tokens", "num_output_tokens",
                 NUM_REASONING_TOKENS):
@@ -211,6 +219,9 @@ def run_target_point(point: ScenarioPoint, *, cache: Any = None, device: str | N
             summary[key] = runs[-1][key]
     if is_sessions:  # per turn and per session: of the last repeat, like `requests`
         summary.update({k: runs[-1][k] for k in ("by_turn", "sessions")})
+    short = duration_note(point, num_sequences - passes[-1].num_unsent, num_sequences)
+    if short is not None:
+        print(f"note: {where}: {short}", file=sys.stderr)
     summary["noise"] = metrics_mod.noise(runs)
     for warning in summary["noise"]["warnings"]:
         print(f"note: {where}: {warning}", file=sys.stderr)
@@ -231,8 +242,10 @@ def run_target_point(point: ScenarioPoint, *, cache: Any = None, device: str | N
     env = client_env(target, models)
     env["model_source"] = point.model_source() or None
     telemetry = {"client": {
-        # a session's turns after a failed one are never sent (client/sessions.py)
-        "num_sent": sum(num_sequences - getattr(run, "num_skipped", 0) for run in passes),
+        # a session's turns after a failed one are never sent (client/sessions.py), nor
+        # requests due after measure.duration_s
+        "num_sent": sum(num_sequences - getattr(run, "num_skipped", 0) - run.num_unsent
+                        for run in passes),
         "num_failed": sum(failed),
         "failed_per_repeat": failed, "failures_by_reason": by_reason,
         "failed_requests": [{"request_id": f.request_id, "reason": f.reason, "error": f.message}

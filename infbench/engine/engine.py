@@ -376,7 +376,8 @@ class Engine:
     # ------------------------------------------------------------------ runs
     def run(self, requests: Sequence[Request], realtime_arrivals: bool = True,
             on_step: Callable[[StepRecord], None] | None = None, *,
-            keep_prefix_cache: bool = False, max_concurrency: int | None = None) -> RunOutput:
+            keep_prefix_cache: bool = False, max_concurrency: int | None = None,
+            submit_until_s: float | None = None) -> RunOutput:
         """Serve `requests` to completion; arrival_s offsets are replayed in real time.
 
         Measurements start cold (a fresh block manager); the Python API keeps the prefix
@@ -386,6 +387,9 @@ class Engine:
         than N requests are outstanding (a request with n samples is one request until its
         last sample finishes).  A request held back is submitted when a slot frees, and its
         arrival (TTFT, E2E) counts from that submission, as vLLM's benchmark client does.
+
+        `submit_until_s` (a time-based run, measure.duration_s): no request is submitted
+        once that many seconds have passed; those in flight finish, the rest never run.
         """
         if max_concurrency is not None and max_concurrency <= 0:
             raise ConfigError(f"max_concurrency must be > 0 or None, got {max_concurrency}")
@@ -408,6 +412,10 @@ class Engine:
         i = 0
         while i < len(pending) or self.scheduler.has_unfinished:
             now = clock()
+            if submit_until_s is not None and now >= submit_until_s:
+                i = len(pending)  # the duration is over: nothing more is submitted
+                if not self.scheduler.has_unfinished:
+                    break
             while (i < len(pending) and len(samples_left) < cap
                    and (pending[i].arrival_s <= now or not realtime_arrivals)):
                 req = pending[i]
@@ -421,7 +429,9 @@ class Engine:
                     and (pending[i].arrival_s <= now or not realtime_arrivals)):
                 last_blocked = now
             if not self.scheduler.has_unfinished:
-                time.sleep(max(0.0, pending[i].arrival_s - clock()))
+                due_s = pending[i].arrival_s if submit_until_s is None else min(
+                    pending[i].arrival_s, submit_until_s)
+                time.sleep(max(0.0, due_s - clock()))
                 continue
             record, finished = self.step(clock)
             steps.append(record)

@@ -51,6 +51,7 @@ from infbench.measure.torch_reference import (
     unsupported_reason,
 )
 from infbench.measure.traffic import annotate_steps, stage_traffic
+from infbench.measure.windows import add_window, duration_note, timed_workload
 from infbench.measure.workload import draw_workload
 from infbench.model.dtypes import TORCH_DTYPES
 from infbench.model.loader import LoadedModel, load_model
@@ -131,6 +132,7 @@ class RequestPlan:
     max_concurrency: int | None  # the client's cap on outstanding requests; None: no cap
     is_realtime: bool  # timed repeats release them at their arrival times (warm-ups: at once)
     prefix: dict[str, Any] | None = None  # the prefix groups' summary (measure/prefix.py)
+    submit_until_s: float | None = None  # measure.duration_s: none submitted after it
     # workload.kind sessions: the conversations, played by measure/engine_sessions.py
     # (`requests` then holds one request per session at its longest, to size the KV pool)
     conversations: list[Conversation] | None = None
@@ -147,7 +149,8 @@ class RequestPlan:
                                        max_concurrency=self.max_concurrency,
                                        eos_token_id=self.eos_token_id)
         return engine.run(self.requests, realtime_arrivals=realtime, on_step=on_step,
-                          max_concurrency=self.max_concurrency)
+                          max_concurrency=self.max_concurrency,
+                          submit_until_s=self.submit_until_s)
 
 
 def plan_requests(point: ScenarioPoint, loaded: LoadedPoint,
@@ -162,10 +165,10 @@ def plan_requests(point: ScenarioPoint, loaded: LoadedPoint,
         return RequestPlan(sizing_requests(conversations), max_concurrency, True,
                            conversations=conversations, workload=point.workload,
                            eos_token_id=eos)
-    drawn = draw_workload(point.workload, loaded.config.vocab_size, tokenizer=tok,
+    drawn = draw_workload(timed_workload(point), loaded.config.vocab_size, tokenizer=tok,
                           eos_token_id=eos, max_model_len=loaded.config.max_seq_len)
     return RequestPlan(drawn.requests, max_concurrency, point.workload.is_realtime,
-                       drawn.prefix)
+                       drawn.prefix, point.measure.duration_s)
 
 
 # ---- reference: the plain-torch model timed beside the repeats -----------------------------
@@ -277,6 +280,7 @@ def repeat_metrics(point: ScenarioPoint, loaded: LoadedPoint, engine: Engine, ou
         m.update(goodput_metrics(metrics_mod.request_rows(out.requests), point.measure.slo,
                                  out.wall_s))
     m["state_bytes_per_seq"] = engine.states.bytes_per_seq if engine.states else 0
+    add_window(m, metrics_mod.request_rows(out.requests), out.wall_s, point)  # measure.window
     moe_routing = routing_metrics(out.steps)  # MoE: experts touched vs uniform routing
     if moe_routing is not None:
         m["moe"] = moe_routing
@@ -344,6 +348,10 @@ def measure_repeats(point: ScenarioPoint, loaded: LoadedPoint, engine: Engine,
         last = out, step_costs
     assert last is not None  # measure.repeats is at least 1 (the schema's PosInt)
     out, step_costs = last
+    sent = len({r.request_id.split("/")[0] for r in out.requests})
+    short = duration_note(point, sent, len(plan.requests))
+    if short is not None:
+        note(point, short)
     rows = metrics_mod.request_rows(out.requests)
     return Measured(runs, hw, out.steps, step_costs,
                     tag_rows(rows) if plan.conversations is not None else rows)

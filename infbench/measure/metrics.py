@@ -223,19 +223,28 @@ def aggregate_repeats(runs: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[
     """Median of every numeric metric across repeats, and min/max/stdev of the headline ones.
 
     The spread covers the top-level scalars and the p50 of nested statistics, keyed
-    `name` or `name.p50`; stdev is the sample standard deviation (0 for one run).
+    `name` or `name.p50`, and the same of `window` (measure.window), keyed `window.name`;
+    stdev is the sample standard deviation (0 for one run).
     """
     if not runs:
         raise ValueError("aggregate_repeats needs at least one run")
     median = _median_tree(runs)
     spread: dict[str, dict[str, float]] = {}
+    _spread_of(spread, runs, "")
+    if isinstance(runs[0].get("window"), dict):
+        _spread_of(spread, [r.get("window") or {} for r in runs], "window.")
+    return median, spread
+
+
+def _spread_of(spread: dict[str, dict[str, float]], runs: list[dict[str, Any]],
+               prefix: str) -> None:
     for key, value in runs[0].items():
         if isinstance(value, dict):
             if "p50" in value:
-                _add_spread(spread, f"{key}.p50", [r.get(key, {}).get("p50") for r in runs])
+                _add_spread(spread, f"{prefix}{key}.p50",
+                            [r.get(key, {}).get("p50") for r in runs])
         elif _is_number(value):
-            _add_spread(spread, key, [r.get(key) for r in runs])
-    return median, spread
+            _add_spread(spread, prefix + key, [r.get(key) for r in runs])
 
 
 def _is_number(value: Any) -> bool:

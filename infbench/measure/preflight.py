@@ -34,6 +34,7 @@ from infbench.core.config import ModelConfig
 from infbench.core.device import available_memory_bytes, resolve_device
 from infbench.core.errors import UserError
 from infbench.measure.sessions import session_lengths
+from infbench.measure.windows import timed_workload
 from infbench.measure.workload import request_lengths
 from infbench.results.gate import gated_values, load_results, parse_threshold, scenario_difference
 from infbench.results.rundir import check_writable, normalized_points
@@ -149,7 +150,7 @@ def _lengths(point: ScenarioPoint) -> tuple[np.ndarray, np.ndarray]:
     """(prompt, output) lengths of every request; a session's turns at their longest."""
     if point.workload.kind == "sessions":
         return session_lengths(point.workload)
-    return request_lengths(point.workload)
+    return request_lengths(timed_workload(point))  # measure.duration_s: the requests it sends
 
 
 def check_host_memory(point: ScenarioPoint, lengths: tuple[np.ndarray, np.ndarray]) -> None:

@@ -230,6 +230,21 @@ def arrival_times(rng: np.random.Generator, kind: str, rate: float | None,
     return np.concatenate([[0.0], np.cumsum(gaps[:-1])])[:n]
 
 
+def arrivals_before(point: WorkloadPoint, duration_s: float, limit: int) -> int:
+    """How many of a poisson point's arrivals come before `duration_s` (at most `limit`):
+    the first arrivals `generate_requests` draws from the same seeded stream, whatever its
+    count (numpy draws a longer array as the shorter one plus more), so a point with
+    num_requests set to this count arrives exactly as the time-based run asks."""
+    count = max(1, min(limit, math.ceil((point.rate or 0) * duration_s * 1.2) + 16))
+    while True:
+        arrival_rng = _streams(point)[2]
+        arrivals = arrival_times(arrival_rng, point.kind, point.rate, count, point.burstiness)
+        before = int(np.searchsorted(arrivals, duration_s, side="left"))
+        if before < count or count >= limit:
+            return min(before, limit)
+        count = min(limit, count * 2)
+
+
 def trace_arrivals(point: WorkloadPoint, entries: list[datasets.DatasetEntry]) -> np.ndarray:
     """A trace's arrivals, gaps scaled; a replay longer than workload.max_duration_s (or one
     whose scaled gaps overflow) is a one-line error, as a poisson rate too low is at load."""

@@ -26,8 +26,8 @@ Versions:
   `diffusion` of a `decoding.kind: diffusion` point, and `prediction.overlap`, the operator
   overlap the prediction used, and `prefix`, the prefix groups' intended and measured hit
   rates, and `metrics.by_turn` and `metrics.sessions` and the request rows' `session_id`
-  and `turn` of a `workload.kind: sessions` point), so every version 2 file loads whichever
-  of them it has.
+  and `turn` of a `workload.kind: sessions` point, and `metrics.window`, a point run with
+  `measure.window`), so every version 2 file loads whichever of them it has.
 """
 
 from __future__ import annotations
@@ -207,6 +207,30 @@ class SessionMetrics(_Closed):
     sessions_per_s: Number | None = None  # completed sessions per second of the run
 
 
+class WindowMetrics(_Closed):
+    """`metrics.window`: the run's metrics for the interval [start_s, end_s] of each repeat
+    that measure.window keeps (measure/windows.py, docs/windows.md); latencies of the
+    requests that arrived and finished inside it, throughputs of the work done inside it."""
+
+    ttft_s: LatencyStats | None = None
+    tpot_s: LatencyStats | None = None
+    itl_s: LatencyStats | None = None
+    e2e_s: LatencyStats | None = None
+    ttfo_s: LatencyStats | None = None
+    output_tokens_per_s: Number | None = None
+    total_tokens_per_s: Number | None = None
+    requests_per_s: Number | None = None
+    num_requests: int | None = None
+    num_prompt_tokens: int | None = None
+    num_output_tokens: int | None = None
+    wall_s: Number | None = None  # end_s - start_s
+    start_s: Number | None = None
+    end_s: Number | None = None
+    goodput_requests_per_s: Number | None = None
+    slo_attainment: Number | None = None
+    num_slo_met: Number | None = None
+
+
 class Metrics(_Closed):
     """One measured run's metrics (a result's `metrics` is the median of its repeats)."""
 
@@ -253,6 +277,7 @@ class Metrics(_Closed):
     # workload.kind sessions (docs/sessions.md): per turn index and per session
     by_turn: list[TurnMetrics] | None = None
     sessions: SessionMetrics | None = None
+    window: WindowMetrics | None = None  # measure.window: the window's figures (windows.md)
 
 
 class Accuracy(_Closed):

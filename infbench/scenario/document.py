@@ -36,7 +36,12 @@ from infbench.scenario.point import ScenarioPoint, point_label
 from infbench.scenario.search import SearchSection
 from infbench.scenario.target import TargetSection
 from infbench.scenario.values import MAX_POINTS, Section
-from infbench.scenario.workload import SWEEPABLE_WORKLOAD, WorkloadPoint, WorkloadSection
+from infbench.scenario.workload import (
+    DEFAULT_NUM_REQUESTS,
+    SWEEPABLE_WORKLOAD,
+    WorkloadPoint,
+    WorkloadSection,
+)
 
 # The sections a `sweep:` or `variants:` key may start with.
 SECTIONS = ("device", "dtype", "hardware", "model", "workload", "engine", "speculative",
@@ -154,6 +159,57 @@ class Scenario(Section):
                 f"gate.metric: {self.gate.metric} needs {stat or 'p50'} in "
                 f"measure.percentiles (got {[float(q) for q in self.measure.percentiles]}); "
                 f"allowed statistics: mean, {', '.join(measured)}")
+        return self
+
+    @model_validator(mode="after")
+    def _windows_fit_the_workload(self) -> Scenario:
+        # measure.duration_s and measure.window against the workload (docs/windows.md).
+        m, w = self.measure, self.workload
+        capped = w.kind == "static" or w.max_concurrency is not None
+        if (m.duration_s is not None or m.window is not None) and self.decoding.kind != \
+                "autoregressive":
+            key = "duration_s" if m.duration_s is not None else "window"
+            raise ValueError(f"measure.{key}: a decoding.kind {self.decoding.kind} point runs "
+                             "its own loop, not timed requests; allowed with decoding.kind "
+                             "autoregressive")
+        if m.duration_s is not None:
+            if w.kind == "sessions":
+                raise ValueError("measure.duration_s: kind sessions plays each conversation to "
+                                 "its last turn; allowed with kind poisson or trace, kind "
+                                 "static, or offline with workload.max_concurrency")
+            if w.kind == "offline" and w.max_concurrency is None:
+                raise ValueError("measure.duration_s: kind offline without max_concurrency "
+                                 "submits every request at t=0; allowed with kind poisson or "
+                                 "trace, kind static, or offline with workload.max_concurrency")
+            if capped and w.num_requests is None:
+                raise ValueError(f"measure.duration_s: kind {w.kind} sends requests as slots "
+                                 "free up, so workload.num_requests must say the most it may "
+                                 "send (the run stops at duration_s or when all are sent)")
+            if m.duration_s > w.max_duration_s:
+                raise ValueError(f"measure.duration_s: {m.duration_s:g} s is beyond "
+                                 f"workload.max_duration_s {w.max_duration_s:g}; allowed: at "
+                                 "most that (raise max_duration_s if a run that long is meant)")
+        window = m.window
+        if window is None:
+            return self
+        if window.steady_state and not capped:
+            raise ValueError("measure.window.steady_state: needs a concurrency target; allowed "
+                             "with workload.max_concurrency set or kind static (batch_size)")
+        excluded_s = window.warmup_s + window.cooldown_s
+        if m.duration_s is not None and excluded_s >= m.duration_s:
+            raise ValueError(f"measure.window: warmup_s + cooldown_s ({excluded_s:g} s) leave "
+                             f"nothing of measure.duration_s {m.duration_s:g} s; allowed: less "
+                             "than duration_s")
+        excluded = window.warmup_requests + window.cooldown_requests
+        counts = [n for n in (w.num_requests or []) if n is not None]
+        if w.kind == "sessions":  # a row per turn: the count is known once drawn
+            counts = []
+        elif not counts and not (w.kind == "poisson" and m.duration_s is not None):
+            counts = list(w.batch_size) if w.kind == "static" else [DEFAULT_NUM_REQUESTS]
+        if excluded and counts and excluded >= min(counts):
+            raise ValueError(f"measure.window: warmup_requests + cooldown_requests ({excluded}) "
+                             f"leave none of the {min(counts)} requests of a run; allowed: "
+                             "fewer than workload.num_requests")
         return self
 
     @field_validator("hardware")

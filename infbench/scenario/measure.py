@@ -1,7 +1,10 @@
-"""The scenario's `measure:` (with `measure.slo`) and `gate:` sections.
+"""The scenario's `measure:` (with `measure.slo` and `measure.window`) and `gate:` sections.
 
 Each is declared once, here, and is also the point's config: `ScenarioPoint.measure` and
-`.gate` hold the validated, frozen section (measure/goodput.py reads `SloSection`).
+`.gate` hold the validated, frozen section (measure/goodput.py reads `SloSection`,
+measure/windows.py `WindowSection` and `measure.duration_s`; docs/windows.md).  The checks
+between `measure.duration_s`, `measure.window` and the workload run in
+scenario/document.py, where both sections are known.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from infbench.core.metric_names import (
 )
 from infbench.scenario.values import (
     MAX_VALUE,
+    NonNegFloat,
     NonNegInt,
     Percentile,
     PosFloat,
@@ -53,6 +57,36 @@ class SloSection(Section):
         return self
 
 
+class WindowSection(Section):
+    """measure.window: the part of each repeat that the windowed metrics (`metrics.window`)
+    summarize; every given bound applies (docs/windows.md)."""
+
+    warmup_s: NonNegFloat = 0.0
+    """Seconds from the repeat's start left out (requests that arrived before, and tokens
+    produced before)."""
+    cooldown_s: NonNegFloat = 0.0
+    """Seconds before the repeat's end (its last finished request) left out."""
+    warmup_requests: NonNegInt = 0
+    """The first N requests (in arrival order) left out of the window's latencies; the
+    window starts no earlier than the first kept request's arrival."""
+    cooldown_requests: NonNegInt = 0
+    """The last N requests (in arrival order) left out; the window ends no later than the
+    last kept request's finish."""
+    steady_state: StrictBool = False
+    """Only the time while the client's outstanding requests were at their target (the
+    concurrency cap: workload.max_concurrency, or batch_size of kind static): from the first
+    time they reach it to the last time they fall below it."""
+
+    @model_validator(mode="after")
+    def _something_excluded(self) -> WindowSection:
+        if not (self.warmup_s or self.cooldown_s or self.warmup_requests
+                or self.cooldown_requests or self.steady_state):
+            raise ValueError("give at least one of warmup_s, cooldown_s, warmup_requests, "
+                             "cooldown_requests > 0 or steady_state: true (or remove "
+                             "measure.window)")
+        return self
+
+
 class MeasureSection(Section):
     warmup: NonNegInt = 1
     repeats: PosInt = 3
@@ -70,6 +104,14 @@ class MeasureSection(Section):
     slo: SloSection | None = None
     """Service-level objectives: each request meeting every given one counts towards
     `goodput_requests_per_s` and `slo_attainment` (docs/goodput.md)."""
+    duration_s: PosFloat | None = None
+    """A time-based run: each repeat submits requests until this many seconds have passed
+    (poisson: the arrivals drawn before it, at most workload.num_requests when set; static
+    and capped offline: workload.num_requests is the most sent) and lets the ones in flight
+    finish (docs/windows.md)."""
+    window: WindowSection | None = None
+    """Warm-up / cool-down exclusion and the steady-state window; the result's
+    `metrics.window` holds the same metrics for that window (docs/windows.md)."""
 
     @field_validator("percentiles")
     @classmethod
@@ -81,6 +123,10 @@ class MeasureSection(Section):
         return tuple(float(q) for q in value)
 
 
+GateDecision = Literal["median", "confidence"]
+GATE_DECISIONS: tuple[str, ...] = typing.get_args(GateDecision)
+
+
 class GateSection(Section):
     metric: str = "output_tokens_per_s"
     baseline: str | None = None
@@ -88,6 +134,12 @@ class GateSection(Section):
     max_regression: Annotated[float, BeforeValidator(parse_fraction)] = 0.05
     """Largest tolerated regression as a fraction (0.05) or a percentage string ("5%")."""
     normalize: NormalizeMode = "none"
+    decision: GateDecision = "median"
+    """median: a regression when the median of the new repeats is worse than the baseline's
+    by more than max_regression; confidence: only when the whole t interval of the new
+    repeats is (docs/windows.md#the-gate)."""
+    confidence: Annotated[float, Field(gt=0, lt=1, strict=True, allow_inf_nan=False)] = 0.95
+    """The level of the t intervals decision: confidence uses (0.95: 95%)."""
 
     @field_validator("metric")
     @classmethod

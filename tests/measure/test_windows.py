@@ -1,0 +1,205 @@
+"""Measurement windows (measure/windows.py): the interval each bound gives, what is counted
+inside it, time-based runs on the engine and the client, and the scenario's refusals."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cli_helpers import run_cli
+from engine_helpers import make_engine, random_requests
+
+from infbench.client.mock_server import MockConfig, MockServer
+from infbench.client.openai_target import ClientPlan, open_session, run_requests
+from infbench.core.errors import UserError
+from infbench.engine.request import Request, SamplingParams
+from infbench.measure.metrics import aggregate_repeats, request_rows
+from infbench.measure.windows import (
+    concurrency_target,
+    timed_workload,
+    token_times,
+    window_interval,
+    window_metrics,
+)
+from infbench.measure.workload import generate_requests
+from infbench.model.loader import load_model
+from infbench.scenario.document import validate
+from infbench.scenario.measure import WindowSection
+from infbench.scenario.target import TargetSection
+from infbench.scenario.workload import WorkloadPoint
+
+
+def row(rid: str, arrival: float, first: float, finish: float, tokens: int,
+        prompt: int = 10) -> dict[str, Any]:
+    """A request row whose tokens after the first come evenly spaced up to `finish`."""
+    gap = (finish - first) / (tokens - 1) if tokens > 1 else 0.0
+    return {"id": rid, "arrival_s": arrival, "first_token_s": first, "finish_s": finish,
+            "itl_s": [gap] * (tokens - 1), "num_prompt_tokens": prompt,
+            "num_output_tokens": tokens, "num_cached_prompt_tokens": 0, "num_preemptions": 0,
+            "finish_reason": "length"}
+
+
+def closed_loop(num: int, cap: int, service_s: float = 1.0) -> list[dict[str, Any]]:
+    """`num` requests, `cap` at a time, each taking service_s (5 tokens, first at +0.2)."""
+    rows, free = [], [0.0] * cap
+    for i in range(num):
+        slot = min(range(cap), key=lambda k: free[k])
+        start = free[slot]
+        rows.append(row(f"r{i:02d}", start, start + 0.2, start + service_s, 5))
+        free[slot] = start + service_s
+    return rows
+
+
+def test_token_times_put_the_tokens_without_an_itl_sample_with_the_first() -> None:
+    r = row("a", 0.0, 1.0, 2.0, 3)
+    assert token_times(r) == pytest.approx([1.0, 1.5, 2.0])
+    grouped = {**r, "num_output_tokens": 4, "itl_s": [0.5, 0.5]}  # two came with the first
+    assert token_times(grouped) == pytest.approx([1.0, 1.0, 1.5, 2.0])
+
+
+def test_a_time_window_keeps_the_requests_inside_and_counts_the_tokens_inside() -> None:
+    rows = [row("a", 0.0, 0.5, 1.0, 3), row("b", 1.0, 1.5, 3.0, 4), row("c", 2.0, 2.5, 4.0, 4)]
+    m = window_metrics(rows, 4.0, WindowSection(warmup_s=1.0, cooldown_s=0.5), target=None,
+                       percentiles=[50])
+    assert (m["start_s"], m["end_s"], m["wall_s"]) == (1.0, 3.5, 2.5)
+    assert m["num_requests"] == 1 and m["e2e_s"]["p50"] == pytest.approx(2.0)  # b only
+    # inside [1, 3.5]: a's last token (1.0), all 4 of b, c's first three (2.5, 3.0, 3.5)
+    assert m["output_tokens_per_s"] == pytest.approx(8 / 2.5)
+    assert m["requests_per_s"] == pytest.approx(2 / 2.5)  # a and b finished inside
+    assert m["total_tokens_per_s"] == pytest.approx((8 + 20) / 2.5)  # b's and c's prompts
+
+
+def test_request_counts_leave_out_by_arrival_order_even_at_one_instant() -> None:
+    rows = [row(f"r{i}", 0.0, 0.1 * (i + 1), 1.0 + i, 2) for i in range(4)]
+    m = window_metrics(rows, 4.0, WindowSection(warmup_requests=1, cooldown_requests=1),
+                       target=None, percentiles=[50])
+    assert m["num_requests"] == 2  # r1 and r2: r0 first by id, r3 last
+    assert (m["start_s"], m["end_s"]) == (0.0, 3.0)  # the last kept request's finish
+    assert m["ttft_s"]["p50"] == pytest.approx(0.25)
+
+
+def test_steady_state_runs_from_reaching_the_cap_to_the_drain() -> None:
+    rows = closed_loop(10, cap=2)  # pairs start at 0, 1, 2, 3, 4; the drain starts at 5
+    m = window_metrics(rows, 5.0, WindowSection(steady_state=True), target=2,
+                       percentiles=[50])
+    assert (m["start_s"], m["end_s"]) == (0.0, 5.0)
+    staggered = [row("a", 0.0, 0.2, 1.0, 5), *[{**r, "id": f"x{r['id']}"}
+                                               for r in closed_loop(6, cap=2)]]
+    for r in staggered[1:]:  # the loop starts at 0.5, after a alone
+        r.update(arrival_s=r["arrival_s"] + 0.5, first_token_s=r["first_token_s"] + 0.5,
+                 finish_s=r["finish_s"] + 0.5)
+    start, end, _ = window_interval(staggered, 3.5, WindowSection(steady_state=True), 3)
+    assert (start, end) == (0.5, 1.0)  # 3 outstanding only until a finished (hand-overs
+    # at one instant keep 2 outstanding, never 3 or 4)
+    with pytest.raises(UserError, match="holds no request"):  # none ran inside [0.5, 1]
+        window_metrics(staggered, 3.5, WindowSection(steady_state=True), target=3,
+                       percentiles=[50])
+    with pytest.raises(UserError, match="never reached their target 4"):
+        window_metrics(closed_loop(6, cap=2), 3.0, WindowSection(steady_state=True),
+                       target=4 * 10, percentiles=[50])
+
+
+def test_an_empty_window_is_one_line_naming_the_key() -> None:
+    with pytest.raises(UserError, match=r"^measure.window: the window \[3, 3.5\] s"):
+        window_metrics(closed_loop(4, cap=2), 4.0, WindowSection(warmup_s=3.0,
+                                                                 cooldown_s=0.5),
+                       target=None, percentiles=[50])
+
+
+def test_the_window_has_its_own_spread_over_repeats() -> None:
+    runs = [{"output_tokens_per_s": v, "window": {"output_tokens_per_s": v * 2,
+                                                  "ttft_s": {"p50": v}}} for v in (1.0, 3.0)]
+    median, spread = aggregate_repeats(runs)
+    assert median["window"]["output_tokens_per_s"] == 4.0
+    assert spread["window.output_tokens_per_s"] == {"min": 2.0, "max": 6.0,
+                                                    "stdev": pytest.approx(2.828, rel=1e-3)}
+    assert "window.ttft_s.p50" in spread
+
+
+def test_a_timed_poisson_run_draws_the_arrivals_before_the_duration() -> None:
+    point = validate({"name": "t", "model": {"preset": "tiny"},
+                      "workload": {"kind": "poisson", "rate": 40.0, "seed": 5},
+                      "measure": {"duration_s": 1.5}}, "t.yaml").points()[0]
+    workload = timed_workload(point)
+    arrivals = [r.arrival_s for r in generate_requests(workload, 100)]
+    assert max(arrivals) < 1.5 and 30 < len(arrivals) < 95
+    longer = generate_requests(dataclasses.replace(workload, num_requests=len(arrivals) + 1), 100)
+    assert [r.arrival_s for r in longer[:-1]] == arrivals  # the same seeded stream
+    assert longer[-1].arrival_s >= 1.5  # the next one is past the duration
+    capped = dataclasses.replace(point, workload=dataclasses.replace(point.workload,
+                                                                     num_requests=10))
+    assert timed_workload(capped).num_requests == 10  # num_requests caps it
+    assert concurrency_target(WorkloadPoint(batch_size=3, samples_per_prompt=2)) == 6
+    assert concurrency_target(WorkloadPoint(kind="offline")) is None
+
+
+@pytest.fixture(scope="module")
+def loaded():  # type: ignore[no-untyped-def]
+    return load_model({"preset": "tiny"}, dtype="float32", device="cpu", seed=1,
+                      overrides={"max_seq_len": 64})
+
+
+def test_the_engine_stops_submitting_at_the_duration_and_finishes_the_rest(
+        loaded) -> None:  # type: ignore[no-untyped-def]
+    requests = random_requests([6] * 24, gen=4, vocab=loaded.config.vocab_size)
+    engine = make_engine(loaded, requests, max_num_seqs=8)
+    whole = engine.run(requests[:2], realtime_arrivals=False, max_concurrency=2)
+    until = whole.wall_s * 2.5  # about five requests' worth, two at a time
+    out = engine.run(requests, realtime_arrivals=False, max_concurrency=2,
+                     submit_until_s=until)
+    assert 2 <= len(out.requests) < 24
+    assert all(r.arrival_s < until for r in out.requests)  # none submitted after it
+    assert all(r.num_output_tokens == 4 for r in out.requests)  # in flight: finished
+    rows = request_rows(out.requests)
+    m = window_metrics(rows, out.wall_s, WindowSection(steady_state=True), target=2,
+                       percentiles=[50])
+    assert 0 < m["num_requests"] <= len(rows) and m["end_s"] <= out.wall_s
+
+
+def test_the_client_sends_nothing_after_the_duration() -> None:
+    reqs = [Request(f"r{i:02d}", (12, 13, 14), SamplingParams(max_tokens=3), arrival_s=0.05 * i)
+            for i in range(10)]
+    with MockServer(MockConfig(token_delay_s=0.01)) as server:
+        section = TargetSection(kind="openai", base_url=server.base_url, model="mock-model")
+
+        async def main():  # type: ignore[no-untyped-def]
+            async with open_session(section, 8) as session:
+                return await run_requests(ClientPlan(section), reqs, session=session,
+                                          submit_until_s=0.22)
+
+        out = asyncio.run(main())
+    assert sorted(r.request_id for r in out.records) == [f"r{i:02d}" for i in range(5)]
+    assert out.num_unsent == 5 and not out.failures
+    assert all(r.num_output_tokens == 3 for r in out.records)
+
+
+@pytest.mark.parametrize("measure, workload, message", [
+    ({"duration_s": 2}, {"kind": "offline"}, "measure.duration_s: kind offline without "
+     "max_concurrency submits every request at t=0"),
+    ({"duration_s": 2}, {"kind": "static", "batch_size": 2}, "measure.duration_s: kind static "
+     "sends requests as slots free up, so workload.num_requests must say"),
+    ({"window": {}}, {}, "measure.window: give at least one of"),
+    ({"window": {"steady_state": True}}, {"kind": "poisson", "rate": 2},
+     "measure.window.steady_state: needs a concurrency target"),
+    ({"window": {"warmup_requests": 3, "cooldown_requests": 1}}, {"batch_size": 4},
+     "measure.window: warmup_requests + cooldown_requests (4) leave none of the 4"),
+    ({"duration_s": 1, "window": {"warmup_s": 0.5, "cooldown_s": 0.5}},
+     {"kind": "poisson", "rate": 2}, "measure.window: warmup_s + cooldown_s (1 s) leave"),
+    ({"window": {"warmup_s": -1}}, {}, "measure.window.warmup_s:"),
+])
+def test_the_scenario_refuses_windows_that_cannot_hold(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        measure: dict[str, Any], workload: dict[str, Any], message: str) -> None:
+    import json
+
+    path = tmp_path / "w.yaml"
+    path.write_text(json.dumps({"name": "w", "device": "cpu", "model": {"preset": "tiny"},
+                                "workload": workload, "measure": measure}))
+    code, out, err = run_cli(monkeypatch, capsys, "run", str(path), "--out",
+                             str(tmp_path / "out"))
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"error: {path}: {message}")
+    assert not (tmp_path / "out").exists()
