@@ -157,8 +157,15 @@ def report(
     html: Path | None = typer.Option(None, "--html", callback=opt.output_file,
                                      help="Also write one self-contained HTML page (tables "
                                           "and interactive figures, no network) to FILE."),
+    confidence: str = typer.Option("95%", "--confidence",
+                                   help="Level of the t intervals over the repeats: 95% or "
+                                        "0.95 (docs/windows.md)."),
 ) -> None:
     """Measured vs predicted TTFT, TPOT and throughput, with the prediction's error %.
+
+    Below it, mean ± half-width of the t interval over each point's repeats (--json: the
+    `confidence` of every metric in the result's spread).  Points run with measure.window
+    show their window's figures (docs/windows.md).
 
     Results of a scenario with variants also get one row per variant (bytes, speed, accuracy),
     speculative points a table of acceptance and speed-up (also spec_* columns in the
@@ -172,6 +179,7 @@ def report(
     from rich.console import Console
 
     from infbench.client.failures import failure_notes
+    from infbench.results.confidence import parse_confidence
     from infbench.results.gate import load_results
     from infbench.results.goodput import (
         goodput_rows,
@@ -184,6 +192,8 @@ def report(
     from infbench.results.moe import moe_rows, moe_table
     from infbench.results.prefix import prefix_notes, prefix_rows, prefix_table
     from infbench.results.report import (
+        confidence_rows,
+        confidence_table,
         profile_flag_notes,
         report_frame,
         report_rows,
@@ -195,6 +205,7 @@ def report(
     from infbench.results.speculative import spec_rows, spec_table
     from infbench.results.variants import variant_rows, variant_table
 
+    level = parse_confidence(confidence)
     _check_outputs(("--markdown", markdown), ("--csv", csv), ("--html", html))
     loaded = load_results(results)
     df = report_frame(loaded)
@@ -215,9 +226,14 @@ def report(
             best = {(m["name"], m["group"]): json_rate(m["max_rate"]) for m in max_rates}
             for row, result in zip(rows, loaded, strict=True):
                 row["slo_max_rate"] = best.get((result.get("name"), group_label(result)))
+        for row, ci in zip(rows, confidence_rows(loaded, level), strict=True):
+            row["confidence"] = ci
         _print_json(rows)
     else:
         Console().print(report_table(df))
+        intervals = confidence_table(loaded, level)
+        if intervals is not None:  # some point has two repeats or more
+            Console().print(intervals)
         if variants:  # a scenario with `variants:`: one row per variant
             Console().print(variant_table(variants))
         if speculative:  # points run with `speculative.method` set
@@ -256,16 +272,28 @@ def compare(
     normalize: str = typer.Option("none", "--normalize",
                                   help="none | mbu | roofline_fraction | reference | "
                                   "torch_reference"),
+    decision: str = typer.Option("median", "--decision",
+                                 help="median (compare the medians) | confidence (a "
+                                      "regression only when the new repeats' whole t "
+                                      "interval is beyond the threshold; docs/windows.md)"),
+    confidence: str = typer.Option("95%", "--confidence",
+                                   help="Level of the t intervals over the repeats shown "
+                                        "(and used by --decision confidence): 95% or 0.95."),
     as_json: bool = typer.Option(False, "--json",
                                  help="Print the verdict as JSON on stdout (same exit codes)."),
     html: Path | None = typer.Option(None, "--html", callback=opt.output_file,
                                      help="Also write the comparison as one self-contained "
                                           "HTML page to FILE (same exit codes)."),
 ) -> None:
-    """Compare two runs; exit 1 if the metric regressed beyond the threshold, 2 on bad input."""
+    """Compare two runs; exit 1 if the metric regressed beyond the threshold, 2 on bad input.
+
+    Each row shows the t interval over both sides' repeats and whether they overlap; points
+    run with measure.window are compared on their windows (docs/windows.md)."""
     from rich.console import Console
 
+    from infbench.results.confidence import parse_confidence
     from infbench.results.gate import (
+        GATE_DECISIONS,
         NORMALIZE_MODES,
         compare_many,
         load_results,
@@ -277,13 +305,18 @@ def compare(
     if normalize not in NORMALIZE_MODES:
         raise UserError(f"--normalize: unknown value {normalize!r}; "
                         f"allowed: {', '.join(NORMALIZE_MODES)}")
+    if decision not in GATE_DECISIONS:
+        raise UserError(f"--decision: unknown value {decision!r}; "
+                        f"allowed: {', '.join(GATE_DECISIONS)}")
+    level = parse_confidence(confidence)
     threshold = parse_threshold(max_regression)
     baselines, news = load_results([baseline]), load_results([new])
     result = compare_many(baselines, news, metric=metric, max_regression=threshold,
-                          normalize=normalize)
+                          normalize=normalize, decision=decision, confidence=level)
     if as_json:
         _print_json({"metric": result.metric, "normalize": result.normalize,
-                     "max_regression": result.max_regression, "passed": result.passed,
+                     "max_regression": result.max_regression, "decision": result.decision,
+                     "confidence": result.confidence, "passed": result.passed,
                      "exit_code": result.exit_code,
                      "rows": [dataclasses.asdict(row) for row in result.rows],
                      "notes": result.notes})

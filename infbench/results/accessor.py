@@ -9,6 +9,10 @@ Names are dotted paths through the result schema (`schema.RunResult`):
   `prediction.decode.time_per_token_s`).
 - `accuracy.<name>`: the point's accuracy, present on quantized or pruned points
   (`accuracy.perplexity`, `accuracy.perplexity_change`, `accuracy.greedy_agreement`).
+- `window.<name>` (`metrics.window.<name>`): the same metrics for the window of a point run
+  with `measure.window` (docs/windows.md).  `measured()` reads a name there when the result
+  has a window and the window has that metric, else in the whole-run metrics: what
+  `report` and `run`'s table show; the gate does the same when both sides have a window.
 
 A name is checked against the schema, not against the data: an unknown name, or one
 that stops at a group (`ttft_s` without a statistic, `decode` without a field) is a
@@ -30,7 +34,14 @@ from pydantic import BaseModel
 
 from infbench.core.errors import UserError
 from infbench.core.metric_names import LATENCY_STATS
-from infbench.results.schema import PERCENTILE_KEY, Accuracy, LatencyStats, Metrics, Prediction
+from infbench.results.schema import (
+    PERCENTILE_KEY,
+    Accuracy,
+    LatencyStats,
+    Metrics,
+    Prediction,
+    WindowMetrics,
+)
 
 SECTIONS: dict[str, type[BaseModel]] = {"metrics": Metrics, "prediction": Prediction,
                                         "accuracy": Accuracy}
@@ -165,3 +176,29 @@ def scenario_number(result: Mapping[str, Any], path: str) -> float | None:
     """A number in the result's scenario echo (`workload.batch_size`); the echo is open (it
     is validated by scenario.schema when the run starts), so the path is not checked."""
     return value_at(result.get("scenario"), path.split("."))
+
+
+WINDOW = "window"
+# Window fields that describe the interval rather than measure the run.
+_WINDOW_BOUNDS = frozenset({"start_s", "end_s"})
+
+
+def has_window(result: Mapping[str, Any]) -> bool:
+    """Whether the result was run with measure.window (it has `metrics.window`)."""
+    return isinstance((result.get("metrics") or {}).get(WINDOW), Mapping)
+
+
+def windowed_name(name: str) -> str | None:
+    """`ttft_s.p50` -> `window.ttft_s.p50` for a metric the window also has; else None."""
+    sec, parts = split_name(name)
+    if sec != "metrics" or not parts or parts[0] == WINDOW:
+        return None
+    if parts[0] in WindowMetrics.model_fields and parts[0] not in _WINDOW_BOUNDS:
+        return ".".join([WINDOW, *parts])
+    return None
+
+
+def measured(result: Mapping[str, Any], name: str) -> float | None:
+    """`metric(result, name)`, read in the window when the result has one that holds it."""
+    windowed = windowed_name(name) if has_window(result) else None
+    return metric(result, windowed or name)

@@ -22,6 +22,19 @@ Normalized gating answers "is the code slower, or the machine busier?":
 - `torch_reference`: output tokens/s over the tokens/s of a plain-torch forward of the
   same model shape, timed between the repeats (measure/torch_reference.py): it moves
   with the machine (CPU, threads, bandwidth, load) and not with the engine's code.
+
+Windows (measure.window, docs/windows.md): when both results have `metrics.window`, a
+metric the window holds is gated there (its repeats' `window.<metric>`), with normalize
+none or roofline_fraction; when only one side has a window, both are gated on the
+whole-run figures, with a note.
+
+Decision (`gate.decision`, `--decision`): `median` (the default, as before) compares the
+medians; `confidence` takes the t interval of the new repeats at `gate.confidence`
+(results/confidence.py) and calls a regression only when the whole interval is worse than
+the baseline's median by more than the threshold (for a higher-is-better metric: its upper
+bound below baseline * (1 - threshold)), an improvement only when the whole interval is
+better by more than it, else ok.  A new side of one repeat has no interval: the median
+decides, with a note.  Every row carries both sides' intervals and whether they overlap.
 """
 
 from __future__ import annotations
@@ -35,9 +48,16 @@ from typing import Any
 
 from infbench.core.errors import ResultSchemaError, UserError
 from infbench.core.speculative import SpeculativeConfig
-from infbench.results.accessor import section_metric, split_name, with_default_statistic
+from infbench.results.accessor import (
+    has_window,
+    section_metric,
+    split_name,
+    windowed_name,
+    with_default_statistic,
+)
+from infbench.results.confidence import DEFAULT_CONFIDENCE, Interval, interval
 from infbench.results.schema import upgrade
-from infbench.scenario.measure import NORMALIZE_MODES, GateSection
+from infbench.scenario.measure import GATE_DECISIONS, NORMALIZE_MODES, GateSection
 from infbench.scenario.values import parse_fraction
 from infbench.scenario.workload import DEFAULT_MAX_DURATION_S
 
@@ -91,6 +111,12 @@ class GateRow:
     is_lower_better: bool
     baseline_spread: dict[str, float] | None = None  # min, max, stdev over repeats
     source: str = "metrics"  # where the values came from: metrics | median of N repeats
+    # t intervals over each side's repeats (Interval.to_dict; None: one repeat) and whether
+    # they overlap (None unless both have one)
+    baseline_ci: dict[str, float | int] | None = None
+    new_ci: dict[str, float | int] | None = None
+    overlap: bool | None = None
+    decided_by: str = "median"  # median | confidence (the interval of the new repeats)
 
 
 @dataclass
@@ -98,6 +124,8 @@ class GateResult:
     metric: str
     normalize: str
     max_regression: float
+    decision: str = "median"
+    confidence: float = DEFAULT_CONFIDENCE
     rows: list[GateRow] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -177,12 +205,13 @@ def scenario_difference(a: Any, b: Any, prefix: str = "scenario") -> str | None:
     return None if a == b else prefix
 
 
-def gated_values(result: dict[str, Any], metric: str, normalize: str) -> tuple[str, list[float],
-                                                                                str]:
+def gated_values(result: dict[str, Any], metric: str, normalize: str,
+                 window: bool = False) -> tuple[str, list[float], str]:
     """(gated metric name, values: one per repeat or the single summary, source).
 
     A bare latency name (`ttft_s`) gates its p50 (`accessor.with_default_statistic`);
-    the prediction, one number per latency, is read under the bare name.
+    the prediction, one number per latency, is read under the bare name.  `window`: read
+    a metric the window holds in `window.` (normalize none or roofline_fraction).
     """
     if split_name(metric)[0] == "accuracy":  # measured once per point, not per repeat
         return _accuracy_value(result, metric, normalize)
@@ -197,6 +226,8 @@ def gated_values(result: dict[str, Any], metric: str, normalize: str) -> tuple[s
                             f"reference's output tokens/s; allowed: {DEFAULT_METRIC}")
         metric = f"normalized.{metric}_over_torch_reference"
     metric = with_default_statistic(metric)
+    if window and normalize in ("none", "roofline_fraction"):
+        metric = windowed_name(metric) or metric
     denom = 1.0
     if normalize == "roofline_fraction":
         pred = section_metric(result.get("prediction") or {}, predicted_name, "prediction")
@@ -264,9 +295,10 @@ def _spread(values: list[float], result: dict[str, Any], metric: str) -> dict[st
 
 
 def compare(baseline: dict[str, Any], new: dict[str, Any], metric: str = DEFAULT_METRIC,
-            max_regression: float = 0.05, normalize: str = "none") -> GateResult:
+            max_regression: float = 0.05, normalize: str = "none", decision: str = "median",
+            confidence: float = DEFAULT_CONFIDENCE) -> GateResult:
     """Gate one new result against one baseline result."""
-    out = GateResult(metric, normalize, max_regression)
+    out = GateResult(metric, normalize, max_regression, decision, confidence)
     _compare_into(out, baseline, new)
     return out
 
@@ -275,6 +307,9 @@ def _compare_into(out: GateResult, baseline: dict[str, Any], new: dict[str, Any]
     if out.normalize not in NORMALIZE_MODES:
         raise UserError(f"--normalize: unknown value {out.normalize!r}; "
                         f"allowed: {', '.join(NORMALIZE_MODES)}")
+    if out.decision not in GATE_DECISIONS:
+        raise UserError(f"--decision: unknown value {out.decision!r}; "
+                        f"allowed: {', '.join(GATE_DECISIONS)}")
     for r in (baseline, new):
         _check_schema(r)
     # Both sides as the current schema (a no-op for results read by load_result): a result
@@ -284,8 +319,13 @@ def _compare_into(out: GateResult, baseline: dict[str, Any], new: dict[str, Any]
     if diff:
         raise UserError(f"{_result_id(new)} and baseline {_result_id(baseline)} ran different "
                         f"scenarios: {diff} differs; compare runs of the same scenario point")
-    name, base_vals, source = gated_values(baseline, out.metric, out.normalize)
-    _, new_vals, _ = gated_values(new, out.metric, out.normalize)
+    window = has_window(baseline) and has_window(new)
+    if has_window(baseline) != has_window(new):
+        out.notes.append(f"{new.get('label') or new.get('name')}: only the "
+                         f"{'baseline' if has_window(baseline) else 'new result'} has a "
+                         "measure.window: both gated on the whole-run figures")
+    name, base_vals, source = gated_values(baseline, out.metric, out.normalize, window)
+    _, new_vals, _ = gated_values(new, out.metric, out.normalize, window)
     b, n = statistics.median(base_vals), statistics.median(new_vals)
     change = (n - b) / b * 100  # both > 0 and finite (gated_values)
     if not math.isfinite(change):
@@ -296,9 +336,21 @@ def _compare_into(out: GateResult, baseline: dict[str, Any], new: dict[str, Any]
     worse = change if lower else -change  # > 0 means worse
     threshold = out.max_regression * 100
     status = "regression" if worse > threshold else ("improved" if -worse > threshold else "ok")
+    base_ci, new_ci = interval(base_vals, out.confidence), interval(new_vals, out.confidence)
+    decided_by = "median"
+    if out.decision == "confidence":
+        if new_ci is None:
+            out.notes.append(f"{new.get('label') or new.get('name')}: the new result has one "
+                             "repeat, so no interval: the median decided")
+        else:
+            status, decided_by = _confidence_status(new_ci, b, out.max_regression, lower), \
+                "confidence"
     spread = _spread(base_vals, baseline, name)
-    out.rows.append(GateRow(str(new.get("label") or new.get("name")), name, b, n, change,
-                            threshold, status, lower, spread, source))
+    out.rows.append(GateRow(
+        str(new.get("label") or new.get("name")), name, b, n, change, threshold, status, lower,
+        spread, source, None if base_ci is None else base_ci.to_dict(),
+        None if new_ci is None else new_ci.to_dict(),
+        None if base_ci is None or new_ci is None else base_ci.overlaps(new_ci), decided_by))
     if spread and b:
         noise = (spread["max"] - spread["min"]) / abs(b) * 100
         if noise > threshold:
@@ -307,13 +359,29 @@ def _compare_into(out: GateResult, baseline: dict[str, Any], new: dict[str, Any]
                              f"(> threshold {threshold:.1f}%): consider more repeats{hint}")
 
 
+def _confidence_status(new_ci: Interval, baseline: float, max_regression: float,
+                       lower_is_better: bool) -> str:
+    """decision confidence: regression / improved only when the whole interval is beyond
+    the threshold around the baseline's median."""
+    worse_bound = baseline * (1 + max_regression) if lower_is_better else \
+        baseline * (1 - max_regression)
+    better_bound = baseline * (1 - max_regression) if lower_is_better else \
+        baseline * (1 + max_regression)
+    if lower_is_better:
+        return ("regression" if new_ci.low > worse_bound else
+                "improved" if new_ci.high < better_bound else "ok")
+    return ("regression" if new_ci.high < worse_bound else
+            "improved" if new_ci.low > better_bound else "ok")
+
+
 def compare_many(baselines: list[dict[str, Any]], news: list[dict[str, Any]],
                  metric: str = DEFAULT_METRIC, max_regression: float = 0.05,
-                 normalize: str = "none") -> GateResult:
+                 normalize: str = "none", decision: str = "median",
+                 confidence: float = DEFAULT_CONFIDENCE) -> GateResult:
     """Match points by (name, point_index); one file per side is compared directly."""
     if not baselines or not news:
         raise UserError("compare: need at least one baseline and one new result")
-    out = GateResult(metric, normalize, max_regression)
+    out = GateResult(metric, normalize, max_regression, decision, confidence)
     if len(baselines) == 1 and len(news) == 1:
         _compare_into(out, baselines[0], news[0])
         return out
@@ -361,7 +429,9 @@ def gate_table(result: GateResult) -> Any:
     from infbench.results.report import short_label
 
     mode = "" if result.normalize == "none" else f", normalized: {result.normalize}"
-    table = Table(title=f"gate: max regression {result.max_regression * 100:g}%{mode}")
+    level = f"{result.confidence * 100:g}%"
+    decided = "" if result.decision == "median" else f", decision: {level} interval"
+    table = Table(title=f"gate: max regression {result.max_regression * 100:g}%{mode}{decided}")
     for col in ("point", "metric", "baseline", "repeats range", "new", "change"):
         table.add_column(col, justify="left" if col in ("point", "metric") else "right",
                          overflow="fold")
@@ -377,8 +447,28 @@ def gate_table(result: GateResult) -> Any:
     return table
 
 
+def _ci_text(ci: Mapping[str, Any] | None) -> str:
+    return "- (one repeat)" if ci is None else f"{ci['low']:.4g}..{ci['high']:.4g}"
+
+
+def interval_lines(result: GateResult) -> list[str]:
+    """One line per row: both sides' t intervals over their repeats and whether they
+    overlap (lines, not table columns: the table stays within an 80-column CI log)."""
+    from infbench.results.report import short_label
+
+    level = f"{result.confidence * 100:g}%"
+    out = []
+    for r in result.rows:
+        overlap = {True: ": they overlap", False: ": apart", None: ""}[r.overlap]
+        out.append(f"{level} interval over the repeats, {short_label(r.point)} {r.metric}: "
+                   f"baseline {_ci_text(r.baseline_ci)}, new {_ci_text(r.new_ci)}{overlap}")
+    return out
+
+
 def print_gate(result: GateResult, console: Any) -> None:
     console.print(gate_table(result))
+    for line in interval_lines(result):
+        console.print(line, highlight=False, soft_wrap=True)
     for note in result.notes:
         console.print(f"note: {note}")
     verdict = "PASS" if result.passed else "FAIL: regression beyond threshold"
@@ -407,6 +497,8 @@ def gate_from_scenario(gate: GateSection | Mapping[str, Any], results: list[dict
     result = compare_many(load_results([path]), results,
                           metric=_field(gate, "metric", DEFAULT_METRIC),
                           max_regression=threshold,
-                          normalize=_field(gate, "normalize", "none"))
+                          normalize=_field(gate, "normalize", "none"),
+                          decision=_field(gate, "decision", "median"),
+                          confidence=_field(gate, "confidence", DEFAULT_CONFIDENCE))
     print_gate(result, console)
     return result.exit_code

@@ -7,8 +7,11 @@ analytic prediction with the error of the model,
     error % = (predicted - measured) / measured * 100
 
 so a negative TPOT error means the roofline promised a faster decode than the
-engine delivered.  No torch here; pandas is imported inside the functions that
-use it so that `infbench run`'s summary table does not pay for it.
+engine delivered.  A point run with `measure.window` shows its window's figures
+(`accessor.measured`: `metrics.window`), with the whole run's tokens/s beside them in the
+rows; `confidence_table` gives each point's t interval over its repeats
+(results/confidence.py, docs/windows.md).  No torch here; pandas is imported inside the
+functions that use it so that `infbench run`'s summary table does not pay for it.
 """
 
 from __future__ import annotations
@@ -18,9 +21,11 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from infbench.core.errors import UserError
 from infbench.core.io import write_text_atomic
 from infbench.core.metric_names import TTFO_METRIC
-from infbench.results.accessor import metric, scenario_number
+from infbench.results.accessor import has_window, measured, metric, scenario_number
+from infbench.results.confidence import format_interval, result_interval
 from infbench.results.moe import has_moe, moe_columns
 from infbench.results.prefix import has_prefix, prefix_columns
 from infbench.results.speculative import EXPORTED as SPEC_EXPORTED
@@ -95,8 +100,9 @@ def run_summary(result: dict[str, Any]) -> dict[str, Any]:
         "name": result.get("name"),
         "label": result.get("label"),
         "file": result.get("_path"),
-        "num_requests": metric(result, "num_requests"),
-        **{name: metric(result, name) for name in RUN_SUMMARY_METRICS},
+        "num_requests": measured(result, "num_requests"),
+        **{name: measured(result, name) for name in RUN_SUMMARY_METRICS},
+        **({"window": True} if has_window(result) else {}),
         **({name: metric(result, name) for name in ACCURACY_METRICS}
            if result.get("accuracy") else {}),
         **({name: metric(result, name) for name in GOODPUT_METRICS}
@@ -115,19 +121,19 @@ def run_table(results: list[dict[str, Any]], title: str | None = None) -> Table:
     labels = [str(r.get("label") or r.get("name")) for r in results]
     # TTFO (a reasoning model's first content token) only when some point measured it
     ttfo = f"{TTFO_METRIC}.p50"
-    has_ttfo = any(metric(r, ttfo) is not None for r in results)
+    has_ttfo = any(measured(r, ttfo) is not None for r in results)
     rows = []
     for r, label in zip(results, labels, strict=True):
-        requests = metric(r, "num_requests")
+        requests = measured(r, "num_requests")
         rows.append([
             label,
             "-" if requests is None else str(int(requests)),
-            _fmt(metric(r, "output_tokens_per_s")),
-            _fmt(_scaled(metric(r, "ttft_s.p50"), 1e3)),
-            _fmt(_scaled(metric(r, "ttft_s.p99"), 1e3)),
-            *([_fmt(_scaled(metric(r, ttfo), 1e3))] if has_ttfo else []),
-            _fmt(_scaled(metric(r, "tpot_s.p50"), 1e3)),
-            _fmt(_scaled(metric(r, "itl_s.p99"), 1e3)),
+            _fmt(measured(r, "output_tokens_per_s")),
+            _fmt(_scaled(measured(r, "ttft_s.p50"), 1e3)),
+            _fmt(_scaled(measured(r, "ttft_s.p99"), 1e3)),
+            *([_fmt(_scaled(measured(r, ttfo), 1e3))] if has_ttfo else []),
+            _fmt(_scaled(measured(r, "tpot_s.p50"), 1e3)),
+            _fmt(_scaled(measured(r, "itl_s.p99"), 1e3)),
             _fmt(_scaled(metric(r, "decode.mbu"), 100)) + _over(metric(r, "decode.mbu")),
             _fmt(_scaled(metric(r, "peak_kv_bytes"), 1e-6), 2),
             _fmt(metric(r, "prediction.output_tokens_per_s")),
@@ -144,6 +150,8 @@ def run_table(results: list[dict[str, Any]], title: str | None = None) -> Table:
                          min_width=max((len(row[i]) for row in rows), default=1))
     for row in rows:
         table.add_row(*row)
+    if any(has_window(r) for r in results):
+        table.caption = WINDOW_CAPTION
     mbu_col = cols.index("decode MBU %") + 1
     if any(row[mbu_col].endswith(OVER_MARK) for row in rows):
         table.caption = OVER_CAPTION
@@ -151,6 +159,8 @@ def run_table(results: list[dict[str, Any]], title: str | None = None) -> Table:
 
 
 OVER_MARK = " *"
+WINDOW_CAPTION = ("points run with measure.window show their window's requests, tok/s and "
+                  "latencies (metrics.window); the whole run's are in metrics")
 OVER_CAPTION = ("* decode MBU above 100%: the reason is in the note printed for the point and "
                 "in the result's metrics.noise.warnings")
 
@@ -200,21 +210,22 @@ def report_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     with_moe = has_moe(results)
     with_prefix = has_prefix(results)
     with_flags = any(_profile_flags(r) for r in results)
+    with_window = any(has_window(r) for r in results)
     rows = []
     for r in results:
         scenario = r.get("scenario") or {}
-        ttft_m = _scaled(metric(r, "ttft_s.p50"), 1e3)
+        ttft_m = _scaled(measured(r, "ttft_s.p50"), 1e3)
         ttft_p = _scaled(metric(r, "prediction.ttft_s"), 1e3)
         # TPOT is the metric definition: (E2E - TTFT) / (output tokens - 1) per request,
         # p50 measured, and the prediction of the same quantity.  The decode step time is a
         # different number (the mean decode-only step, and the decode stage's step time
         # predicted) and keeps its own name.
-        tpot_m = _scaled(metric(r, "tpot_s.p50"), 1e3)  # None when p50 was not measured
+        tpot_m = _scaled(measured(r, "tpot_s.p50"), 1e3)  # None when p50 was not measured
         tpot_p = _scaled(metric(r, "prediction.tpot_s"), 1e3)
         step_m = _scaled(_first(r, "decode.time_per_token_s", "tpot_s.p50"), 1e3)
         step_p = _scaled(_first(r, "prediction.decode.time_per_token_s",
                                    "prediction.tpot_s"), 1e3)
-        tps_m = metric(r, "output_tokens_per_s")
+        tps_m = measured(r, "output_tokens_per_s")
         tps_p = metric(r, "prediction.output_tokens_per_s")
         rows.append({
             "label": r.get("label"),
@@ -234,6 +245,9 @@ def report_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "output_tok_s_measured": tps_m,
             "output_tok_s_predicted": tps_p,
             "output_tok_s_error_pct": error_pct(tps_p, tps_m),
+            **({"window_s": metric(r, "window.wall_s"),
+                "output_tok_s_whole_run": metric(r, "output_tokens_per_s")}
+               if with_window else {}),
             "decode_mbu_pct": _scaled(metric(r, "decode.mbu"), 100),
             "decode_mfu_pct": _scaled(metric(r, "decode.mfu"), 100),
             "prefill_mfu_pct": _scaled(metric(r, "prefill.mfu"), 100),
@@ -353,6 +367,58 @@ def _accuracy_pair(rec: dict[str, Any]) -> tuple[str, str]:
     if change is not None and not math.isnan(change):
         text += f" {change:+.2f}%"
     return text, _compact(rec["greedy_agreement"])
+
+
+# The figures `report` gives an interval for (each read in the window when there is one).
+CONFIDENCE_METRICS = (("output tok/s", "output_tokens_per_s", 1.0),
+                      ("TTFT p50 ms", "ttft_s.p50", 1e3), ("TPOT p50 ms", "tpot_s.p50", 1e3),
+                      ("ITL p99 ms", "itl_s.p99", 1e3), ("E2E p50 ms", "e2e_s.p50", 1e3))
+
+
+def _read_name(result: dict[str, Any], name: str) -> str:
+    from infbench.results.accessor import windowed_name
+
+    return (windowed_name(name) or name) if has_window(result) else name
+
+
+def confidence_rows(results: list[dict[str, Any]], level: float) -> list[dict[str, Any]]:
+    """Per result: {level, repeats, metrics: {name: interval}} for every metric of its
+    spread (None where it has fewer than two repeats with the value)."""
+    out = []
+    for r in results:
+        names = list(r.get("spread") or {})
+        intervals = {}
+        for name in names:
+            try:
+                ci = result_interval(r, name, level)
+            except UserError:  # a spread key the accessor does not know: no interval
+                continue
+            intervals[name] = None if ci is None else ci.to_dict()
+        out.append({"level": level, "repeats": len(r.get("repeats") or []),
+                    "metrics": intervals})
+    return out
+
+
+def confidence_table(results: list[dict[str, Any]], level: float) -> Table | None:
+    """mean ± half-width of the t interval over each point's repeats (None when no point
+    has two repeats)."""
+    from rich.table import Table
+
+    if not any(len(r.get("repeats") or []) >= 2 for r in results):
+        return None
+    windowed = any(has_window(r) for r in results)
+    table = Table(title=f"mean ± {level * 100:g}% t interval over the repeats"
+                  + (" (windowed points: their window)" if windowed else ""))
+    table.add_column("point", overflow="fold")
+    table.add_column("repeats", justify="right")
+    for title, _, _ in CONFIDENCE_METRICS:
+        table.add_column(title, justify="right")
+    for r in results:
+        cells = [format_interval(result_interval(r, _read_name(r, name), level), scale)
+                 for _, name, scale in CONFIDENCE_METRICS]
+        table.add_row(short_label(r.get("label") or r.get("name")),
+                      str(len(r.get("repeats") or [])), *cells)
+    return table
 
 
 def write_csv(df: pd.DataFrame, path: str | os.PathLike[str]) -> None:
