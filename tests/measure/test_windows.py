@@ -203,3 +203,54 @@ def test_the_scenario_refuses_windows_that_cannot_hold(
     assert code == 2 and err.count("\n") == 1, err
     assert err.startswith(f"error: {path}: {message}")
     assert not (tmp_path / "out").exists()
+
+
+def _run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+         doc: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    import json
+
+    from infbench.results.store import load_result
+
+    path = tmp_path / "s.yaml"
+    path.write_text(json.dumps(doc))
+    code, _, err = run_cli(monkeypatch, capsys, "run", str(path), "--out", str(tmp_path / "o"))
+    assert code == 0, err
+    return load_result(tmp_path / "o" / f"{doc['name']}_000.json"), err
+
+
+def test_a_timed_windowed_client_run_keeps_both_figures(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with MockServer(MockConfig(first_delay_s=0.01, token_delay_s=0.005)) as server:
+        result, err = _run(tmp_path, monkeypatch, capsys, {
+            "name": "timed", "model": {"preset": "tiny"},
+            "target": {"kind": "openai", "base_url": server.base_url, "model": "mock-model"},
+            "workload": {"kind": "offline", "max_concurrency": 2, "num_requests": 300,
+                         "prompt_len": 4, "gen_len": 4},
+            "measure": {"warmup": 0, "repeats": 2, "duration_s": 0.4,
+                        "window": {"warmup_s": 0.05, "steady_state": True}}})
+    m, w = result["metrics"], result["metrics"]["window"]
+    assert 4 <= m["num_requests"] < 300  # the duration, not the count, ended each repeat
+    assert result["telemetry"]["client"]["num_sent"] < 600
+    assert 0.05 <= w["start_s"] < w["end_s"] <= m["wall_s"] and w["num_requests"] < \
+        m["num_requests"]
+    assert all("window" in r for r in result["repeats"])
+    assert "window.output_tokens_per_s" in result["spread"]
+    assert "all 300 requests were sent" not in err
+
+
+def test_an_engine_run_with_a_window_and_a_count_bound_duration(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    result, err = _run(tmp_path, monkeypatch, capsys, {
+        "name": "engine_window", "device": "cpu", "dtype": "float32", "hardware": "cpu",
+        "model": {"preset": "tiny", "overrides": {"max_seq_len": 64}},
+        "workload": {"kind": "static", "batch_size": 2, "num_requests": 6, "prompt_len": 6,
+                     "gen_len": 3},
+        "engine": {"block_size": 4, "max_num_batched_tokens": 32},
+        "measure": {"warmup": 0, "repeats": 1, "duration_s": 600,
+                    "window": {"warmup_requests": 1, "steady_state": True}}})
+    assert "measure.duration_s: all 6 requests were sent before 600 s" in err
+    w = result["metrics"]["window"]
+    assert result["metrics"]["num_requests"] == 6 and 1 <= w["num_requests"] <= 5
+    assert w["end_s"] <= result["metrics"]["wall_s"]
