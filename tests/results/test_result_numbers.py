@@ -60,4 +60,8 @@ def test_gate_numbers_are_unchanged(case: str) -> None:
         if metric == "ttft_s":
             assert row["metric"] == old["metric"].replace("ttft_s", "ttft_s.p50")
             row["metric"] = old["metric"]
-        assert row == old
+        # The intervals over the repeats came later (docs/windows.md): added beside the
+        # numbers, which stay as they were.
+        added = {"baseline_ci", "new_ci", "overlap", "decided_by"}
+        assert set(row) == set(old) | added and row["decided_by"] == "median"
+        assert {k: v for k, v in row.items() if k not in added} == old
