@@ -185,6 +185,7 @@ def test_the_client_sends_nothing_after_the_duration() -> None:
     ({"duration_s": 1, "window": {"warmup_s": 0.5, "cooldown_s": 0.5}},
      {"kind": "poisson", "rate": 2}, "measure.window: warmup_s + cooldown_s (1 s) leave"),
     ({"window": {"warmup_s": -1}}, {}, "measure.window.warmup_s:"),
+    ({"duration_s": 2}, {"kind": "sessions"}, "measure.duration_s: kind sessions plays"),
 ])
 def test_the_scenario_refuses_windows_that_cannot_hold(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
