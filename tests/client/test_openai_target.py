@@ -62,11 +62,11 @@ def test_records_from_a_timed_stream_have_the_mocks_ttft_and_itl() -> None:
         assert rec.num_output_tokens == 8 and rec.num_prompt_tokens == 4
         assert rec.finish_reason == "length"
         ttft = rec.first_token_s - rec.arrival_s
-        assert 0.06 <= ttft < 0.06 + 0.03  # the mock's delay plus sleep and loopback slack
+        assert 0.06 <= ttft < 0.06 + 0.05  # the mock's delay plus sleep, loopback and load slack
         gaps = inter_token_latencies(rec.token_times_s)
         assert len(gaps) == 7
-        assert statistics.median(gaps) == pytest.approx(0.02, abs=0.004)
-        assert rec.finish_s - rec.first_token_s == pytest.approx(7 * 0.02, abs=0.01)
+        assert statistics.median(gaps) == pytest.approx(0.02, abs=0.008)
+        assert rec.finish_s - rec.first_token_s == pytest.approx(7 * 0.02, abs=0.03)
     assert out.wall_s >= max(r.finish_s for r in out.records)
 
 

@@ -43,18 +43,20 @@ def test_ttft_at_first_reasoning_chunk_ttfo_at_first_content(
         assert rec.num_output_tokens == NUM_TOKENS
         assert rec.num_reasoning_tokens == NUM_REASONING
         ttft = rec.first_token_s - rec.arrival_s
-        assert FIRST_S <= ttft < FIRST_S + 0.03
+        # Tolerances allow a loaded machine's late wake-ups yet keep the first content
+        # chunk (FIRST_S + NUM_REASONING * GAP_S = 0.13 s) outside the TTFT bound.
+        assert FIRST_S <= ttft < FIRST_S + 0.04
         assert rec.first_output_s is not None
         ttfo = rec.first_output_s - rec.arrival_s
-        assert ttfo == pytest.approx(FIRST_S + NUM_REASONING * GAP_S, abs=0.015)
+        assert ttfo == pytest.approx(FIRST_S + NUM_REASONING * GAP_S, abs=0.03)
         # ITL and TPOT over every generated token, reasoning ones included
         gaps = inter_token_latencies(rec.token_times_s)
         assert len(gaps) == NUM_TOKENS - 1
-        assert statistics.median(gaps) == pytest.approx(GAP_S, abs=0.005)
+        assert statistics.median(gaps) == pytest.approx(GAP_S, abs=0.01)
     rows = request_rows(_chat(config, tokenizer_dir))
     m = from_request_rows(rows)
     assert m["ttfo_s"]["p50"] > m["ttft_s"]["p50"] + (NUM_REASONING - 1) * GAP_S
-    assert m["tpot_s"]["p50"] == pytest.approx(GAP_S, abs=0.005)
+    assert m["tpot_s"]["p50"] == pytest.approx(GAP_S, abs=0.01)
     assert all(r["num_reasoning_tokens"] == NUM_REASONING for r in rows)
 
 
