@@ -24,7 +24,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -61,6 +61,9 @@ class TargetRun:
     wall_s: float
     start_perf_s: float  # time.perf_counter() at the run's t=0 (for accuracy checks)
     num_unsent: int = 0  # requests not sent: due after submit_until_s (measure.duration_s)
+    # request id -> when it was handed to the connection pool minus its scheduled arrival
+    # (seconds, >= 0 unless the clock is coarse): the pacing's timestamp error
+    send_errors_s: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -220,12 +223,15 @@ async def _one_request(plan: ClientPlan, request: Request, sample: int, t0: floa
 async def run_requests(plan: ClientPlan, requests: Sequence[Request], *,
                        session: aiohttp.ClientSession, api_key: str | None = None,
                        on_done: Callable[[], None] | None = None,
-                       submit_until_s: float | None = None) -> TargetRun:
+                       submit_until_s: float | None = None,
+                       t0: float | None = None) -> TargetRun:
     """Serve `requests` through the target once; arrival offsets replayed in real time.
 
     `submit_until_s` (measure.duration_s): a request due, or let through the cap, after that
-    many seconds is not sent (counted in `num_unsent`); those in flight finish."""
-    t0 = time.perf_counter()
+    many seconds is not sent (counted in `num_unsent`); those in flight finish.  `t0` is the
+    run's start on `time.perf_counter()`'s clock (default: now); a later one is waited for,
+    which is how the processes of client/workers.py start together."""
+    t0 = time.perf_counter() if t0 is None else t0
     chat = plan.target.endpoint == "chat"
     headers = plan.headers(api_key)
     deadline = plan.target.request_timeout_s
@@ -235,6 +241,7 @@ async def run_requests(plan: ClientPlan, requests: Sequence[Request], *,
     last = [0.0]
     unsent = [0]
     stop = math.inf if submit_until_s is None else submit_until_s
+    send_errors: dict[str, float] = {}
 
     async def one(request: Request, sample: int) -> None:
         rid = request.request_id if request.n == 1 else f"{request.request_id}/{sample}"
@@ -244,6 +251,7 @@ async def run_requests(plan: ClientPlan, requests: Sequence[Request], *,
         delay = request.arrival_s - (time.perf_counter() - t0)
         if delay > 0:
             await asyncio.sleep(delay)
+        send_errors[rid] = time.perf_counter() - t0 - request.arrival_s
         arrival = request.arrival_s
         if slots is not None:
             await slots.acquire()
@@ -277,7 +285,8 @@ async def run_requests(plan: ClientPlan, requests: Sequence[Request], *,
     await asyncio.gather(*(one(r, j) for r in ordered for j in range(r.n)))
     records.sort(key=lambda r: r.request_id)
     failures.sort(key=lambda f: f.request_id)
-    return TargetRun(records, failures, max(last[0], 1e-9), t0, unsent[0])
+    return TargetRun(records, failures, max(last[0], 1e-9), t0, unsent[0],
+                     dict(sorted(send_errors.items())))
 
 
 async def fetch_models(session: aiohttp.ClientSession, target: TargetSection,

@@ -208,7 +208,16 @@ def run_target_point(point: ScenarioPoint, *, cache: Any = None, device: str | N
                 passes.append(run)
             return models, passes
 
-    models, passes = asyncio.run(measure())
+    workers: dict[str, Any] = {}
+    if target.workers > 1 and not is_sessions:  # N processes, one schedule (workers.py)
+        from infbench.client.workers import measure_with_workers
+
+        models, passes, workers = measure_with_workers(
+            target, requests, cap, api_key, point.measure.warmup, point.measure.repeats,
+            phase, lambda run, what: _refuse_all_failed(run, num_sequences, point, what),
+            submit_until_s=until)
+    else:
+        models, passes = asyncio.run(measure())
     runs = [_summary(run, point) for run in passes]
     summary, spread = metrics_mod.aggregate_repeats(runs)
     for key in ("num_requests", "num_prompt_tokens", "num_output_tokens",
@@ -252,16 +261,30 @@ def run_target_point(point: ScenarioPoint, *, cache: Any = None, device: str | N
                             for f in passes[-1].failures],
         "first_error": None if first is None else
         f"{first.request_id} ({first.reason}): {first.message}",
-        "max_concurrency": cap, "client_host": socket.gethostname()}}
+        "max_concurrency": cap, "client_host": socket.gethostname(),
+        "send_error_s": _send_errors(passes[-1])}}
+    rows = _rows(passes[-1])
+    worker_of = workers.pop("worker_of", {})
+    for row in rows:
+        row["send_error_s"] = passes[-1].send_errors_s.get(row["id"])
+        if worker_of:
+            row["worker"] = worker_of.get(row["id"], worker_of.get(row["id"].rpartition("/")[0]))
+    if workers:
+        telemetry["client"]["workers"] = workers
     return results_mod.build_result(
         point.to_dict(), metrics=summary, prediction=prediction, steps=[], env=env,
         seed=point.workload.seed, hardware=hardware, repeats=runs, spread=spread,
         extra={"telemetry": telemetry,
-               "requests": _rows(passes[-1]),
-               "engine_disabled": [],
+               "requests": rows, "engine_disabled": [],
                # prefix groups: intended hit rate vs the server's (telemetry.server_metrics)
                **({"prefix": with_measured(drawn.prefix, summary, telemetry)}
                   if drawn is not None and drawn.prefix is not None else {})})
+
+
+def _send_errors(run: TargetRun) -> dict[str, Any]:
+    from infbench.client.workers import send_error_summary
+
+    return send_error_summary(list(run.send_errors_s.values()))
 
 
 def _refuse_all_failed(run: TargetRun, num_sequences: int, point: ScenarioPoint,

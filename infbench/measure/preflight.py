@@ -52,6 +52,7 @@ def preflight(points: list[ScenarioPoint], out_dir: Path,
     free: dict[str, int] = {}
     for point in points:
         if point.target is not None:  # a server: its model is not here
+            check_workers(point)
             check_host_memory(point, _lengths(point))
             continue
         check_single_device(point)
@@ -73,6 +74,27 @@ def preflight(points: list[ScenarioPoint], out_dir: Path,
 
 
 PROBE_TIMEOUT_S = 5.0
+
+
+def check_workers(point: ScenarioPoint) -> None:
+    """`target.workers` split a concurrency cap evenly (client/workers.py): each worker
+    needs at least one of its streams."""
+    assert point.target is not None
+    workers = point.target.workers
+    w = point.workload
+    limit = w.batch_size if w.kind == "static" else getattr(w, "max_concurrency", None)
+    if workers > 1 and w.kind == "sessions":
+        raise UserError(f"{_where(point)}: target.workers: workload kind sessions runs its "
+                        "conversations in one client process (not split across workers); "
+                        "allowed with kind sessions: 1")
+    if workers == 1 or limit is None:
+        return
+    streams = int(limit) * int(getattr(w, "samples_per_prompt", 1) or 1)
+    if workers > streams:
+        key = "batch_size" if w.kind == "static" else "max_concurrency"
+        raise UserError(f"{_where(point)}: target.workers: {workers} workers cannot share "
+                        f"workload.{key}'s {streams} stream(s) (the cap is split evenly, "
+                        f"at least one stream each); allowed: 1 .. {streams}")
 
 
 def probe_target(target: TargetSection, where: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:

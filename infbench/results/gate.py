@@ -80,7 +80,9 @@ ADDED_SCENARIO_KEYS.update({"scenario.workload.burstiness": 1.0,
                             # 2026-12-02: prefix groups (issue 27)
                             "scenario.workload.prefix": None,
                             # multi-turn sessions (docs/sessions.md)
-                            "scenario.workload.sessions": None})
+                            "scenario.workload.sessions": None,
+                            # 2026-12-02: client processes (issue 27)
+                            "scenario.target.workers": 1})
 
 
 def _as_recorded(scenario: dict[str, Any]) -> dict[str, Any]:

@@ -441,6 +441,10 @@ class RequestRow(_Closed):
     # only on a turn of a multi-turn session (workload.kind sessions): which, 0-based turn
     session_id: str | None = None
     turn: int | None = None
+    # a target point's client: when the request went out minus its scheduled arrival, and
+    # which of target.workers processes sent it (client/workers.py; absent with one)
+    send_error_s: Number | None = None
+    worker: int | None = None
 
 
 class Hardware(_Closed):

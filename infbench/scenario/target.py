@@ -11,6 +11,7 @@
       return_token_ids: false           # ask for token ids (vLLM, infbench serve extension)
       timeout_s: 600                    # a connection, or the gap between two reads
       request_timeout_s: 21600          # one request, sent to [DONE] (vLLM's bench: 6 h)
+      workers: 1                        # client processes on this host (client/workers.py)
 
 Validated once, here, with the scenario (pydantic, extra keys refused), so a bad target is
 one line naming the file and the key before anything runs: a tokenizer that cannot be
@@ -38,6 +39,7 @@ TargetEndpoint = Literal["completions", "chat"]
 PromptFormat = Literal["tokens", "text"]
 TARGET_KINDS: tuple[str, ...] = typing.get_args(TargetKind)
 MAX_TIMEOUT_S = 24 * 3600.0
+MAX_WORKERS = 256
 DEFAULT_REQUEST_TIMEOUT_S = 6 * 3600.0  # vLLM's benchmark client: ClientTimeout(total=6 h)
 
 
@@ -112,6 +114,9 @@ class TargetSection(BaseModel):
                                               allow_inf_nan=False)] = DEFAULT_REQUEST_TIMEOUT_S
     """Seconds one request may take from sending to `data: [DONE]`, however often bytes
     (keep-alive comments included) arrive; then it fails with reason `deadline`."""
+    workers: Annotated[int, Field(ge=1, le=MAX_WORKERS, strict=True)] = 1
+    """Client processes on this host, each pinned to a core (modulo the cores) and fed its
+    share of the one seeded arrival schedule (client/workers.py); 1: one event loop here."""
 
     @model_validator(mode="before")
     @classmethod
