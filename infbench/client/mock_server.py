@@ -21,7 +21,8 @@ much longer per other stream in flight (a capacity search needs latency that gro
 concurrency or the rate); `api_key` answers 401 to requests without that bearer token;
 with `log_sends`, GET /mock/sends lists (seed, chunk index, send time) of every chunk
 written.  Run it standalone with
-`python -m infbench.client.mock_server --port 8000` (`--misbehave NAME` for a bad server).
+`python -m infbench.client.mock_server --port 8000` (`--misbehave NAME` for a bad server;
+`--reuse-port` lets several such processes share one port).
 """
 
 from __future__ import annotations
@@ -341,6 +342,9 @@ def main() -> None:
                         help="Chat: send each request's first N tokens as reasoning.")
     parser.add_argument("--reasoning-field", choices=("reasoning_content", "reasoning"),
                         default="reasoning_content")
+    parser.add_argument("--reuse-port", action="store_true",
+                        help="SO_REUSEPORT: several mock processes share --port (the kernel "
+                             "spreads connections over them; benchmarks/client_workers.py).")
     args = parser.parse_args()
     config = MockConfig(reasoning_tokens=args.reasoning_tokens,
                         reasoning_field=args.reasoning_field, num_tokens=args.num_tokens,
@@ -351,6 +355,7 @@ def main() -> None:
                         send_usage=not args.no_usage, misbehave=args.misbehave,
                         misbehave_every=args.misbehave_every)
     web.run_app(make_app(config), host=args.host, port=args.port, access_log=None,
+                reuse_port=args.reuse_port or None,
                 print=lambda msg: print(msg, flush=True))
 
 

@@ -142,11 +142,14 @@ def _summary(run: TargetRun, point: ScenarioPoint) -> dict[str, Any]:
 
 def run_target_point(point: ScenarioPoint, *, cache: Any = None, device: str | None = None,
                      on_step: Callable[[Any], None] | None = None,
-                     on_phase: Callable[[str], None] | None = None) -> dict[str, Any]:
+                     on_phase: Callable[[str], None] | None = None,
+                     pool_type: Any = None) -> dict[str, Any]:
     """Measure one ScenarioPoint with `target:` and return its result dict.
 
     `cache`, `device` and `on_step` are run_point's; a client run has no model to cache,
-    runs on no local device and has no engine steps.
+    runs on no local device and has no engine steps.  `pool`: the client/workers.WorkerPool
+    class that runs `target.workers` (default: processes here; `--ray`: Ray actors); kind
+    sessions always runs in this process.
     """
     del cache, device, on_step
     from infbench.hardware.spec import get_hardware
@@ -209,13 +212,13 @@ def run_target_point(point: ScenarioPoint, *, cache: Any = None, device: str | N
             return models, passes
 
     workers: dict[str, Any] = {}
-    if target.workers > 1 and not is_sessions:  # N processes, one schedule (workers.py)
+    if (target.workers > 1 or pool_type is not None) and not is_sessions:  # workers.py
         from infbench.client.workers import measure_with_workers
 
         models, passes, workers = measure_with_workers(
             target, requests, cap, api_key, point.measure.warmup, point.measure.repeats,
             phase, lambda run, what: _refuse_all_failed(run, num_sequences, point, what),
-            submit_until_s=until)
+            pool_type, submit_until_s=until)
     else:
         models, passes = asyncio.run(measure())
     runs = [_summary(run, point) for run in passes]

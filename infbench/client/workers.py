@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import os
+import socket
 import statistics
 import time
 import traceback
@@ -168,6 +169,8 @@ def _worker_main(spec: _WorkerSpec, conn: Connection) -> None:
 class WorkerPool:
     """N client processes, started on enter, stopped on exit; `run()` is one pass."""
 
+    start_method = "spawn"
+
     def __init__(self, target: TargetSection, requests: Sequence[Request],
                  max_concurrency: int | None, api_key: str | None = None,
                  num_workers: int | None = None, submit_until_s: float | None = None
@@ -181,6 +184,7 @@ class WorkerPool:
         self._specs = [_WorkerSpec(i, self.cores[i], target, target.tokenizer, share,
                                    self.caps[i], api_key, submit_until_s)
                        for i, share in enumerate(self.shares)]
+        self.nodes = [socket.gethostname()] * self.num_workers
         self._procs: list[Any] = []
         self._conns: list[Connection] = []
 
@@ -249,6 +253,7 @@ def measure_with_workers(target: TargetSection, requests: Sequence[Request],
                          cap: int | None, api_key: str | None, warmup: int, repeats: int,
                          phase: Callable[[str], None],
                          check: Callable[[TargetRun, str], None],
+                         pool_type: type[WorkerPool] | None = None,
                          submit_until_s: float | None = None,
                          ) -> tuple[Any, list[TargetRun], dict[str, Any]]:
     """client.point's passes with `target.workers` processes: (the server's /models, the
@@ -260,8 +265,8 @@ def measure_with_workers(target: TargetSection, requests: Sequence[Request],
     server_models = asyncio.run(models())
     phase(f"starting {target.workers} client workers")
     passes: list[TargetRun] = []
-    with WorkerPool(target, requests, cap, api_key,
-                    submit_until_s=submit_until_s) as pool:
+    with (pool_type or WorkerPool)(target, requests, cap, api_key,
+                                   submit_until_s=submit_until_s) as pool:
         for i in range(warmup):
             phase(f"warm-up {i + 1}/{warmup}")
             check(pool.run(), "warm-up")
@@ -273,7 +278,7 @@ def measure_with_workers(target: TargetSection, requests: Sequence[Request],
         telemetry = {"count": pool.num_workers, "assignment": ASSIGNMENT,
                      "cores": pool.cores, "max_concurrency": pool.caps,
                      "requests": [len(share) for share in pool.shares],
-                     "start_method": "spawn", "clock": "time.perf_counter (CLOCK_MONOTONIC)"}
+                     "start_method": pool.start_method, "nodes": pool.nodes}
         worker_of = pool.worker_of
     telemetry["worker_of"] = worker_of
     return server_models, passes, telemetry

@@ -39,6 +39,12 @@ def run(
                                    help="Replace the run in --out (removes only its files)."),
     as_json: bool = typer.Option(False, "--json",
                                  help="Print the run's summary as JSON on stdout (no table)."),
+    ray_address: str | None = typer.Option(
+        None, "--ray", help="Run target points' client workers as actors of this Ray cluster: "
+        "local (one on loopback for this run), auto, HOST:PORT (docs/workers.md)."),
+    ray_engine_points: bool = typer.Option(
+        False, "--ray-engine-points", help="With --ray: engine points run on the cluster's "
+        "nodes, one per node (its GPU nodes, else its CPU nodes)."),
 ) -> None:
     """Run every sweep point of a scenario through the engine and save the results.
 
@@ -59,6 +65,9 @@ def run(
 
     if resume and overwrite:
         raise UserError("--resume and --overwrite are mutually exclusive; give one")
+    if ray_engine_points and ray_address is None:
+        raise UserError("--ray-engine-points needs --ray ADDRESS (local: a cluster on "
+                        "loopback)")
     if device is not None:
         device = resolve_device(device, "--device")  # fail before any point runs
     sc = load_scenario(scenario, set_)
@@ -87,15 +96,18 @@ def run(
     # finished point instead of nothing until the end.
     progress = _RunProgress(console, sc.name, len(points), len(finished),
                             live=sys.stderr.isatty())
+    ray = _RayRun(ray_address, ray_engine_points, todo, device)
     try:
-        with progress:
+        with progress, ray:
             for point in todo:
                 progress.start_point(point)
                 rundir.mark(point.index, "running")
                 try:
-                    measure = run_point
+                    measure = ray.engine or run_point
                     if point.target is not None:  # a server, through the client backend
                         from infbench.client.point import run_target_point as measure
+
+                        measure = ray.target(measure)
                     result = measure(point, cache=cache, device=device,
                                      on_step=progress.on_step, on_phase=progress.on_phase)
                 except UserError as exc:
@@ -150,6 +162,49 @@ def run(
         code = gate_from_scenario(gate, finished, console)
         if code:
             raise typer.Exit(code)
+
+
+class _RayRun:
+    """`--ray` / `--ray-engine-points` for one run (client/ray_cluster.py); inert without."""
+
+    def __init__(self, address: str | None, engine_points: bool,
+                 todo: list[ScenarioPoint], device: str | None) -> None:
+        self.address, self.engine_points = address, engine_points
+        self.todo, self.device = todo, device
+        self.cluster: Any = None
+        self.dispatch: Any = None
+
+    def __enter__(self) -> _RayRun:
+        if self.address is None:
+            return self
+        from infbench.client.ray_cluster import EngineDispatch, RayCluster
+
+        self.cluster = RayCluster(self.address).__enter__()
+        if self.engine_points:
+            try:
+                self.dispatch = EngineDispatch(
+                    self.cluster, [p for p in self.todo if p.target is None], self.device)
+            except BaseException:
+                self.cluster.__exit__()
+                raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.dispatch is not None:
+            self.dispatch.cancel()
+        if self.cluster is not None:
+            self.cluster.__exit__()
+
+    @property
+    def engine(self) -> Any:
+        return None if self.dispatch is None else self.dispatch.measure
+
+    def target(self, measure: Any) -> Any:
+        if self.cluster is None:
+            return measure
+        from infbench.client.ray_cluster import target_measure
+
+        return target_measure(measure)
 
 
 class _RunProgress:
