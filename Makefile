@@ -46,6 +46,7 @@ bench: $(STAMP)
 	$(BIN)/python -m infbench.benchmarks.cpu_vs_transformers
 	$(BIN)/python -m infbench.benchmarks.quant_speed
 	$(BIN)/python -m infbench.benchmarks.client_overhead
+	$(BIN)/python -m infbench.benchmarks.client_workers
 	$(BIN)/python -m infbench.benchmarks.serving
 
 # infbench (Q4_1 native and float32) beside llama.cpp on the SmolLM2 GGUF; llama.cpp's row is
@@ -61,7 +62,7 @@ bench-gpu: $(STAMP)
 lock:
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q pip-tools==7.6.2
-	$(BIN)/pip-compile -q --extra test --strip-extras --allow-unsafe --no-emit-find-links \
+	$(BIN)/pip-compile -q --extra test --extra ray --strip-extras --allow-unsafe --no-emit-find-links \
 		--no-emit-index-url -c constraints-cpu.txt -o requirements-cpu.lock pyproject.toml
 
 clean:

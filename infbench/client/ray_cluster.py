@@ -200,6 +200,18 @@ class EngineDispatch:
     def __init__(self, cluster: RayCluster, points: Sequence[ScenarioPoint],
                  device: str | None) -> None:
         ray = cluster.ray
+        self.gpu, nodes = self.nodes_for(cluster, device)
+        self.device = "cuda" if self.gpu else "cpu"
+        self.free = deque(nodes)
+        self.ray = ray
+        self.remote = ray.remote(_run_engine_point)
+        self.pending = deque(points)
+        self.inflight: dict[int, tuple[Any, str]] = {}
+        self._fill()
+
+    @staticmethod
+    def nodes_for(cluster: RayCluster, device: str | None) -> tuple[bool, list[str]]:
+        """(GPU nodes?, the node ids engine points go to); a UserError when none fits."""
         nodes = cluster.nodes()
         gpu_nodes = [n for n in nodes if n.get("Resources", {}).get("GPU", 0) >= 1]
         if gpu_nodes and device == "cpu":
@@ -207,16 +219,10 @@ class EngineDispatch:
         if device == "cuda" and not gpu_nodes:
             raise UserError("--ray-engine-points: --device cuda, but the Ray cluster has no "
                             "node with a GPU; use --device cpu or a cluster with GPUs")
-        self.gpu = bool(gpu_nodes)
-        self.device = "cuda" if self.gpu else "cpu"
-        self.free = deque(n["NodeID"] for n in (gpu_nodes or nodes))
-        if not self.free:
+        chosen = [n["NodeID"] for n in (gpu_nodes or nodes)]
+        if not chosen:
             raise UserError("--ray-engine-points: the Ray cluster has no live node")
-        self.ray = ray
-        self.remote = ray.remote(_run_engine_point)
-        self.pending = deque(points)
-        self.inflight: dict[int, tuple[Any, str]] = {}
-        self._fill()
+        return bool(gpu_nodes), chosen
 
     @property
     def num_nodes(self) -> int:

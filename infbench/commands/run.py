@@ -68,6 +68,7 @@ def run(
     if ray_engine_points and ray_address is None:
         raise UserError("--ray-engine-points needs --ray ADDRESS (local: a cluster on "
                         "loopback)")
+    ray = _RayRun(ray_address, ray_engine_points, device)  # ray installed, else one line
     if device is not None:
         device = resolve_device(device, "--device")  # fail before any point runs
     sc = load_scenario(scenario, set_)
@@ -81,6 +82,7 @@ def run(
     for reason in dict.fromkeys([p.dtype_reason for p in points if p.dtype_reason]
                                 + [note for p in points for note in p.notes]):
         console.print(f"note: {reason}", highlight=False)
+    ray.connect()  # before the run directory is claimed: an unreachable cluster writes nothing
     rundir = RunDir.claim(out_dir, points, scenario_path=str(scenario), device=device,
                           resume=resume, overwrite=overwrite)
     finished = rundir.done_results()
@@ -96,9 +98,8 @@ def run(
     # finished point instead of nothing until the end.
     progress = _RunProgress(console, sc.name, len(points), len(finished),
                             live=sys.stderr.isatty())
-    ray = _RayRun(ray_address, ray_engine_points, todo, device)
     try:
-        with progress, ray:
+        with progress, ray.dispatching(todo):
             for point in todo:
                 progress.start_point(point)
                 rundir.mark(point.index, "running")
@@ -167,26 +168,43 @@ def run(
 class _RayRun:
     """`--ray` / `--ray-engine-points` for one run (client/ray_cluster.py); inert without."""
 
-    def __init__(self, address: str | None, engine_points: bool,
-                 todo: list[ScenarioPoint], device: str | None) -> None:
-        self.address, self.engine_points = address, engine_points
-        self.todo, self.device = todo, device
+    def __init__(self, address: str | None, engine_points: bool, device: str | None) -> None:
+        self.engine_points, self.device = engine_points, device
         self.cluster: Any = None
         self.dispatch: Any = None
+        if address is not None:
+            from infbench.client.ray_cluster import RayCluster
 
-    def __enter__(self) -> _RayRun:
-        if self.address is None:
-            return self
-        from infbench.client.ray_cluster import EngineDispatch, RayCluster
+            self.cluster = RayCluster(address)  # checks that ray imports and the address
 
-        self.cluster = RayCluster(self.address).__enter__()
+    def connect(self) -> None:
+        if self.cluster is None:
+            return
+        self.cluster.__enter__()
         if self.engine_points:
+            from infbench.client.ray_cluster import EngineDispatch
+
             try:
-                self.dispatch = EngineDispatch(
-                    self.cluster, [p for p in self.todo if p.target is None], self.device)
+                EngineDispatch.nodes_for(self.cluster, self.device)  # no fitting node: here
             except BaseException:
                 self.cluster.__exit__()
                 raise
+
+    def dispatching(self, todo: list[ScenarioPoint]) -> _RayRun:
+        """Engine points of `todo` sent to the cluster (--ray-engine-points); a context
+        that stops what is left of them and disconnects."""
+        if self.cluster is not None and self.engine_points:
+            from infbench.client.ray_cluster import EngineDispatch
+
+            try:
+                self.dispatch = EngineDispatch(
+                    self.cluster, [p for p in todo if p.target is None], self.device)
+            except BaseException:
+                self.cluster.__exit__()
+                raise
+        return self
+
+    def __enter__(self) -> _RayRun:
         return self
 
     def __exit__(self, *exc: Any) -> None:

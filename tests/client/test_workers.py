@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import sys
 import time
 from pathlib import Path
 
@@ -163,3 +164,16 @@ def test_bad_workers_key_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert code == 2
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {path}: {message}"), err
+
+
+def test_ray_missing_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    path = scenario(tmp_path, "{kind: openai, base_url: 'http://127.0.0.1:9/v1', model: m}",
+                    "{kind: offline, num_requests: 4}")
+    monkeypatch.setattr("infbench.measure.preflight.probe_target", lambda *a, **k: None)
+    code, _, err = run_args(["run", str(path), "--out", str(tmp_path / "out"), "--ray",
+                             "local"], capsys)
+    assert code == 2
+    assert err.strip() == "error: --ray: the ray package is not installed; install the " \
+        "extra: pip install 'infbench[ray]'", err
