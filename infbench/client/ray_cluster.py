@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -71,12 +72,16 @@ class RayCluster:
         self.address = address
         self.ray = _ray()
         self._started = False
+        self._handlers: dict[int, Any] = {}
 
     def __enter__(self) -> RayCluster:
         ray = self.ray
         if ray.is_initialized():  # a driver already connected (a notebook, a test): as is
             return self
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        # ray.init installs its own SIGTERM handler in the driver; put back what was there
+        # on exit, so a run (or a test process) is left as it was found
+        self._handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
             if self.address == "local":
                 ray.init(address="local", include_dashboard=False,
@@ -96,6 +101,9 @@ class RayCluster:
         if self._started:
             self.ray.shutdown()
             self._started = False
+            for sig, handler in self._handlers.items():
+                if handler is not None:
+                    signal.signal(sig, handler)
 
     def nodes(self) -> list[dict[str, Any]]:
         return [n for n in self.ray.nodes() if n.get("Alive")]

@@ -4,6 +4,7 @@ local Ray cluster the test starts on loopback (skipped when ray is not installed
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,9 +24,11 @@ def cluster() -> Iterator[None]:
 
     mp = pytest.MonkeyPatch()
     mp.setenv("INFBENCH_CPU_KERNELS", "0")  # inherited by the cluster's workers
+    before = signal.getsignal(signal.SIGTERM)
     with RayCluster("local"):
         yield
     mp.undo()
+    assert signal.getsignal(signal.SIGTERM) is before  # ray's own handler not left behind
 
 
 def test_engine_points_run_on_the_cluster_into_one_run_dir(
