@@ -209,6 +209,11 @@ class WorkerPool:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
+    @property
+    def pids(self) -> list[int]:
+        """The worker processes' ids (for CPU accounting)."""
+        return [int(p.pid) for p in self._procs if p.pid is not None]
+
     def _expect(self, i: int, kind: str, timeout_s: float | None) -> Any:
         conn = self._conns[i]
         if not conn.poll(timeout_s):
