@@ -28,7 +28,9 @@ Two things use the cluster:
    cluster's GPU nodes (a task asks for one GPU, device cuda) when it has any, else all its
    nodes on the CPU.  The parent still walks the points in order and writes every result
    into the one run directory as it arrives (the later points keep running on the other
-   nodes meanwhile), so `--resume`, the CSV and the gate work unchanged.  A point's
+   nodes meanwhile), so `--resume`, the CSV and the gate work unchanged.  A target point
+   is a barrier: no engine point runs while the client measures a server, so a cluster
+   that includes this host does not disturb the client's timing.  A point's
    UserError on a node is the run's one-line error, as locally; the result's
    `env.ray_node` says where it ran.  The nodes need infbench importable (the same
    environment); the local cluster inherits this process's `PYTHONPATH`.
@@ -213,7 +215,11 @@ class EngineDispatch:
         self.free = deque(nodes)
         self.ray = ray
         self.remote = ray.remote(_run_engine_point)
+        # every point of the run in its order: a target point is a barrier (no engine point
+        # runs while the client measures a server here, so a cluster that includes this
+        # host does not disturb the client's timing)
         self.pending = deque(points)
+        self.order = {p.index: i for i, p in enumerate(points)}
         self.inflight: dict[int, tuple[Any, str]] = {}
         self._fill()
 
@@ -239,7 +245,7 @@ class EngineDispatch:
     def _fill(self) -> None:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        while self.free and self.pending:
+        while self.free and self.pending and self.pending[0].target is None:
             point = self.pending.popleft()
             node = self.free.popleft()
             ref = self.remote.options(
@@ -249,6 +255,11 @@ class EngineDispatch:
             self.inflight[point.index] = (ref, node)
 
     def measure(self, point: ScenarioPoint, **_: Any) -> dict[str, Any]:
+        here = self.order[point.index]
+        while self.pending and self.pending[0].target is not None and \
+                self.order[self.pending[0].index] < here:
+            self.pending.popleft()  # a target point measured before this one: passed
+        self._fill()
         if point.index not in self.inflight:  # points come in order: it is next
             raise ValueError(f"point {point.index} was not dispatched")
         ref, node = self.inflight.pop(point.index)

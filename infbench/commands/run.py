@@ -197,8 +197,7 @@ class _RayRun:
             from infbench.client.ray_cluster import EngineDispatch
 
             try:
-                self.dispatch = EngineDispatch(
-                    self.cluster, [p for p in todo if p.target is None], self.device)
+                self.dispatch = EngineDispatch(self.cluster, todo, self.device)
             except BaseException:
                 self.cluster.__exit__()
                 raise

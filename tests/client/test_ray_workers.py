@@ -84,3 +84,53 @@ def test_ray_engine_points_without_ray_is_one_line(
     assert err.strip() == "error: --ray-engine-points needs --ray ADDRESS (local: a cluster " \
         "on loopback)"
     assert not (tmp_path / "o").exists()
+
+
+class _FakeRay:
+    """Just what EngineDispatch calls: remote(fn).options(...).remote(point, device), get."""
+
+    class exceptions:  # noqa: N801 (ray's name)
+        class RayTaskError(Exception):
+            pass
+
+    def __init__(self) -> None:
+        self.sent: list[int] = []
+
+    def remote(self, *args: object) -> object:  # ray.remote(fn), then .remote(point, dev)
+        return self.send(*args) if len(args) == 2 else self
+
+    def options(self, **_: object) -> _FakeRay:
+        return self
+
+    def send(self, point: object, _device: object) -> int:
+        index = int(point.index)  # type: ignore[attr-defined]
+        self.sent.append(index)
+        return index
+
+    def get(self, ref: int) -> dict[str, int]:
+        return {"index": ref}
+
+    def cancel(self, *_: object, **__: object) -> None:
+        pass
+
+
+def test_one_point_per_node_and_a_target_point_is_a_barrier() -> None:
+    from types import SimpleNamespace
+    from typing import Any, cast
+
+    from infbench.client.ray_cluster import EngineDispatch
+
+    fake = _FakeRay()
+    nodes = [{"Alive": True, "NodeID": c * 56, "Resources": {"CPU": 2.0}} for c in "ab"]
+    cluster = SimpleNamespace(ray=fake, nodes=lambda: nodes)
+    points: list[Any] = [SimpleNamespace(index=i, target=t) for i, t in
+              enumerate([None, None, None, "server", None])]
+    dispatch = EngineDispatch(cast(Any, cluster), points, None)
+    assert dispatch.device == "cpu" and fake.sent == [0, 1]  # two nodes: two in flight
+    assert dispatch.measure(points[0]) == {"index": 0}
+    assert fake.sent == [0, 1, 2]  # the freed node takes the next engine point
+    dispatch.measure(points[1])
+    dispatch.measure(points[2])
+    assert fake.sent == [0, 1, 2]  # point 3 is a target: nothing runs past it meanwhile
+    dispatch.measure(points[4])  # after the target point was measured here
+    assert fake.sent == [0, 1, 2, 4]

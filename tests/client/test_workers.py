@@ -38,7 +38,7 @@ def test_shares_are_round_robin_in_arrival_order_and_the_cap_is_split_evenly() -
     assert [[r.request_id for r in s] for s in shares] == [["r3", "r4", "r0"], ["r1", "r2"]]
     assert sorted(r.request_id for s in worker_shares(reqs, 3) for r in s) == \
         sorted(r.request_id for r in reqs)  # every request exactly once
-    assert worker_caps(10, 4) == [3, 3, 2, 2] and sum(worker_caps(10, 4)) == 10
+    assert worker_caps(10, 4) == [3, 3, 2, 2]  # 10 streams in all
     assert worker_caps(None, 3) == [None, None, None]
     with pytest.raises(ValueError, match="3 workers cannot share a cap of 2"):
         worker_caps(2, 3)
