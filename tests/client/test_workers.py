@@ -177,3 +177,17 @@ def test_ray_missing_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert code == 2
     assert err.strip() == "error: --ray: the ray package is not installed; install the " \
         "extra: pip install 'infbench[ray]'", err
+
+
+def test_workers_with_sessions_is_one_line(tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    path = scenario(tmp_path, "{kind: openai, base_url: 'http://127.0.0.1:9/v1', model: m, "
+                              "workers: 2}",
+                    "{kind: sessions, seed: 0, sessions: {num_sessions: 2, turns: 2, "
+                    "user_len: 8, output_len: 4}}")
+    code, _, err = run_args(["run", str(path), "--out", str(tmp_path / "out")], capsys)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "target.workers: workload kind sessions runs its " \
+        "conversations in one client process" in lines[0], err
+    assert not (tmp_path / "out").exists()
