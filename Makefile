@@ -51,8 +51,12 @@ bench: $(STAMP)
 
 # infbench (Q4_1 native and float32) beside llama.cpp on the SmolLM2 GGUF; llama.cpp's row is
 # skipped with a note unless llama-cpp-python is installed (not in setup: 8-25 min to build).
+# Then infbench's client beside `vllm bench serve` and AIPerf on one vLLM-CPU server; each
+# peer lives in its own venv (INFBENCH_VLLM_PYTHON, INFBENCH_AIPERF, docs/benchmarks.md) and
+# is skipped with a line saying how to install it when missing.
 bench-peers: $(STAMP)
 	$(BIN)/python -m infbench.benchmarks.peers
+	$(BIN)/python -m infbench.benchmarks.client_peers
 
 bench-gpu: $(STAMP)
 	$(BIN)/infbench kernels bench --out results/kernels_gpu.json
