@@ -487,12 +487,14 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _tail(path: Path, lines: int = 15) -> str:
+def _last_line(path: Path) -> str:
+    """The log's last non-blank line (for a one-line error), at most 200 characters."""
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
     except OSError:
-        return ""
-    return "\n".join(text.splitlines()[-lines:])
+        return "(no log)"
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1][:200] if lines else "(empty log)"
 
 
 def _wait_ready(base_url: str, proc: subprocess.Popen[bytes], log_file: Path,
@@ -502,7 +504,7 @@ def _wait_ready(base_url: str, proc: subprocess.Popen[bytes], log_file: Path,
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise UserError(f"{what} exited with code {proc.returncode} while starting; its "
-                            f"log ({log_file}) ends:\n{_tail(log_file)}")
+                            f"log ({log_file}) ends: {_last_line(log_file)}")
         try:
             with opener.open(base_url + "/models", timeout=2):
                 return
@@ -564,7 +566,7 @@ def _run_client(cmd: list[str], log_file: Path, what: str,
                             f"{log_file}") from None
     if proc.returncode != 0:
         raise UserError(f"{what} exited with code {proc.returncode}; its log ({log_file}) "
-                        f"ends:\n{_tail(log_file)}")
+                        f"ends: {_last_line(log_file)}")
     return time.monotonic() - t0
 
 
@@ -667,8 +669,10 @@ def measure(opts: Options, server_kind: str, model_dir: Path, names: Sequence[st
     from infbench.benchmarks.cpu_vs_transformers import load_average
 
     rounds: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="infbench-client-peers-") as tmp:
-        work = Path(tmp)
+    # The clients' files and logs: removed after a complete run, kept (and named in the
+    # error) when something failed.
+    work = Path(tempfile.mkdtemp(prefix="infbench-client-peers-"))
+    try:
         texts = text_prompts(model_dir, opts.requests, opts.prompt)
         datasets = write_datasets(texts, opts.gen, work)
         port = opts.port or _free_port()
@@ -689,6 +693,10 @@ def measure(opts: Options, server_kind: str, model_dir: Path, names: Sequence[st
                                                   for m in ALL_METRICS))
                 rounds.append({"order": order, "clients": figures, "wall_s": walls,
                                "load_average": load_average()})
+    except BaseException:
+        log(f"the clients' files and logs are kept in {work}")
+        raise
+    shutil.rmtree(work, ignore_errors=True)
     return rounds
 
 

@@ -270,3 +270,16 @@ def test_bad_options_are_one_line_and_exit_2(argv: list[str], message: str, tmp_
     err = capsys.readouterr().err
     assert err == f"error: {message}\n"
     assert not out.exists()
+
+
+def test_a_failing_client_is_one_line_with_its_log(tmp_path: Path) -> None:
+    import sys
+
+    log = tmp_path / "client.log"
+    code = "print('starting'); print('boom: no server'); raise SystemExit(3)"
+    with pytest.raises(UserError) as err:
+        cp._run_client([sys.executable, "-c", code], log, "vllm bench serve")
+    message = str(err.value)
+    assert "\n" not in message
+    assert message == (f"vllm bench serve exited with code 3; its log ({log}) ends: "
+                       "boom: no server")
