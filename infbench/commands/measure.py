@@ -203,6 +203,7 @@ def report(
     )
     from infbench.results.sessions import by_turn_rows, by_turn_table, session_lines
     from infbench.results.speculative import spec_rows, spec_table
+    from infbench.results.under_load import predicted_results, under_load_rows, under_load_table
     from infbench.results.variants import variant_rows, variant_table
 
     level = parse_confidence(confidence)
@@ -213,6 +214,8 @@ def report(
     speculative = spec_rows(loaded)
     goodput = goodput_rows(loaded)
     max_rates = max_rate_summaries(loaded)
+    loads = under_load_rows(loaded)  # measured vs the simulated prediction
+    predicted_max_rates = max_rate_summaries(predicted_results(loaded))
     for note in profile_flag_notes(loaded):  # predictions on a doubtful profile
         print(note, file=sys.stderr)
     for note in failure_notes(loaded):  # client runs: failed requests by reason
@@ -228,6 +231,16 @@ def report(
                 row["slo_max_rate"] = best.get((result.get("name"), group_label(result)))
         for row, ci in zip(rows, confidence_rows(loaded, level), strict=True):
             row["confidence"] = ci
+        if predicted_max_rates:
+            best = {(m["name"], m["group"]): json_rate(m["max_rate"])
+                    for m in predicted_max_rates}
+            for row, result in zip(rows, loaded, strict=True):
+                row["slo_max_rate_predicted"] = best.get((result.get("name"),
+                                                          group_label(result)))
+        by_label = {(r["name"], r["label"]): r for r in loads}
+        for row, result in zip(rows, loaded, strict=True):
+            if (result.get("name"), result.get("label")) in by_label:
+                row["under_load"] = by_label[result.get("name"), result.get("label")]
         _print_json(rows)
     else:
         Console().print(report_table(df))
@@ -252,6 +265,10 @@ def report(
             Console().print(goodput_table(goodput))
             for summary in max_rates:
                 Console().print(max_rate_line(summary), highlight=False)
+        if loads:  # every result with prediction.metrics: the point under its load
+            Console().print(under_load_table(loads))
+        for summary in predicted_max_rates:
+            Console().print(f"predicted {max_rate_line(summary)}", highlight=False)
     if markdown is not None:
         write_markdown(df, markdown)
     if csv is not None:

@@ -370,7 +370,7 @@ def print_predictions(prices: list[PointPrice], show_ops: bool,
     if priced:
         console.print(table)
     for label, pp in zip(labels, prices, strict=True):
-        if pp.prediction is None:
+        if pp.prediction is None and pp.metrics is None:  # simulated: the next table
             console.print(f"{label or 'point'}: {pp.note}", highlight=False)
     for _, pp, p in priced:
         _print_details(console, pp, p)
@@ -605,8 +605,9 @@ def predict_command(
     from infbench.hardware.spec import get_hardware
 
     hw = get_hardware(hardware or DEFAULT_HARDWARE)  # unknown: the table's allowed list
+    # the flags price one batch (static waves): the roofline; a scenario is also simulated
     options = PricingOptions(build_spec(spec_tokens, spec_acceptance, spec_draft_ratio),
-                             overlap or "auto", reserve, kv_bits, derating[0])
+                             overlap or "auto", reserve, kv_bits, derating[0], simulate=False)
     if options.efficiency is not None:
         from infbench.measure.prediction import derate
 
@@ -683,8 +684,13 @@ def _predict_scenario(path: Path, options: PricingOptions, as_json: bool, ops: b
         raise UserError(f"{path}: decoding.kind diffusion points are priced by "
                         "`infbench predict --diffusion-steps` (and next to `run`'s "
                         "measurements), not by predict SCENARIO")
-    _emit(price_points(points, options), [point.label for point in points],
+    prices = price_points(points, options)
+    _emit(prices, [point.label for point in points],
           [point.model_source() for point in points], as_json, ops, efficiency)
+    if not as_json:
+        from infbench.commands.predict_load import print_under_load
+
+        print_under_load(points, prices)
 
 
 def _emit(prices: list[PointPrice], labels: list[str], models: list[dict[str, str]],

@@ -152,6 +152,11 @@ def run(
             Console(width=width).print(accuracy)
         for summary in max_rates:
             Console(width=width).print(max_rate_line(summary), highlight=False, soft_wrap=True)
+        from infbench.results.under_load import predicted_results
+
+        for summary in max_rate_summaries(predicted_results(finished)):  # the simulated points
+            Console(width=width).print(f"predicted {max_rate_line(summary)}", highlight=False,
+                                       soft_wrap=True)
     if finished:
         console.print(f"wrote {len(finished)} result file(s) and {csv_path} to {out_dir}")
     if failure is not None:

@@ -19,7 +19,8 @@ from infbench.core.device import resolve_device
 from infbench.core.errors import UserError
 from infbench.engine.records import StepRecord
 from infbench.measure.model_cache import ModelCache
-from infbench.scenario.point import ScenarioPoint, WorkloadPoint
+from infbench.measure.workload import client_concurrency
+from infbench.scenario.point import ScenarioPoint
 
 __all__ = ["SLOWDOWN_ENV", "ModelCache", "client_concurrency", "injected_slowdown", "run_point",
            "slowed_down"]
@@ -74,14 +75,6 @@ def slowed_down(on_step: Callable[[StepRecord], None] | None,
     return hook
 
 
-def client_concurrency(workload: WorkloadPoint) -> int | None:
-    """The client-side cap on outstanding requests: workload.max_concurrency, or for kind
-    static batch_size (num_requests run batch_size at a time); None: no cap."""
-    if workload.kind == "static":
-        return workload.batch_size if workload.num_prompts > workload.batch_size else None
-    return workload.max_concurrency
-
-
 def run_point(point: ScenarioPoint, *, cache: ModelCache | None = None,
               device: str | None = None, on_step: Callable[[StepRecord], None] | None = None,
               on_phase: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -113,6 +106,6 @@ def run_point(point: ScenarioPoint, *, cache: ModelCache | None = None,
     telemetry = stage.stop_nvml(nvml)
     accuracy = stage.measure_accuracy(point, loaded, engine, cache, phase)
     telemetry.update(stage.profile_ncu(point, dev, phase))
-    summary = stage.summarize(point, loaded, measured, cache.said)
+    summary = stage.summarize(point, loaded, measured, cache.said, plan.requests)
     return stage.assemble_result(point, loaded, engine, measured, summary, telemetry=telemetry,
                                  accuracy=accuracy, slowdown=slowdown, prefix=plan.prefix)

@@ -402,9 +402,10 @@ class Summary:
 
 
 def summarize(point: ScenarioPoint, loaded: LoadedPoint, measured: Measured,
-              said: set[str]) -> Summary:
-    """The median of the repeats, their noise and the roofline prediction for the point;
-    a note for each noise warning and for each flag of a doubtful hardware profile."""
+              said: set[str], requests: list[Request] | None = None) -> Summary:
+    """The median of the repeats, their noise and the prediction for the point (the roofline
+    and the simulation of the `requests` it served); a note for each noise warning and for
+    each flag of a doubtful hardware profile."""
     hw = measured.hardware
     metrics, spread = metrics_mod.aggregate_repeats(measured.runs)
     for key in ("by_turn", "sessions"):  # sessions: of the last repeat, like its rows
@@ -415,7 +416,9 @@ def summarize(point: ScenarioPoint, loaded: LoadedPoint, measured: Measured,
         hardware_bandwidth=hw.bandwidth, hardware_name=hw.name)
     for warning in metrics["noise"]["warnings"]:
         note(point, warning)
-    prediction = predict_point(point, loaded.config, hw)
+    tok = loaded.model.tokenizer
+    prediction = predict_point(point, loaded.config, hw, requests=requests, tokenizer=tok,
+                               eos_token_id=tok.eos_token_id if tok is not None else None)
     for flag in prediction.get("profile_flags") or []:  # a doubtful profile: never silent
         text = (f"note: predictions on the flagged profile {hw.name!r} (each result records "
                 f"it in prediction.profile_flags): {flag}")

@@ -33,6 +33,7 @@ it out.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +41,7 @@ from infbench.core.config import ModelConfig, QuantConfig
 from infbench.core.errors import UserError
 from infbench.core.parallel import SINGLE, ParallelConfig
 from infbench.core.speculative import SpeculativeConfig
+from infbench.engine.request import Request
 from infbench.hardware.spec import CURVE_KEY, HardwareSpec, MemoryReserve, get_hardware
 from infbench.measure.model_shapes import model_configs
 from infbench.roofline.analysis import (
@@ -93,6 +95,7 @@ class PricingOptions:
     reserve: MemoryReserve = DEFAULT_RESERVE
     kv_bits: int | None = None  # bits per cached K/V value, replacing model.quant's
     efficiency: Efficiency | None = None  # derates the hardware's peaks (None: the roofline)
+    simulate: bool = True  # also run the point through the simulated engine (prediction.metrics)
 
 
 @dataclass(frozen=True)
@@ -123,9 +126,21 @@ class PointPrice:
     workload: PricedWorkload | None = None
     note: str = ""  # not predicted: why; predicted: what the numbers leave out ("; "-joined)
     profile_flags: tuple[str, ...] | None = None  # a calibrated profile's; None: a datasheet
+    # the point under its load (measure/simulation.py): the `metrics` shape, or None with
+    # `simulation_note` saying why; the note also says what the simulation assumed
+    metrics: dict[str, Any] | None = None
+    simulation_note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """The prediction under the result schema's keys (`results.schema.Prediction`)."""
+        d = self._roofline_dict()
+        if self.metrics is not None:
+            d["metrics"] = self.metrics
+        if self.simulation_note:
+            d["simulation_note"] = self.simulation_note
+        return d
+
+    def _roofline_dict(self) -> dict[str, Any]:
         p, w = self.prediction, self.workload
         if p is None or w is None:
             return {"hardware": self.hardware, "note": self.note}
@@ -160,14 +175,15 @@ def point_speculative(point: ScenarioPoint) -> SpeculativeConfig | None:
 
 
 def unpredicted(workload: WorkloadPoint) -> str:
-    """Why the roofline does not price this workload; '' when it does."""
+    """Why the roofline does not price this workload; '' when it does (the simulation's
+    `metrics` predicts every kind)."""
     if workload.kind == "poisson":
-        return "not predicted: Poisson arrivals (queueing)"
+        return "roofline not priced: Poisson arrivals (queueing; see prediction.metrics)"
     if workload.kind == "sessions":
         return "not predicted: multi-turn sessions (each turn's prompt grows by the history)"
     if workload.kind == "trace" or workload.dataset is not None:
-        return ("not predicted: prompt and output lengths from a dataset (the roofline "
-                "prices one shape)")
+        return ("roofline not priced: prompt and output lengths from a dataset (the roofline "
+                "prices one shape; see prediction.metrics)")
     return ""
 
 
@@ -213,17 +229,41 @@ def price(cfg: ModelConfig, hw: HardwareSpec, workload: PricedWorkload, *,
 
 
 def price_point(point: ScenarioPoint, cfg: ModelConfig, hw: HardwareSpec,
-                options: PricingOptions = PricingOptions()) -> PointPrice:
-    """Price one scenario point of model shape `cfg` on `hw`; an analytic refusal (tp that
-    does not divide the heads, speculative with pp > 1, ...) is a UserError naming the point."""
+                options: PricingOptions = PricingOptions(), *,
+                requests: Sequence[Request] | None = None, tokenizer: Any = None,
+                eos_token_id: int | None = None) -> PointPrice:
+    """Price one scenario point of model shape `cfg` on `hw`: the roofline of its waves
+    (static and offline points) and, for every kind, its simulated run under load (of
+    `requests` when given: the ones a run served).  An analytic refusal (tp that does not
+    divide the heads, speculative with pp > 1, ...) is a UserError naming the point."""
     reason = unpredicted(point.workload)
-    if reason:
-        return PointPrice(hw.name, note=reason)
     try:
-        return price(cfg, hw, point_workload(point, options), overlap=options.overlap,
-                     reserve=options.reserve)
+        priced = PointPrice(hw.name, note=reason) if reason else price(
+            cfg, hw, point_workload(point, options), overlap=options.overlap,
+            reserve=options.reserve)
+        if options.simulate:
+            priced = with_simulation(priced, point, cfg, hw, options, requests, tokenizer,
+                                     eos_token_id)
     except UserError as exc:
         raise UserError(f"{point.source}: {point.where()}{exc}") from None
+    return priced
+
+
+def with_simulation(priced: PointPrice, point: ScenarioPoint, cfg: ModelConfig,
+                    hw: HardwareSpec, options: PricingOptions,
+                    requests: Sequence[Request] | None, tokenizer: Any,
+                    eos_token_id: int | None) -> PointPrice:
+    """`priced` with the point's simulated metrics, or the reason it has none."""
+    from infbench.measure.simulation import simulate_point, unsimulated
+
+    reason = unsimulated(point)
+    if reason or options.speculative is not None or options.kv_bits is not None:
+        # predict's analytic-only knobs change the roofline, not the engine that would run
+        return replace(priced, simulation_note=reason or "not simulated: analytic-only "
+                       "options (--spec-*, --kv-bits) have no engine to run")
+    sim = simulate_point(point, cfg, hw, requests=requests, tokenizer=tokenizer,
+                         eos_token_id=eos_token_id, overlap=options.overlap)
+    return replace(priced, metrics=sim.metrics, simulation_note=sim.note)
 
 
 def price_points(points: list[ScenarioPoint],
@@ -239,15 +279,35 @@ def price_points(points: list[ScenarioPoint],
         hw = get_hardware(point.hardware)
         if options.efficiency is not None:
             hw = derate(hw, options.efficiency)
-        prices.append(price_point(point, cfg, hw, options))
+        tokenizer = None
+        if options.simulate:
+            from infbench.measure.simulation import point_tokenizer
+
+            tokenizer = point_tokenizer(point)
+        prices.append(price_point(point, cfg, hw, options, tokenizer=tokenizer,
+                                  eos_token_id=getattr(tokenizer, "eos_token_id", None)))
     return prices
 
 
-def predict_point(point: ScenarioPoint, cfg: ModelConfig, hw: HardwareSpec) -> dict[str, Any]:
+def predict_point(point: ScenarioPoint, cfg: ModelConfig, hw: HardwareSpec, *,
+                  requests: Sequence[Request] | None = None, tokenizer: Any = None,
+                  eos_token_id: int | None = None) -> dict[str, Any]:
     """The prediction `run` and the client record beside a measured point (`cfg`: the shape
-    that ran).  A combination the roofline refuses is recorded as not predicted, with the
-    reason, so a finished measurement is still written."""
+    that ran; `requests`: the ones it served, simulated as `prediction.metrics`).  A
+    combination the roofline refuses is recorded as not predicted, with the reason, so a
+    finished measurement is still written; so is one the simulation refuses."""
     try:
-        return price_point(point, cfg, hw).to_dict()
+        return price_point(point, cfg, hw, requests=requests, tokenizer=tokenizer,
+                           eos_token_id=eos_token_id).to_dict()
     except UserError as exc:
-        return {"hardware": hw.name, "note": f"not predicted: {exc}"}
+        try:  # the roofline alone, when it was the simulation that refused
+            d = price_point(point, cfg, hw, replace_options(simulate=False)).to_dict()
+        except UserError:
+            return {"hardware": hw.name, "note": f"not predicted: {exc}"}
+        d["simulation_note"] = f"not simulated: {exc}"
+        return d
+
+
+def replace_options(**changes: Any) -> PricingOptions:
+    """The default options with `changes`."""
+    return replace(PricingOptions(), **changes)

@@ -122,6 +122,14 @@ def _place_prefix(point: WorkloadPoint, groups: prefix_mod.PrefixPlan | None,
     return placed, prefix_mod.summary(groups, placed, bos)
 
 
+def client_concurrency(workload: WorkloadPoint) -> int | None:
+    """The client-side cap on outstanding requests: workload.max_concurrency, or for kind
+    static batch_size (num_requests run batch_size at a time); None: no cap."""
+    if workload.kind == "static":
+        return workload.batch_size if workload.num_prompts > workload.batch_size else None
+    return workload.max_concurrency
+
+
 def _build(point: WorkloadPoint, prompts: list[list[int]], gen_lens: np.ndarray,
            arrivals: np.ndarray, seed_rng: np.random.Generator,
            eos_token_id: int | None) -> list[Request]:

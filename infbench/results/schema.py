@@ -27,7 +27,8 @@ Versions:
   overlap the prediction used, and `prefix`, the prefix groups' intended and measured hit
   rates, and `metrics.by_turn` and `metrics.sessions` and the request rows' `session_id`
   and `turn` of a `workload.kind: sessions` point, and `metrics.window`, a point run with
-  `measure.window`), so every version 2 file loads whichever of them it has.
+  `measure.window`, and `prediction.metrics` / `prediction.simulation_note`, the point
+  simulated under its load), so every version 2 file loads whichever of them it has.
 """
 
 from __future__ import annotations
@@ -382,6 +383,11 @@ class Prediction(_Closed):
     # how the step's operators shared the roofline: full | none (None: written before the
     # choice was recorded, when it was always full)
     overlap: OverlapMode | None = None
+    # the point under its load: the engine's scheduler over priced steps (measure/
+    # simulation.py), the same keys as the measured `metrics`; None in files written before
+    # it or for a point it does not run (simulation_note says why, or what it assumed)
+    metrics: Metrics | None = None
+    simulation_note: str | None = None
 
 
 class Step(_Closed):

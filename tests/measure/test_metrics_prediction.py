@@ -65,7 +65,9 @@ def test_predict_json_carries_the_same_names() -> None:
     assert d["decode_tokens_per_s"] == pytest.approx(4 / d["decode"]["time_per_token_s"])
 
 
-def test_poisson_is_not_predicted(tmp_path: Path) -> None:
+def test_poisson_has_no_roofline_but_a_simulation(tmp_path: Path) -> None:
     point = _point(tmp_path, {"kind": "poisson", "num_requests": 4, "rate": 2.0})
     d = predict_point(point, ModelConfig.from_name("tiny"), HW)
-    assert set(d) == {"hardware", "note"}
+    assert set(d) == {"hardware", "note", "metrics"}  # the roofline prices no queueing
+    assert d["note"].startswith("roofline not priced: Poisson arrivals")
+    assert d["metrics"]["num_requests"] == 4 and d["metrics"]["ttft_s"]["p50"] > 0

@@ -1,0 +1,199 @@
+"""A scenario point predicted under load: its requests through the simulated engine, its
+metrics from the same code as a measured run's.
+
+`simulate_point` is what `measure.prediction` records as `prediction.metrics` (and what
+`infbench predict SCENARIO` prints): the point's requests, drawn by
+`measure.workload.generate_requests` exactly as `run` draws them (or the very requests a
+run served, when given), released as `run` releases them (`workload.client_concurrency`,
+real-time arrivals for poisson and trace), served by `sim.engine_sim` (the engine's own
+scheduler and block manager, each step priced by the cost model on the point's hardware),
+and summarized by `measure.metrics.summarize` and `measure.goodput` into a dict of the
+result schema's `metrics` shape.  Replicas (`parallel.replicas` R) each serve every R-th
+request, as `serve --replicas`' round-robin router sends them.
+
+The KV pool is sized as the engine sizes it for a known workload: room for every request
+at once, capped by `engine.kv_cache_memory` (bytes, or a fraction of the device memory left
+after the weights).  Text prompts need the model's tokenizer; without one (a preset) the
+prompts are random ids of the lengths `workload.request_lengths` gives (a dataset's text is
+counted in words), and the note says so.  Not simulated, with the reason: pipeline
+parallelism and disaggregated pools (their steps are not one batch on one device) and
+multi-turn sessions (a turn is released when the previous reply ends: not replayed yet).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from infbench.core.config import ModelConfig, QuantConfig
+from infbench.core.errors import ConfigError, UserError
+from infbench.engine.kv_groups import kv_group_windows
+from infbench.engine.records import RequestRecord, StepRecord
+from infbench.engine.request import Request, SamplingParams
+from infbench.hardware.spec import HardwareSpec
+from infbench.measure import metrics as metrics_mod
+from infbench.measure.goodput import goodput_metrics
+from infbench.measure.workload import client_concurrency, generate_requests, request_lengths
+from infbench.roofline.shapes import kv_bytes_per_token, state_bytes_per_seq, weight_bytes
+from infbench.sim.engine_sim import SimConfig, SimOutput, simulate
+from infbench.sim.step_cost import make_pricer
+
+if TYPE_CHECKING:
+    from infbench.scenario.point import ScenarioPoint
+
+
+@dataclass(frozen=True)
+class Simulated:
+    """A point's simulated run: its metrics (the result's `metrics` shape), its request
+    rows, and what the simulation assumed (`note`)."""
+
+    metrics: dict[str, Any]
+    rows: list[dict[str, Any]]
+    note: str = ""
+
+
+def unsimulated(point: ScenarioPoint) -> str:
+    """Why the simulation does not run this point; '' when it does."""
+    par = point.parallel
+    if point.decoding is not None:
+        return "not simulated: diffusion decoding (its own loop)"
+    if point.workload.kind == "sessions":  # a turn waits for the previous one's reply
+        return "not simulated: multi-turn sessions (their closed loop is not replayed yet)"
+    if par.disaggregated is not None:
+        return "not simulated: disaggregated prefill and decode pools"
+    if par.pp > 1:
+        return "not simulated: pipeline parallelism (pp > 1)"
+    return ""
+
+
+def point_tokenizer(point: ScenarioPoint) -> Any:
+    """The model's tokenizer when the point's prompts are text and its checkpoint has one
+    (read without torch); None otherwise (a preset, random prompts, a trace)."""
+    w = point.workload
+    needs_text = w.prompt_source == "text" or (w.dataset is not None
+                                               and w.dataset.kind != "trace")
+    source = point.model_source()
+    if not needs_text or not source or "preset" in source:
+        return None
+    from pathlib import Path
+
+    from infbench.model.tokenizer import Tokenizer
+
+    if "path" in source:
+        root = Path(source["path"])
+        return Tokenizer.from_hf_dir(root) if (root / "tokenizer.json").is_file() else None
+    try:
+        return Tokenizer.from_gguf(source["gguf"])
+    except UserError:
+        return None  # a GGUF without a vocabulary: lengths only
+
+
+def point_requests(point: ScenarioPoint, cfg: ModelConfig, tokenizer: Any = None,
+                   eos_token_id: int | None = None) -> tuple[list[Request], str]:
+    """The point's requests as `run` draws them, and a note when they are an estimate."""
+    w = point.workload
+    try:
+        return generate_requests(w, cfg.vocab_size, tokenizer=tokenizer, eos_token_id=eos_token_id,
+                                 max_model_len=cfg.max_seq_len), ""
+    except UserError as exc:
+        if tokenizer is not None or "tokenizer" not in str(exc):
+            raise
+    prompts, outs = request_lengths(w)
+    rng = np.random.default_rng(w.seed)
+    prefix = [int(t) for t in rng.integers(10, cfg.vocab_size, size=w.shared_prefix_len)]
+    arrivals = _arrivals(point, len(prompts))
+    requests = []
+    for i, (p, g) in enumerate(zip(prompts, outs, strict=True)):
+        body = rng.integers(10, cfg.vocab_size, size=max(int(p) - len(prefix), 0))
+        requests.append(Request(
+            f"r{i:04d}", tuple(prefix + [int(t) for t in body]) or (10,),
+            SamplingParams(max_tokens=int(g), ignore_eos=w.ignore_eos),
+            arrival_s=float(arrivals[i]), n=w.samples_per_prompt))
+    return requests, ("text prompts without the model's tokenizer: random prompts of the "
+                      "drawn lengths (dataset text counted in words)")
+
+
+def _arrivals(point: ScenarioPoint, n: int) -> np.ndarray:
+    from infbench.measure.workload import _streams, arrival_times
+
+    w = point.workload
+    if w.kind == "trace":  # the trace's own timestamps need its rows: lengths only here
+        raise UserError(f"{point.source}: workload.dataset kind trace with text prompts needs "
+                        "the model's tokenizer to be simulated")
+    return arrival_times(_streams(w)[2], w.kind, w.rate, n, w.burstiness)
+
+
+def sim_config(point: ScenarioPoint, cfg: ModelConfig, hw: HardwareSpec, quant: QuantConfig,
+               requests: Sequence[Request], eos_token_id: int | None) -> SimConfig:
+    """The engine's KV pool for these requests, as `Engine` plans it (module docstring)."""
+    engine = point.engine
+    bs = engine.block_size
+    windows = kv_group_windows(cfg)
+    per_token = kv_bytes_per_token(cfg, point.dtype, quant)
+    needed = sum(math.ceil((len(r.prompt_ids) + r.sampling.max_tokens) / bs) * bs * r.n
+                 for r in requests)
+    cap = math.ceil(needed / bs) + 1
+    if engine.kv_cache_memory > 1:
+        budget = int(engine.kv_cache_memory)
+    else:
+        free = hw.memory_bytes - weight_bytes(cfg, point.dtype, quant) / point.parallel.tp
+        budget = int(engine.kv_cache_memory * max(free, 0.0))
+    state = state_bytes_per_seq(cfg, point.dtype)
+    num_blocks = cap if per_token == 0 else min(cap, budget // max(per_token * bs, 1))
+    # several KV groups: each group's blocks in proportion; a windowed group needs fewer
+    blocks = [max(num_blocks, 1)] * len(windows)
+    spec = point.speculative if point.speculative.enabled else None
+    return SimConfig(engine=engine, num_kv_blocks=blocks, windows=windows,
+                     num_state_slots=engine.max_num_seqs if state else None,
+                     eos_token_id=eos_token_id, speculative=spec, seed=point.workload.seed)
+
+
+def _merge(outputs: list[SimOutput]) -> SimOutput:
+    if len(outputs) == 1:
+        return outputs[0]
+    records: list[RequestRecord] = [r for o in outputs for r in o.requests]
+    steps: list[StepRecord] = [s for o in outputs for s in o.steps]
+    return SimOutput(records, steps, max(o.wall_s for o in outputs))
+
+
+def simulate_point(point: ScenarioPoint, cfg: ModelConfig, hw: HardwareSpec, *,
+                   requests: Sequence[Request] | None = None, tokenizer: Any = None,
+                   eos_token_id: int | None = None, overlap: str = "auto") -> Simulated:
+    """The point's predicted metrics under its load (module docstring)."""
+    note = ""
+    if requests is None:
+        requests, note = point_requests(point, cfg, tokenizer, eos_token_id)
+    quant = point.quant_config()
+    par = point.parallel
+    replica = replace(par, replicas=1)
+    try:
+        pricer = make_pricer(cfg, hw, point.dtype, quant, replica, overlap)
+        config = sim_config(point, cfg, hw, quant, requests, eos_token_id)
+    except ConfigError as exc:
+        raise UserError(str(exc)) from None
+    cap = client_concurrency(point.workload)
+    realtime = point.workload.is_realtime
+    outputs = [simulate(list(requests[k::par.replicas]), pricer, config,
+                        realtime_arrivals=realtime, max_concurrency=cap)
+               for k in range(par.replicas) if requests[k::par.replicas]]
+    out = _merge(outputs)
+    metrics = metrics_mod.summarize(
+        out.requests, out.steps, max(out.wall_s, 1e-12),
+        kv_bytes_per_token=kv_bytes_per_token(cfg, point.dtype, quant),
+        block_size=point.engine.block_size,
+        weight_bytes=weight_bytes(cfg, point.dtype, quant),
+        peak_memory_bytes=0, state_bytes=state_bytes_per_seq(cfg, point.dtype),
+        percentiles=point.measure.percentiles)
+    metrics["peak_memory_bytes"] = metrics["weight_bytes"] + metrics["peak_kv_bytes"]
+    rows = metrics_mod.request_rows(out.requests)
+    if point.measure.slo is not None:
+        metrics.update(goodput_metrics(rows, point.measure.slo, max(out.wall_s, 1e-12)))
+    notes = [note] if note else []
+    if not point.workload.ignore_eos:
+        notes.append("every request generates its max_tokens (the simulation cannot know "
+                     "when a model would emit EOS)")
+    return Simulated(metrics, rows, "; ".join(notes))
