@@ -15,13 +15,14 @@ prefill kernel's FLOP/s, as the engine runs them (one paged kernel per kind).
 
 Speed: the simulation prices one step per scheduler iteration, thousands of times, so the
 common case is made O(operators) instead of O(sequences x layers).  For a model whose
-layers are all softmax attention without windows or chunks (`LinearPricer`), an attention
+layers are all softmax attention without windows or chunks, on one device or tensor parallel
+(`LinearPricer`), an attention
 operator's FLOPs and bytes are exactly linear in (attended pairs, keys read, query tokens)
 per sequence, and every other operator's exactly linear in (step tokens, logits rows); the
 coefficients are read off `group_costs` at a few small batches, so the step's costs are
 the cost model's own numbers (a test checks them against `group_costs` on random batches).
 Other models (windows, MLA, linear attention, SSM, MoE routing that depends on the tokens,
-parallel layouts) go through `group_costs` / `device_ops` for every step (`ExactPricer`).
+attention data parallel) go through `group_costs` / `device_ops` for every step (`ExactPricer`).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from infbench.roofline.analysis import (
     default_overlap,
     step_rates,
 )
-from infbench.roofline.costs import SeqWork, group_costs
+from infbench.roofline.costs import SeqWork
 from infbench.roofline.layer_costs import attended_pairs
 from infbench.roofline.ops import OpCost
 from infbench.roofline.parallel import device_ops, stage_comm
@@ -156,7 +157,7 @@ def _combine(terms: list[tuple[float, dict[str, _Vec]]]) -> dict[str, _Vec]:
 
 
 class LinearPricer(StepPricer):
-    """Plain softmax attention on one device: the step's costs from linear coefficients.
+    """Plain softmax attention (one device or tp): the step's costs from linear coefficients.
 
     Attention operators: per sequence P x pairs + K x keys + Q x query tokens.  The rest
     (projections, MLP, norms, embedding, LM head): W + T x tokens + L x logits rows.
@@ -167,7 +168,8 @@ class LinearPricer(StepPricer):
 
         def costs(*works: tuple[int, int, int]) -> tuple[dict[str, _Vec], dict[str, _Vec]]:
             groups = [(SeqWork(q, c, n), 1) for q, c, n in works]
-            vecs = _vectors(group_costs(self.cfg, groups, self.dtype, self.quant))
+            vecs = _vectors(device_ops(self.cfg, groups, self.dtype, self.quant, self.parallel,
+                                       stage="step"))
             attn = {k: v for k, v in vecs.items() if k in ATTENTION_OPS}
             rest = {k: v for k, v in vecs.items() if k not in ATTENTION_OPS}
             return attn, rest
@@ -187,10 +189,14 @@ class LinearPricer(StepPricer):
         self._rest_t, self._rest_l = t_coef, l_coef
         self._rest_w = _combine([(1, r11), (-1, t_coef), (-1, l_coef)])
         self._names = list(self._rest_w)
+        self._comm: dict[tuple[int, int], float] = {}
 
     @staticmethod
     def supports(cfg: ModelConfig, parallel: ParallelConfig) -> bool:
-        return (parallel.trivial and cfg.moe is None
+        # tensor parallel shards each operator by a fixed factor (roofline.parallel.shard_ops)
+        # and its collectives depend on the step's tokens and logits rows only
+        return (parallel.pp == 1 and parallel.attention_dp == 1
+                and parallel.disaggregated is None and cfg.moe is None
                 and all(spec.mixer == "attention" and spec.window is None and spec.chunk is None
                         for spec in cfg.layers()))
 
@@ -239,7 +245,21 @@ class LinearPricer(StepPricer):
             for name, (f, b) in self._attention(pairs, keys, queries).items():
                 bw, peak = _rate_of(rates, name)
                 entries.append((b, f, bw, peak))
-        return self._time(entries) + self.overhead_s(batch.num_seqs)
+        return self._time(entries) + self._comm_s(num_tokens, num_logits) + \
+            self.overhead_s(batch.num_seqs)
+
+    def _comm_s(self, num_tokens: int, num_logits: int) -> float:
+        if self.parallel.tp == 1:
+            return 0.0
+        key = (num_tokens, num_logits)
+        if key not in self._comm:
+            groups = [(SeqWork(1, 1, 1), num_logits)]
+            if num_tokens > num_logits:
+                groups.append((SeqWork(num_tokens - num_logits, num_tokens - num_logits, 0), 1))
+            cfg = self.cfg
+            self._comm[key] = stage_comm(cfg, self.parallel, self.hw, self.dtype, cfg.layers(),
+                                         groups, True, True).total_s
+        return self._comm[key]
 
 
 def make_pricer(cfg: ModelConfig, hw: HardwareSpec, dtype: str, quant: QuantConfig,

@@ -285,7 +285,14 @@ def _point(hardware: str = "cpu") -> Any:
                            speculative=SpeculativeConfig(), parallel=ParallelConfig())
 
 
-def test_a_prediction_carries_the_profile_flags(tmp_path, monkeypatch):
+@pytest.fixture
+def roofline_only(monkeypatch):
+    """These fake points price the roofline only (tests/sim runs the simulation)."""
+    monkeypatch.setattr("infbench.measure.prediction.with_simulation",
+                        lambda priced, *args: priced)
+
+
+def test_a_prediction_carries_the_profile_flags(tmp_path, monkeypatch, roofline_only):
     monkeypatch.setattr("infbench.measure.prediction.predict", lambda *a, **k: SimpleNamespace(
         e2e_s=1.0, overlap="none", disaggregated=None))
     monkeypatch.setattr("infbench.measure.prediction.prediction_dict",
@@ -298,7 +305,7 @@ def test_a_prediction_carries_the_profile_flags(tmp_path, monkeypatch):
     assert "profile_flags" not in predict_point(_point(), cfg, HARDWARE["cpu"])
 
 
-def test_quantized_weights_on_a_calibrated_curve_are_noted(tmp_path):
+def test_quantized_weights_on_a_calibrated_curve_are_noted(tmp_path, roofline_only):
     cfg = ModelConfig.from_name("tiny")
     point = _point()
     point.quant_config = lambda: QuantConfig(weights="int8")

@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 
 from infbench.core.config import ModelConfig, QuantConfig
+from infbench.core.parallel import ParallelConfig
 from infbench.hardware.spec import ATTENTION_KEY, CURVE_KEY, PREFILL_ATTENTION_KEY, get_hardware
 from infbench.roofline.analysis import predict
 from infbench.sim.step_cost import ExactPricer, LinearPricer, StepBatch, make_pricer
@@ -47,6 +48,15 @@ def test_linear_pricer_equals_the_cost_model_step_by_step(hw, overlap) -> None:
     fast = LinearPricer(LLAMA, hw, "bfloat16", QuantConfig(), overlap=overlap)
     exact = ExactPricer(LLAMA, hw, "bfloat16", QuantConfig(), overlap=overlap)
     for batch in _batches(0, 60):
+        assert fast.seconds(batch) == pytest.approx(exact.seconds(batch), rel=1e-12)
+
+
+def test_linear_pricer_under_tensor_parallel_equals_the_cost_model() -> None:
+    hw, tp2 = get_hardware("h100-sxm"), ParallelConfig(tp=2)
+    fast = make_pricer(LLAMA, hw, "bfloat16", QuantConfig(), tp2)
+    exact = ExactPricer(LLAMA, hw, "bfloat16", QuantConfig(), tp2)
+    assert isinstance(fast, LinearPricer)
+    for batch in _batches(1, 30):
         assert fast.seconds(batch) == pytest.approx(exact.seconds(batch), rel=1e-12)
 
 
