@@ -25,8 +25,8 @@ app = typer.Typer(
 )
 
 # Sub-command modules, in the order their commands appear in --help.
-COMMAND_MODULES = ("predict", "predict_views", "run", "search", "serve", "eval", "prune",
-                   "train_draft", "kernels", "measure")
+COMMAND_MODULES = ("predict", "predict_views", "plan", "run", "search", "serve", "eval",
+                   "prune", "train_draft", "kernels", "measure")
 
 for _name in COMMAND_MODULES:
     try:

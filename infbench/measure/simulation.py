@@ -141,7 +141,8 @@ def sim_config(point: ScenarioPoint, cfg: ModelConfig, hw: HardwareSpec, quant: 
         budget = int(engine.kv_cache_memory)
     else:
         free = hw.memory_bytes - weight_bytes(cfg, point.dtype, quant) / point.parallel.tp
-        budget = int(engine.kv_cache_memory * max(free, 0.0))
+        # each of the tp devices holds its share of every token's KV
+        budget = int(engine.kv_cache_memory * max(free, 0.0)) * point.parallel.tp
     state = state_bytes_per_seq(cfg, point.dtype)
     num_blocks = cap if per_token == 0 else min(cap, budget // max(per_token * bs, 1))
     # several KV groups: each group's blocks in proportion; a windowed group needs fewer

@@ -1,0 +1,41 @@
+"""`infbench plan`: the candidates tried, the plan with the fewest GPUs, and the one line a
+plan with no feasible candidate (or a bad --slo) gets."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from cli_helpers import run_cli
+
+SCENARIO = """
+name: plan
+model: {preset: llama3-8b}
+dtype: bfloat16
+hardware: h100-sxm
+workload: {kind: poisson, rate: 20, num_requests: 40, prompt_len: 512, gen_len: 64}
+engine: {max_num_seqs: 64, max_num_batched_tokens: 4096}
+"""
+
+
+def test_plan_picks_the_fewest_gpus_and_says_when_none_fits(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "plan.yaml"
+    path.write_text(SCENARIO)
+    args = ["plan", str(path), "--hardware", "h100-sxm,a100-80g", "--max-gpus", "2"]
+    code, out, err = run_cli(monkeypatch, capsys, *args, "--slo", "ttft_ms=500,tpot_ms=50",
+                             "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert {(c["hardware"], c["tp"]) for c in doc["candidates"]} == {
+        ("h100-sxm", 1), ("h100-sxm", 2), ("a100-80g", 1), ("a100-80g", 2)}
+    assert doc["plan"]["gpus"] == 1 and doc["plan"]["feasible"]
+    code, out, err = run_cli(monkeypatch, capsys, *args, "--slo", "ttft_ms=0.001")
+    assert code == 0, err
+    assert "plan: no candidate meets the SLO (ttft <= 0.001 ms for >= 90%)" in out
+    code, out, err = run_cli(monkeypatch, capsys, *args, "--slo", "ttft=5")
+    assert code == 2 and err.startswith("error: --slo: ttft: ") and err.count("\n") == 1
+    code, out, err = run_cli(monkeypatch, capsys, *args)  # no objectives anywhere
+    assert code == 2 and "plan needs objectives" in err
