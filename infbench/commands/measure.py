@@ -247,6 +247,8 @@ def report(
         intervals = confidence_table(loaded, level)
         if intervals is not None:  # some point has two repeats or more
             Console().print(intervals)
+        if loads:  # every result with prediction.metrics: the point under its load
+            Console().print(under_load_table(loads))
         if variants:  # a scenario with `variants:`: one row per variant
             Console().print(variant_table(variants))
         if speculative:  # points run with `speculative.method` set
@@ -265,10 +267,9 @@ def report(
             Console().print(goodput_table(goodput))
             for summary in max_rates:
                 Console().print(max_rate_line(summary), highlight=False)
-        if loads:  # every result with prediction.metrics: the point under its load
-            Console().print(under_load_table(loads))
-        for summary in predicted_max_rates:
+        for summary in predicted_max_rates:  # the same walk over the simulated points
             Console().print(f"predicted {max_rate_line(summary)}", highlight=False)
+
     if markdown is not None:
         write_markdown(df, markdown)
     if csv is not None:
