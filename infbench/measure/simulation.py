@@ -178,8 +178,9 @@ def simulate_point(point: ScenarioPoint, cfg: ModelConfig, hw: HardwareSpec, *,
         raise UserError(str(exc)) from None
     cap = client_concurrency(point.workload)
     realtime = point.workload.is_realtime
+    until = getattr(point.measure, "duration_s", None)  # measure.duration_s, where set
     outputs = [simulate(list(requests[k::par.replicas]), pricer, config,
-                        realtime_arrivals=realtime, max_concurrency=cap)
+                        realtime_arrivals=realtime, max_concurrency=cap, submit_until_s=until)
                for k in range(par.replicas) if requests[k::par.replicas]]
     out = _merge(outputs)
     metrics = metrics_mod.summarize(

@@ -186,12 +186,14 @@ class _Sim:
 
 
 def simulate(requests: Sequence[Request], pricer: StepPricer, config: SimConfig, *,
-             realtime_arrivals: bool = True, max_concurrency: int | None = None) -> SimOutput:
+             realtime_arrivals: bool = True, max_concurrency: int | None = None,
+             submit_until_s: float | None = None) -> SimOutput:
     """Serve `requests` to completion on the virtual clock, as `Engine.run` would.
 
     Arrivals are released at their `arrival_s` (all at 0 without `realtime_arrivals`);
     `max_concurrency` N holds a request back while N are outstanding, and its arrival then
     counts from its submission, as `Engine.run` and vLLM's benchmark client count it.
+    `submit_until_s` (measure.duration_s): no request is submitted after it.
     """
     if max_concurrency is not None and max_concurrency <= 0:
         raise ConfigError(f"max_concurrency must be > 0 or None, got {max_concurrency}")
@@ -208,6 +210,8 @@ def simulate(requests: Sequence[Request], pricer: StepPricer, config: SimConfig,
     now = 0.0
     i = 0
     while i < len(pending) or sched.has_unfinished:
+        if submit_until_s is not None and now > submit_until_s:
+            i = len(pending)  # the run stops submitting: the rest is never sent
         while (i < len(pending) and len(samples_left) < cap
                and (pending[i].arrival_s <= now or not realtime_arrivals)):
             req = pending[i]
@@ -220,6 +224,8 @@ def simulate(requests: Sequence[Request], pricer: StepPricer, config: SimConfig,
                 and (pending[i].arrival_s <= now or not realtime_arrivals)):
             last_blocked = now
         if not sched.has_unfinished:
+            if i >= len(pending):
+                break  # submissions stopped (measure.duration_s) and everything finished
             now = max(now, pending[i].arrival_s)  # idle until the next arrival
             continue
         record, finished = sim.step(now)

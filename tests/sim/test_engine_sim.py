@@ -107,3 +107,11 @@ def test_client_cap_forks_and_speculation() -> None:
     # every draft accepted: 5 tokens per step, so about a fifth of the decode steps
     assert spec["num_steps"] <= 1 + (32 + 4) // 5 < plain["num_steps"]
     assert spec["tpot_s"]["p50"] < plain["tpot_s"]["p50"]
+
+
+def test_measure_duration_stops_the_submissions() -> None:
+    workload = {"kind": "poisson", "rate": 10.0, "num_requests": 100, "prompt_len": 64,
+                "gen_len": 8}
+    whole = _run(_point(workload)).metrics
+    cut = _run(_point(workload, measure={"duration_s": 2.0})).metrics
+    assert whole["num_requests"] == 100 and 10 < cut["num_requests"] < 40  # ~2 s x 10 req/s
