@@ -32,6 +32,7 @@ from infbench.client.openai_target import (
     open_session,
     run_requests,
 )
+from infbench.client.server_metrics import MetricsScraper
 from infbench.client.sessions import (
     SessionsRun,
     check_plan,
@@ -196,6 +197,8 @@ def run_target_point(point: ScenarioPoint, *, cache: Any = None, device: str | N
         return await run_requests(plan, requests, session=session, api_key=api_key,
                                   submit_until_s=until)
 
+    scraper = MetricsScraper.for_target(target, api_key, where)
+
     async def measure() -> tuple[Any, list[TargetRun]]:
         async with open_session(target, pool) as session:
             models = await fetch_models(session, target, api_key)
@@ -204,17 +207,27 @@ def run_target_point(point: ScenarioPoint, *, cache: Any = None, device: str | N
                 phase(f"warm-up {i + 1}/{point.measure.warmup}")
                 warm = await one_pass(session)
                 _refuse_all_failed(warm, num_sequences, point, "warm-up")
-            for i in range(point.measure.repeats):
-                phase(f"repeat {i + 1}/{point.measure.repeats}")
-                run = await one_pass(session)
-                _refuse_all_failed(run, num_sequences, point, f"repeat {i + 1}")
-                passes.append(run)
+            if scraper is not None:  # the server's gauges over the measured repeats
+                await scraper.start()
+            try:
+                for i in range(point.measure.repeats):
+                    phase(f"repeat {i + 1}/{point.measure.repeats}")
+                    run = await one_pass(session)
+                    _refuse_all_failed(run, num_sequences, point, f"repeat {i + 1}")
+                    passes.append(run)
+            finally:
+                if scraper is not None:
+                    await scraper.stop()
             return models, passes
 
     workers: dict[str, Any] = {}
     if (target.workers > 1 or pool_type is not None) and not is_sessions:  # workers.py
         from infbench.client.workers import measure_with_workers
 
+        if scraper is not None:  # the workers' processes have no scraper (docs/server-metrics)
+            print(f"note: {where}: target.workers {target.workers}: the server's /metrics is "
+                  "not scraped (target.metrics needs one client process)", file=sys.stderr)
+            scraper = None
         models, passes, workers = measure_with_workers(
             target, requests, cap, api_key, point.measure.warmup, point.measure.repeats,
             phase, lambda run, what: _refuse_all_failed(run, num_sequences, point, what),
@@ -274,6 +287,8 @@ def run_target_point(point: ScenarioPoint, *, cache: Any = None, device: str | N
             row["worker"] = worker_of.get(row["id"], worker_of.get(row["id"].rpartition("/")[0]))
     if workers:
         telemetry["client"]["workers"] = workers
+    if scraper is not None:
+        telemetry["server_metrics"] = scraper.result()
     return results_mod.build_result(
         point.to_dict(), metrics=summary, prediction=prediction, steps=[], env=env,
         seed=point.workload.seed, hardware=hardware, repeats=runs, spread=spread,

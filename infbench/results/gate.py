@@ -58,6 +58,7 @@ from infbench.results.accessor import (
 from infbench.results.confidence import DEFAULT_CONFIDENCE, Interval, interval
 from infbench.results.schema import upgrade
 from infbench.scenario.measure import GATE_DECISIONS, NORMALIZE_MODES, GateSection
+from infbench.scenario.target import DEFAULT_METRICS_INTERVAL_S
 from infbench.scenario.values import parse_fraction
 from infbench.scenario.workload import DEFAULT_MAX_DURATION_S
 
@@ -82,7 +83,10 @@ ADDED_SCENARIO_KEYS.update({"scenario.workload.burstiness": 1.0,
                             # multi-turn sessions (docs/sessions.md)
                             "scenario.workload.sessions": None,
                             # 2026-12-02: client processes (issue 27)
-                            "scenario.target.workers": 1})
+                            "scenario.target.workers": 1,
+                            # 2026-12-02: the client scrapes the target's /metrics
+                            "scenario.target.metrics": True,
+                            "scenario.target.metrics_interval_s": DEFAULT_METRICS_INTERVAL_S})
 
 
 def _as_recorded(scenario: dict[str, Any]) -> dict[str, Any]:

@@ -12,6 +12,8 @@
       timeout_s: 600                    # a connection, or the gap between two reads
       request_timeout_s: 21600          # one request, sent to [DONE] (vLLM's bench: 6 h)
       workers: 1                        # client processes on this host (client/workers.py)
+      metrics: true                     # scrape the server's /metrics (or a path, a URL)
+      metrics_interval_s: 1.0           # seconds between two scrapes
 
 Validated once, here, with the scenario (pydantic, extra keys refused), so a bad target is
 one line naming the file and the key before anything runs: a tokenizer that cannot be
@@ -41,6 +43,8 @@ TARGET_KINDS: tuple[str, ...] = typing.get_args(TargetKind)
 MAX_TIMEOUT_S = 24 * 3600.0
 MAX_WORKERS = 256
 DEFAULT_REQUEST_TIMEOUT_S = 6 * 3600.0  # vLLM's benchmark client: ClientTimeout(total=6 h)
+DEFAULT_METRICS_INTERVAL_S = 1.0
+MAX_METRICS_INTERVAL_S = 3600.0
 
 
 def tokenizer_source(name: str) -> tuple[str, Path]:
@@ -117,6 +121,15 @@ class TargetSection(BaseModel):
     workers: Annotated[int, Field(ge=1, le=MAX_WORKERS, strict=True)] = 1
     """Client processes on this host, each pinned to a core (modulo the cores) and fed its
     share of the one seeded arrival schedule (client/workers.py); 1: one event loop here."""
+    metrics: Annotated[bool, Field(strict=True)] | str = True
+    """Scrape the server's Prometheus metrics while the repeats run (client/server_metrics):
+    true: /metrics at the server's root (base_url without its /v1); false: no scraping; a
+    path such as /sglang/metrics (on the server's root) or an http(s):// URL."""
+    metrics_interval_s: Annotated[float, Field(gt=0, le=MAX_METRICS_INTERVAL_S, strict=True,
+                                               allow_inf_nan=False)] = \
+        DEFAULT_METRICS_INTERVAL_S
+    """Seconds between two scrapes of `metrics` (the first at the first repeat's start, the
+    last after the last repeat's end)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -145,6 +158,33 @@ class TargetSection(BaseModel):
             raise ValueError(f"is the API root; a query or fragment is not part of it (got "
                              f"{redact_url(value)!r})")
         return value.rstrip("/")
+
+    @field_validator("metrics", mode="before")
+    @classmethod
+    def _metrics_where(cls, value: Any) -> Any:
+        allowed = ("allowed: true, false, a path such as /metrics, or an http:// or https:// "
+                   "URL")
+        if isinstance(value, bool):
+            return value
+        if not isinstance(value, str):
+            raise ValueError(f"got {value!r}; {allowed}")
+        if value.startswith("/"):
+            if value.startswith("//") or any(c in value for c in "?# "):
+                raise ValueError(f"a path on the server's root has no host, query, fragment "
+                                 f"or space (got {value!r}); {allowed}")
+            return value
+        try:
+            parts = urlsplit(value)
+            _ = parts.port
+        except ValueError:
+            raise ValueError(f"not a URL (got {redact_url(value)!r}); {allowed}") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"got {redact_url(value)!r}; {allowed}")
+        if parts.username is not None or parts.password is not None:
+            raise ValueError(f"must not carry credentials (got {redact_url(value)!r})")
+        if parts.fragment:
+            raise ValueError(f"a URL without a fragment (got {redact_url(value)!r})")
+        return value
 
     @field_validator("api_key_env")
     @classmethod
@@ -180,6 +220,18 @@ class TargetSection(BaseModel):
     def sends_text(self) -> bool:
         """Prompts go out as text (chat, or prompt_format text), not as token ids."""
         return self.endpoint == "chat" or self.prompt_format == "text"
+
+    @property
+    def metrics_url(self) -> str | None:
+        """Where the server's Prometheus metrics are scraped, or None (metrics: false)."""
+        if self.metrics is False:
+            return None
+        if isinstance(self.metrics, str) and not self.metrics.startswith("/"):
+            return self.metrics  # a URL of its own (validated above)
+        parts = urlsplit(self.base_url)
+        root = parts.path[:-3] if parts.path.endswith("/v1") else parts.path
+        path = "/metrics" if self.metrics is True else self.metrics
+        return f"{parts.scheme}://{parts.netloc}{root.rstrip('/')}{path}"
 
     @property
     def url(self) -> str:
