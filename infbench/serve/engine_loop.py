@@ -99,6 +99,7 @@ class _Active:
     n: int
     emitted: dict[int, int] = field(default_factory=dict)  # sample index -> tokens published
     done: set[int] = field(default_factory=set)  # sample indices finished or aborted
+    admitted: set[int] = field(default_factory=set)  # samples counted in the prefix stats
 
 
 _FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
@@ -123,6 +124,8 @@ class EngineLoop:
         self._thread: threading.Thread | None = None
         self._accepting = True
         self._num_preemptions = 0
+        self._prefix_queries = 0  # prompt tokens of the admitted samples (first admission)
+        self._prefix_hits = 0  # of those, found in the prefix cache
         self.num_aborted = 0  # sequences the worker removed from the engine unfinished
 
     # ------------------------------------------------------- event-loop side
@@ -259,6 +262,10 @@ class EngineLoop:
             active = self._active.get(seq.request_id)
             if active is None or seq.sample_index in active.done:
                 continue
+            if seq.sample_index not in active.admitted:  # its first step: prefix lookup done
+                active.admitted.add(seq.sample_index)
+                self._prefix_queries += seq.num_prompt_tokens
+                self._prefix_hits += seq.num_cached_tokens
             num_sent = active.emitted.get(seq.sample_index, 0)
             done = seq.is_finished
             if len(seq.output_ids) == num_sent and not done:
@@ -284,4 +291,5 @@ class EngineLoop:
         bm = engine.block_manager
         self.stats = EngineStats(
             num_running=engine.scheduler.num_running, num_waiting=engine.scheduler.num_waiting,
-            kv_usage=bm.num_used_blocks / bm.num_blocks, num_preemptions=self._num_preemptions)
+            kv_usage=bm.num_used_blocks / bm.num_blocks, num_preemptions=self._num_preemptions,
+            prefix_cache_queries=self._prefix_queries, prefix_cache_hits=self._prefix_hits)

@@ -3,13 +3,14 @@
 vLLM's `vllm:` metrics are kept by name with an `infbench:` prefix, so dashboards and
 scrapers written for vLLM need only the prefix changed.  Request-level metrics (latency
 histograms, token counters, finished requests) are observed on the asyncio side, where
-the client's view of a request is known; the engine's gauges (running and waiting
-sequences, KV usage, preemptions) come from the `EngineStats` snapshot the engine thread
-publishes after every step.  All of it is read and written on the event loop's thread,
-except the snapshot, which is replaced whole (one reference assignment) and never mutated.
+the client's view of a request is known; the engine's gauges and counters (running and
+waiting sequences, KV usage, preemptions, prefix-cache queries and hits in prompt tokens)
+come from the `EngineStats` snapshot the engine thread publishes after every step.  All of
+it is read and written on the event loop's thread, except the snapshot, which is replaced
+whole (one reference assignment) and never mutated.
 
-The text format is a few lines per metric, so it is written here instead of taking a
-dependency on prometheus_client.
+The text format is a few lines per metric, so it is written here rather than through
+prometheus_client (which the client's scraper, client/server_metrics.py, uses to read it).
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ class EngineStats:
     num_waiting: int = 0  # sequences queued for admission
     kv_usage: float = 0.0  # used KV blocks / all blocks
     num_preemptions: int = 0  # since the server started
+    # Prompt tokens of the sequences admitted since the start, and those of them found in
+    # the prefix cache (vLLM's prefix_cache_queries / prefix_cache_hits, in tokens).
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
 
 
 class Histogram:
@@ -102,6 +107,11 @@ class ServerMetrics:
                "KV-cache usage: 1 means 100 percent of the blocks are in use.", stats.kv_usage)
         scalar("infbench:num_preemptions_total", "counter",
                "Sequences preempted (recomputed later) since the start.", stats.num_preemptions)
+        scalar("infbench:prefix_cache_queries_total", "counter",
+               "Prompt tokens of the sequences admitted, looked up in the prefix cache.",
+               stats.prefix_cache_queries)
+        scalar("infbench:prefix_cache_hits_total", "counter",
+               "Prompt tokens found in the prefix cache at admission.", stats.prefix_cache_hits)
         scalar("infbench:prompt_tokens_total", "counter",
                "Prompt tokens of the requests served.", self.prompt_tokens)
         scalar("infbench:generation_tokens_total", "counter",

@@ -176,10 +176,13 @@ def test_histogram_and_metrics_text() -> None:
     assert lines[:3] == ['x_bucket{a="b",le="0.1"} 2', 'x_bucket{a="b",le="1"} 3',
                          'x_bucket{a="b",le="+Inf"} 4']
     assert lines[3:] == ['x_sum{a="b"} 3.65', 'x_count{a="b"} 4']
-    m = ServerMetrics('m"1', lambda: EngineStats(2, 3, 0.25, 7))
+    m = ServerMetrics('m"1', lambda: EngineStats(2, 3, 0.25, 7, prefix_cache_queries=40,
+                                                  prefix_cache_hits=16))
     m.finish_request("stop", 10, 4, 0.2)
     text = m.render()
     assert 'infbench:num_requests_running{model_name="m\\"1"} 2' in text
     assert 'infbench:kv_cache_usage_perc{model_name="m\\"1"} 0.25' in text
     assert 'infbench:num_preemptions_total{model_name="m\\"1"} 7' in text
+    assert 'infbench:prefix_cache_queries_total{model_name="m\\"1"} 40' in text
+    assert 'infbench:prefix_cache_hits_total{model_name="m\\"1"} 16' in text
     assert re.search(r'request_success_total\{.*finished_reason="stop"\} 1', text)
