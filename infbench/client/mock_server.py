@@ -20,8 +20,13 @@ the JSON bodies for tests; `reasoning_tokens=r` makes a chat stream a reasoning 
 much longer per other stream in flight (a capacity search needs latency that grows with the
 concurrency or the rate); `api_key` answers 401 to requests without that bearer token;
 with `log_sends`, GET /mock/sends lists (seed, chunk index, send time) of every chunk
-written.  Run it standalone with
-`python -m infbench.client.mock_server --port 8000` (`--misbehave NAME` for a bad server;
+written.  `metrics="vllm"` or `"sglang"` serves GET /metrics under that server's names
+(METRICS_KINDS; without it /metrics is a 404): the streams open now as running requests, up
+to `metrics_max_running`, the rest as waiting, KV usage `metrics_kv_per_request` per running
+request, a preemption every `metrics_preempt_every`-th request, and `metrics_hit_fraction`
+of every prompt's tokens counted as prefix-cache hits, so a scrape's summary is known in
+advance.  Run it standalone with `python -m infbench.client.mock_server --port 8000`
+(`--misbehave NAME` for a bad server, `--metrics vllm` for one with /metrics;
 `--reuse-port` lets several such processes share one port).
 """
 
@@ -69,6 +74,11 @@ class MockConfig:
     reasoning_usage: bool = True
     api_key: str | None = None  # set: every route but /mock/sends answers 401 without it
     load_delay_s: float = 0.0  # added to each token gap per other stream in flight
+    metrics: str | None = None  # one of METRICS_KINDS: GET /metrics with its names
+    metrics_max_running: int = 2  # streams beyond this many count as waiting
+    metrics_kv_per_request: float = 0.1  # KV usage of one running request
+    metrics_hit_fraction: float = 0.25  # prompt tokens counted as prefix-cache hits
+    metrics_preempt_every: int = 0  # every k-th request counts one preemption (0: none)
 
 
 # Ways to get the protocol wrong (misbehave=NAME), each applied to every misbehaving request.
@@ -90,6 +100,63 @@ MISBEHAVIORS = {
 }
 
 
+METRICS_KINDS = ("vllm", "sglang")
+
+
+@dataclass
+class _ServerState:
+    """The counters the mock's /metrics reports, since the start."""
+
+    num_requests: int = 0
+    prompt_tokens: int = 0
+    hit_tokens: float = 0.0
+    preemptions: int = 0
+
+
+def _metrics_text(config: MockConfig, state: _ServerState, open_streams: int) -> str:
+    """The Prometheus text a vLLM or SGLang server would send with `open_streams` streams
+    being written and `state`'s counters (a histogram included, as the real ones have)."""
+    running = min(open_streams, config.metrics_max_running)
+    waiting = open_streams - running
+    kv = running * config.metrics_kv_per_request
+    queries = state.prompt_tokens
+    rate = state.hit_tokens / queries if queries else 0.0
+    if config.metrics == "vllm":
+        label = 'engine="0",model_name="mock-model"'
+        rows = [("vllm:num_requests_running", "gauge", running),
+                ("vllm:num_requests_waiting", "gauge", waiting),
+                ("vllm:kv_cache_usage_perc", "gauge", kv),
+                ("vllm:num_preemptions_total", "counter", state.preemptions),
+                ("vllm:prefix_cache_queries_total", "counter", queries),
+                ("vllm:prefix_cache_hits_total", "counter", state.hit_tokens),
+                ("vllm:request_success_total", "counter", state.num_requests)]
+        hist = "vllm:time_to_first_token_seconds"
+    elif config.metrics == "sglang":
+        label = 'model_name="mock-model"'
+        rows = [("sglang:num_running_reqs", "gauge", running),
+                ("sglang:num_queue_reqs", "gauge", waiting),
+                ("sglang:token_usage", "gauge", kv),
+                ("sglang:cache_hit_rate", "gauge", rate),
+                ("sglang:num_retracted_requests_total", "counter", state.preemptions),
+                ("sglang:prompt_tokens_total", "counter", queries),
+                ("sglang:cached_tokens_total", "counter", state.hit_tokens)]
+        hist = "sglang:time_to_first_token_seconds"
+    else:
+        raise ValueError(f"metrics: unknown value {config.metrics!r}; allowed: "
+                         f"{', '.join(METRICS_KINDS)}")
+    lines = []
+    for name, kind, value in rows:
+        family = name.removesuffix("_total")
+        lines += [f"# HELP {family} mock {kind}", f"# TYPE {family} {kind}",
+                  f"{name}{{{label}}} {float(value)!r}"]
+    lines += [f"# HELP {hist} mock histogram", f"# TYPE {hist} histogram",
+              f'{hist}_bucket{{{label},le="0.1"}} 0.0',
+              f'{hist}_bucket{{{label},le="+Inf"}} {float(state.num_requests)!r}',
+              f"{hist}_sum{{{label}}} 0.0", f"{hist}_count{{{label}}} "
+              f"{float(state.num_requests)!r}"]
+    return "\n".join(lines) + "\n"
+
+
 def _word(i: int) -> str:
     return " " + WORDS[i % len(WORDS)]
 
@@ -106,6 +173,7 @@ def _prompt_tokens(body: dict[str, Any]) -> int:
 def make_app(config: MockConfig) -> web.Application:
     count = [0]
     in_flight = [0]  # streams being written (load_delay_s)
+    state = _ServerState()
 
     def refused(request: web.Request) -> web.Response | None:
         if config.api_key is None or request.headers.get("Authorization") == \
@@ -133,11 +201,22 @@ def make_app(config: MockConfig) -> web.Application:
         n = config.num_tokens if config.num_tokens is not None else int(body["max_tokens"])
         if config.misbehave is not None and count[0] % max(1, config.misbehave_every) == 0:
             return await _misbehave(request, config, chat, n, count[0])
+        state.num_requests += 1
+        state.prompt_tokens += _prompt_tokens(body)
+        state.hit_tokens += _prompt_tokens(body) * config.metrics_hit_fraction
+        if config.metrics_preempt_every and count[0] % config.metrics_preempt_every == 0:
+            state.preemptions += 1
         in_flight[0] += 1
         try:
             return await _stream(request, config, body, chat, n, count[0], in_flight)
         finally:
             in_flight[0] -= 1
+
+    async def metrics(request: web.Request) -> web.Response:
+        if (no := refused(request)) is not None:
+            return no
+        return web.Response(text=_metrics_text(config, state, in_flight[0]),
+                            content_type="text/plain")
 
     async def sends(_request: web.Request) -> web.Response:
         return web.json_response(config.sends)
@@ -147,6 +226,8 @@ def make_app(config: MockConfig) -> web.Application:
     app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/completions", complete)
     app.router.add_post("/v1/chat/completions", complete)
+    if config.metrics is not None:
+        app.router.add_get("/metrics", metrics)
     return app
 
 
@@ -340,6 +421,8 @@ def main() -> None:
                         help="Only every k-th request misbehaves.")
     parser.add_argument("--reasoning-tokens", type=int, default=0,
                         help="Chat: send each request's first N tokens as reasoning.")
+    parser.add_argument("--metrics", choices=METRICS_KINDS, default=None,
+                        help="Serve GET /metrics under vLLM's or SGLang's names.")
     parser.add_argument("--reasoning-field", choices=("reasoning_content", "reasoning"),
                         default="reasoning_content")
     parser.add_argument("--reuse-port", action="store_true",
@@ -353,7 +436,7 @@ def main() -> None:
                         load_delay_s=args.load_delay_s,
                         keep_bodies=False, log_sends=args.log_sends,
                         send_usage=not args.no_usage, misbehave=args.misbehave,
-                        misbehave_every=args.misbehave_every)
+                        misbehave_every=args.misbehave_every, metrics=args.metrics)
     web.run_app(make_app(config), host=args.host, port=args.port, access_log=None,
                 reuse_port=args.reuse_port or None,
                 print=lambda msg: print(msg, flush=True))
