@@ -175,7 +175,9 @@ def report(
     multi-turn sessions a table of latency by turn index (docs/sessions.md), and points run
     with measure.slo a goodput table and, over a rate sweep, the highest rate meeting the SLOs
     (slo_max_rate in --json rows); client runs with failed requests get a line each on
-    stderr counting them by reason (docs/client.md)."""
+    stderr counting them by reason (docs/client.md), and client runs that scraped the
+    server's /metrics a table of its KV usage, queues, preemptions and prefix-cache hit rate
+    (docs/server-metrics.md; server_* columns in the --json / --markdown / --csv rows)."""
     from rich.console import Console
 
     from infbench.client.failures import failure_notes
@@ -201,6 +203,11 @@ def report(
         write_csv,
         write_markdown,
     )
+    from infbench.results.server_metrics import (
+        missing_metrics_notes,
+        server_metrics_rows,
+        server_metrics_table,
+    )
     from infbench.results.sessions import by_turn_rows, by_turn_table, session_lines
     from infbench.results.speculative import spec_rows, spec_table
     from infbench.results.under_load import predicted_results, under_load_rows, under_load_table
@@ -222,6 +229,8 @@ def report(
         print(note, file=sys.stderr)
     prefix = prefix_rows(loaded)
     for note in prefix_notes(prefix):  # measured hit rate far from the intended one
+        print(note, file=sys.stderr)
+    for note in missing_metrics_notes(loaded):  # client runs whose target had no /metrics
         print(note, file=sys.stderr)
     if as_json:
         rows = report_rows(loaded)
@@ -263,6 +272,9 @@ def report(
             Console().print(by_turn_table(turns))
             for line in session_lines(loaded):
                 Console().print(line, highlight=False)
+        served = server_metrics_rows(loaded)
+        if served:  # client runs: the server's own gauges, scraped during the repeats
+            Console().print(server_metrics_table(served))
         if goodput:  # points run with `measure.slo`
             Console().print(goodput_table(goodput))
             for summary in max_rates:

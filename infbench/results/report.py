@@ -28,6 +28,7 @@ from infbench.results.accessor import has_window, measured, metric, scenario_num
 from infbench.results.confidence import format_interval, result_interval
 from infbench.results.moe import has_moe, moe_columns
 from infbench.results.prefix import has_prefix, prefix_columns
+from infbench.results.server_metrics import has_server_metrics, server_columns
 from infbench.results.speculative import EXPORTED as SPEC_EXPORTED
 from infbench.results.speculative import has_speculative, spec_row
 
@@ -203,12 +204,14 @@ def report_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     accuracy columns only where some result has an `accuracy` section, the `spec_*` columns
     (results/speculative.py) only where some result has `metrics.speculative`, the goodput
     columns only where some result was run with `measure.slo`, the `prefix_*` columns only
-    where some result has prefix groups."""
+    where some result has prefix groups, the `server_*` columns (results/server_metrics.py)
+    only where some client run scraped the server's metrics."""
     with_accuracy = has_accuracy(results)
     with_goodput = has_goodput(results)
     with_spec = has_speculative(results)
     with_moe = has_moe(results)
     with_prefix = has_prefix(results)
+    with_server = has_server_metrics(results)
     with_flags = any(_profile_flags(r) for r in results)
     with_window = any(has_window(r) for r in results)
     rows = []
@@ -259,6 +262,7 @@ def report_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
             **(_spec_columns(r) if with_spec else {}),
             **(moe_columns(r) if with_moe else {}),  # MoE routing vs the roofline (moe.py)
             **(prefix_columns(r) if with_prefix else {}),  # hit rates (prefix.py)
+            **(server_columns(r) if with_server else {}),  # a target's /metrics summary
             **({"profile_flags": "; ".join(_profile_flags(r)) or None} if with_flags else {}),
             "file": r.get("_path"),
         })
@@ -292,7 +296,8 @@ def report_frame(results: list[dict[str, Any]]) -> pd.DataFrame:
 
     df = pd.DataFrame(report_rows(results))
     numeric = [c for c in df.columns
-               if c not in ("label", "name", "hardware", "file", "spec_method", "profile_flags")]
+               if c not in ("label", "name", "hardware", "file", "spec_method", "profile_flags",
+                            "server_metrics_source")]
     df[numeric] = df[numeric].apply(pd.to_numeric)  # None -> NaN
     return df
 
