@@ -8,6 +8,9 @@ plots and the gate read the result unchanged.  No weights are loaded; only the t
 named by `target.tokenizer`.  The prediction is filled in only when the scenario names a
 model shape and a hardware; the engine-only fields (steps, KV, MBU) stay empty.
 
+While the repeats run, the target's Prometheus /metrics is scraped every
+`target.metrics_interval_s` (client/server_metrics.py) into `telemetry.server_metrics`.
+
 Failed requests are counted by reason (client/failures.py) and kept per request for the
 last repeat, beside its `requests` rows (`telemetry.client.failed_requests`), with a note on
 stderr; a repeat in which every request failed is a one-line UserError.  Credentials never

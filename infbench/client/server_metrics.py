@@ -100,8 +100,7 @@ _AVERAGED = frozenset({"kv_usage", "prefix_cache_hit_rate"})  # fractions: mean 
 _GAUGES = ("kv_usage", "running", "waiting")
 _WANTED = frozenset(n for names in SOURCES.values() for _, ns in names.items() for n in ns)
 # A line is parsed when it names one of the families: its samples, or its # HELP / # TYPE.
-_FAMILIES = sorted({n.removesuffix("_total") for n in _WANTED})
-_PREFIXES = tuple(p + n for n in _FAMILIES for p in ("", "# HELP ", "# TYPE "))
+_FAMILIES = frozenset(n.removesuffix("_total") for n in _WANTED)
 
 
 class MetricsError(Exception):
@@ -113,7 +112,7 @@ def parse_samples(text: str) -> dict[str, list[float]]:
 
     Lines of other families are dropped before prometheus_client parses the rest (vLLM's
     text is mostly histogram buckets); a line it cannot parse is a MetricsError."""
-    kept = "\n".join(line for line in text.splitlines() if line.startswith(_PREFIXES))
+    kept = "\n".join(line for line in text.splitlines() if _is_kept(line))
     values: dict[str, list[float]] = {}
     try:
         for family in text_string_to_metric_families(kept + "\n"):
@@ -123,6 +122,15 @@ def parse_samples(text: str) -> dict[str, list[float]]:
     except (ValueError, TypeError, IndexError) as exc:
         raise MetricsError(f"not Prometheus text: {' '.join(str(exc).split())[:160]}") from None
     return values
+
+
+def _is_kept(line: str) -> bool:
+    """The line is a sample of a wanted name or the HELP / TYPE line of its family (split,
+    not matched: the cheapest test per line of vLLM's mostly-histogram text)."""
+    if line.startswith("#"):
+        parts = line.split(" ", 3)
+        return len(parts) > 2 and parts[1] in ("HELP", "TYPE") and parts[2] in _FAMILIES
+    return line.split("{", 1)[0].split(" ", 1)[0] in _WANTED
 
 
 def detect_source(samples: dict[str, list[float]]) -> str | None:
