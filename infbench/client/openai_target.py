@@ -20,6 +20,7 @@ caller decides what an all-failed run means.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import math
 import time
@@ -230,7 +231,26 @@ async def run_requests(plan: ClientPlan, requests: Sequence[Request], *,
     `submit_until_s` (measure.duration_s): a request due, or let through the cap, after that
     many seconds is not sent (counted in `num_unsent`); those in flight finish.  `t0` is the
     run's start on `time.perf_counter()`'s clock (default: now); a later one is waited for,
-    which is how the processes of client/workers.py start together."""
+    which is how the processes of client/workers.py start together.
+
+    The objects alive at the start are frozen for the pass (vLLM's benchmark client
+    freezes its heap too): a full collection over a process that holds torch took 0.4 s on
+    the shared test machine, and one that fell inside the pass stalled every stream's
+    timestamps at once; frozen, a collection looks only at the pass's own objects.  No
+    collect first (it would cost that time per pass): garbage frozen with the heap is
+    collected after the pass, once unfrozen."""
+    gc.freeze()
+    try:
+        return await _run_requests(plan, requests, session=session, api_key=api_key,
+                                   on_done=on_done, submit_until_s=submit_until_s, t0=t0)
+    finally:
+        gc.unfreeze()
+
+
+async def _run_requests(plan: ClientPlan, requests: Sequence[Request], *,
+                        session: aiohttp.ClientSession, api_key: str | None,
+                        on_done: Callable[[], None] | None,
+                        submit_until_s: float | None, t0: float | None) -> TargetRun:
     t0 = time.perf_counter() if t0 is None else t0
     chat = plan.target.endpoint == "chat"
     headers = plan.headers(api_key)
