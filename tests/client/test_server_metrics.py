@@ -200,3 +200,20 @@ def test_infbench_serve_metrics_scraped_summary_is_sane(
     # 4-token blocks) was cached by the warm-up, so at least 8 of each 12 hit
     assert s["prefix_cache_queries"] == 2 * 6 * 12 == 2 * result["metrics"]["num_prompt_tokens"]
     assert 8 / 12 <= s["prefix_cache_hit_rate"] <= 1
+
+
+def test_prefix_groups_read_the_scraped_hit_rate_as_the_measured_one(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """workload.prefix (results/prefix.py) takes a target run's measured hit rate from
+    telemetry.server_metrics.summary.prefix_cache_hit_rate."""
+    with MockServer(MockConfig(metrics="vllm", metrics_hit_fraction=0.5,
+                               keep_bodies=False)) as server:
+        path = scenario(tmp_path, server.base_url,
+                        workload="num_requests: 4, prompt_len: 12, gen_len: 2, "
+                                 "prefix: {num_groups: 2, length: 8}")
+        out = tmp_path / "out"
+        code, _, err = run_args(["run", str(path), "--out", str(out)], capsys)
+    assert code == 0, err
+    section = load_result(out / "scraped_000.json")["prefix"]
+    assert section["measured_hit_rate"] == pytest.approx(0.5)
+    assert section["measured_from"] == "telemetry.server_metrics.summary.prefix_cache_hit_rate"
