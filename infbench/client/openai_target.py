@@ -20,11 +20,12 @@ caller decides what an all-failed run means.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -221,30 +222,36 @@ async def _one_request(plan: ClientPlan, request: Request, sample: int, t0: floa
         raise RequestFailed("connection", f"{type(exc).__name__}: {_error_text(exc)}") from None
 
 
+@contextlib.contextmanager
+def frozen_heap() -> Iterator[None]:
+    """The objects alive now frozen until the block ends (vLLM's benchmark client freezes
+    its heap too): a full collection over a process that holds torch took 0.4 s on the
+    shared test machine, and one that fell inside a pass stalled every stream's timestamps
+    at once; frozen, a collection looks only at the pass's own objects.  No collect first
+    (it would cost that time per pass): garbage frozen with the heap is collected after the
+    block, once unfrozen."""
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 async def run_requests(plan: ClientPlan, requests: Sequence[Request], *,
                        session: aiohttp.ClientSession, api_key: str | None = None,
                        on_done: Callable[[], None] | None = None,
                        submit_until_s: float | None = None,
                        t0: float | None = None) -> TargetRun:
-    """Serve `requests` through the target once; arrival offsets replayed in real time.
+    """Serve `requests` through the target once; arrival offsets replayed in real time,
+    with the heap frozen (`frozen_heap`).
 
     `submit_until_s` (measure.duration_s): a request due, or let through the cap, after that
     many seconds is not sent (counted in `num_unsent`); those in flight finish.  `t0` is the
     run's start on `time.perf_counter()`'s clock (default: now); a later one is waited for,
-    which is how the processes of client/workers.py start together.
-
-    The objects alive at the start are frozen for the pass (vLLM's benchmark client
-    freezes its heap too): a full collection over a process that holds torch took 0.4 s on
-    the shared test machine, and one that fell inside the pass stalled every stream's
-    timestamps at once; frozen, a collection looks only at the pass's own objects.  No
-    collect first (it would cost that time per pass): garbage frozen with the heap is
-    collected after the pass, once unfrozen."""
-    gc.freeze()
-    try:
+    which is how the processes of client/workers.py start together."""
+    with frozen_heap():
         return await _run_requests(plan, requests, session=session, api_key=api_key,
                                    on_done=on_done, submit_until_s=submit_until_s, t0=t0)
-    finally:
-        gc.unfreeze()
 
 
 async def _run_requests(plan: ClientPlan, requests: Sequence[Request], *,

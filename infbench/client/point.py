@@ -32,6 +32,7 @@ from infbench.client.openai_target import (
     ClientPlan,
     TargetRun,
     fetch_models,
+    frozen_heap,
     open_session,
     run_requests,
 )
@@ -194,9 +195,11 @@ def run_target_point(point: ScenarioPoint, *, cache: Any = None, device: str | N
 
     async def one_pass(session: Any) -> TargetRun:
         if is_sessions:
-            return await run_sessions(plan, point.workload, conversations, session=session,
-                                      api_key=api_key, eos_token_id=getattr(
-                                          tokenizer, "eos_token_id", None))
+            with frozen_heap():  # as run_requests does: no full collection inside a pass
+                return await run_sessions(plan, point.workload, conversations,
+                                          session=session, api_key=api_key,
+                                          eos_token_id=getattr(tokenizer, "eos_token_id",
+                                                               None))
         return await run_requests(plan, requests, session=session, api_key=api_key,
                                   submit_until_s=until)
 
