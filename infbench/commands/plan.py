@@ -63,6 +63,8 @@ def plan_command(
     from infbench.measure.plan import DEFAULT_GPUS, best_candidate, plan
     from infbench.scenario.schema import load_scenario
 
+    if max_gpus < 1:
+        raise UserError(f"--max-gpus: must be >= 1 (got {max_gpus})")
     point = load_scenario(scenario).points()[0]
     objectives = _slo(slo, point)
     names = tuple(h.strip() for h in hardware.split(",") if h.strip()) if hardware \

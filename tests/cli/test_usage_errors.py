@@ -75,6 +75,13 @@ TABLE: dict[str, dict[str, Case]] = {
         "out_of_range": None,
         "missing_argument": ([], "scenario"),
     },
+    "plan": {
+        "unknown_option": (["x.yaml", "--bogus"], "--bogus"),
+        "missing_value": (["x.yaml", "--slo"], "--slo"),
+        "wrong_type": (["x.yaml", "--max-gpus", "abc"], "--max-gpus"),
+        "out_of_range": (["x.yaml", "--max-gpus", "0"], "--max-gpus: must be >= 1 (got 0)"),
+        "missing_argument": ([], "scenario"),
+    },
     "generate": {
         "unknown_option": (["--model", "tiny", "--bogus"], "--bogus"),
         "missing_value": (["--model"], "--model"),
