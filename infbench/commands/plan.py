@@ -58,8 +58,9 @@ def plan_command(
     max_gpus: int = typer.Option(8, "--max-gpus", help="The most GPUs of one candidate."),
     as_json: bool = typer.Option(False, "--json", help="Print the candidates as JSON."),
 ) -> None:
-    """GPU capacity planning: which GPUs, in which tensor-parallel layout and how many
-    replicas serve the scenario's workload within the SLO (docs/predictions-under-load.md)."""
+    """GPUs, layout and replicas that serve a workload within an SLO.
+
+    Simulated under load on each candidate (docs/predictions-under-load.md)."""
     from infbench.measure.plan import DEFAULT_GPUS, best_candidate, plan
     from infbench.scenario.schema import load_scenario
 
