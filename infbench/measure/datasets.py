@@ -30,12 +30,13 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -101,24 +102,31 @@ def sample_names() -> list[str]:
 
 def load_dataset(kind: str, path: str) -> list[DatasetEntry]:
     """The entries of one dataset file (cached per file, size and modification time)."""
-    file = resolve_path(path)
-    stat = file.stat()
-    return list(_load_cached(kind, str(file), path, stat.st_size, stat.st_mtime_ns))
+    return read_entries(kind, path, "workload.dataset",
+                        {"sharegpt": _read_sharegpt, "jsonl": _read_jsonl, "trace": _read_trace},
+                        "entries", {"sharegpt": " (each needs a human turn followed by a gpt "
+                                                "turn)"})
 
 
-@lru_cache(maxsize=8)
-def _load_cached(kind: str, file: str, where: str, _size: int,
-                 _mtime: int) -> tuple[DatasetEntry, ...]:
-    readers = {"sharegpt": _read_sharegpt, "jsonl": _read_jsonl, "trace": _read_trace}
+def read_entries(kind: str, path: str, key: str, readers: Mapping[str, Callable[[str, str], Any]],
+                 noun: str, hints: Mapping[str, str] | None = None) -> list[Any]:
+    """What `readers[kind]` parses from the file `path` names (the scenario section `key`
+    names it: `key.kind`, `key.path` in errors), cached per file, size and modification
+    time; a file that yields nothing is a DamagedFileError ending in `hints[kind]`."""
+    file = resolve_path(path, f"{key}.path")
     if kind not in readers:
-        raise UserError(f"workload.dataset.kind: unknown value {kind!r}; "
-                        f"allowed: {', '.join(readers)}")
-    entries = readers[kind](read_text(Path(file), where, kind), where)
-    if not entries:
-        raise DamagedFileError(f"{where}: no usable {kind} entries"
-                               + (" (each needs a human turn followed by a gpt turn)"
-                                  if kind == "sharegpt" else ""))
-    return tuple(entries)
+        raise UserError(f"{key}.kind: unknown value {kind!r}; allowed: {', '.join(readers)}")
+    stat = file.stat()
+    found = _parsed(readers[kind], str(file), path, kind, stat.st_size, stat.st_mtime_ns)
+    if not found:
+        raise DamagedFileError(f"{path}: no usable {kind} {noun}{(hints or {}).get(kind, '')}")
+    return list(found)
+
+
+@lru_cache(maxsize=16)
+def _parsed(reader: Callable[[str, str], Any], file: str, where: str, kind: str, _size: int,
+            _mtime: int) -> tuple[Any, ...]:
+    return tuple(reader(read_text(Path(file), where, kind), where))
 
 
 def fit_entries(entries: list[DatasetEntry], fits: Callable[[DatasetEntry], bool],

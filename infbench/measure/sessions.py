@@ -30,7 +30,6 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -42,7 +41,6 @@ from infbench.measure.dataset_reader import (
     json_problem,
     loads,
     numbered_lines,
-    read_text,
     shown,
 )
 from infbench.measure.metrics import from_request_rows, latency_stats
@@ -220,26 +218,10 @@ def _file_turns(cfg: SessionsSection, rng: np.random.Generator,
 
 def load_conversations(kind: str, path: str) -> list[FileConversation]:
     """The conversations of one file (cached per file, size and modification time)."""
-    file = datasets.resolve_path(path, f"{_DATASET_KEY}.path")
-    stat = file.stat()
-    return list(_load_cached(kind, str(file), path, stat.st_size, stat.st_mtime_ns))
-
-
-@lru_cache(maxsize=4)
-def _load_cached(kind: str, file: str, where: str, _size: int,
-                 _mtime: int) -> tuple[FileConversation, ...]:
-    from pathlib import Path
-
-    readers = {"sharegpt": _read_sharegpt, "jsonl": _read_jsonl}
-    if kind not in readers:
-        raise UserError(f"{_DATASET_KEY}.kind: unknown value {kind!r}; allowed: "
-                        f"{', '.join(readers)}")
-    found = readers[kind](read_text(Path(file), where, kind), where)
-    if not found:
-        raise DamagedFileError(f"{where}: no usable {kind} conversations"
-                               + (" (each needs a non-empty human turn)"
-                                  if kind == "sharegpt" else ""))
-    return tuple(found)
+    return datasets.read_entries(kind, path, _DATASET_KEY,
+                                 {"sharegpt": _read_sharegpt, "jsonl": _read_jsonl},
+                                 "conversations",
+                                 {"sharegpt": " (each needs a non-empty human turn)"})
 
 
 def _read_sharegpt(text: str, where: str) -> list[FileConversation]:

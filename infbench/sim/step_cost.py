@@ -27,6 +27,7 @@ attention data parallel) go through `group_costs` / `device_ops` for every step 
 
 from __future__ import annotations
 
+import abc
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -70,7 +71,7 @@ class StepBatch:
         return len(self.prefill) + len(self.decode_contexts) + len(self.verify)
 
 
-class StepPricer:
+class StepPricer(abc.ABC):
     """Seconds of a step of `cfg` on `hw`; `make_pricer` picks the implementation."""
 
     def __init__(self, cfg: ModelConfig, hw: HardwareSpec, dtype: str, quant: QuantConfig,
@@ -91,8 +92,9 @@ class StepPricer:
     def overhead_s(self, num_seqs: int) -> float:
         return self.hw.step_overhead_s(self.cfg.num_layers, num_seqs)
 
+    @abc.abstractmethod
     def seconds(self, batch: StepBatch) -> float:
-        raise NotImplementedError
+        """The step's duration: the exact cost model, or its linear fast path."""
 
     def _time(self, entries: list[tuple[float, float, float, float]]) -> float:
         """Roofline time of (bytes, flops, bytes/s, FLOP/s) entries under the overlap."""
