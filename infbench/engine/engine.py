@@ -20,6 +20,7 @@ import torch
 from infbench.core.config import EngineConfig, ModelConfig
 from infbench.core.errors import ConfigError, DoesNotFitError, UserError
 from infbench.core.speculative import SpeculativeConfig
+from infbench.engine.admission import ClientAdmission
 from infbench.engine.backend import get_ops
 from infbench.engine.block_manager import BlockManager, StateSlots
 from infbench.engine.cuda_graphs import DecodeGraphs
@@ -391,63 +392,36 @@ class Engine:
         `submit_until_s` (a time-based run, measure.duration_s): no request is submitted
         once that many seconds have passed; those in flight finish, the rest never run.
         """
-        if max_concurrency is not None and max_concurrency <= 0:
-            raise ConfigError(f"max_concurrency must be > 0 or None, got {max_concurrency}")
+        admission = ClientAdmission(requests, realtime_arrivals=realtime_arrivals,
+                                    max_concurrency=max_concurrency,
+                                    submit_until_s=submit_until_s)
         if not keep_prefix_cache or self.scheduler.has_unfinished:
             self.reset()
-        pending = sorted(requests, key=lambda r: r.arrival_s)
         t0 = time.perf_counter()
 
         def clock() -> float:
             return time.perf_counter() - t0
 
-        arrivals: dict[str, float] = {}
-        num_samples = {r.request_id: r.n for r in requests}
-        samples_left: dict[str, int] = {}  # outstanding requests -> samples not finished
-        cap = max_concurrency if max_concurrency is not None else len(pending) + 1
-        last_blocked = -math.inf  # the last pass at which a due request met a full cap
         records: list[RequestRecord] = []
         steps: list[StepRecord] = []
         outputs: dict[str, list[int]] = {}
-        i = 0
-        while i < len(pending) or self.scheduler.has_unfinished:
-            now = clock()
-            if submit_until_s is not None and now >= submit_until_s:
-                i = len(pending)  # the duration is over: nothing more is submitted
-                if not self.scheduler.has_unfinished:
-                    break
-            while (i < len(pending) and len(samples_left) < cap
-                   and (pending[i].arrival_s <= now or not realtime_arrivals)):
-                req = pending[i]
-                due = req.arrival_s if realtime_arrivals else 0.0
-                # Due while the cap was full: held back, it is submitted now, as a slot frees.
-                arrivals[req.request_id] = now if due <= last_blocked else due
-                samples_left[req.request_id] = req.n
-                self.add_request(req)
-                i += 1
-            if (i < len(pending) and len(samples_left) >= cap
-                    and (pending[i].arrival_s <= now or not realtime_arrivals)):
-                last_blocked = now
+        while admission.has_pending or self.scheduler.has_unfinished:
+            admission.admit(clock(), self.add_request)
             if not self.scheduler.has_unfinished:
-                due_s = pending[i].arrival_s if submit_until_s is None else min(
-                    pending[i].arrival_s, submit_until_s)
-                time.sleep(max(0.0, due_s - clock()))
+                if not admission.has_pending:
+                    break  # submissions stopped (measure.duration_s) and everything finished
+                time.sleep(max(0.0, admission.next_due_s() - clock()))
                 continue
             record, finished = self.step(clock)
             steps.append(record)
             if on_step is not None:
                 on_step(record)
             for seq in finished:
-                key = seq.request_id
-                samples_left[key] -= 1
-                if not samples_left[key]:
-                    del samples_left[key]
-                if num_samples[seq.request_id] > 1:
-                    key = f"{seq.request_id}/{seq.sample_index}"
+                key, arrival_s = admission.finished(seq.request_id, seq.sample_index)
                 outputs[key] = list(seq.output_ids)
                 records.append(RequestRecord(
                     request_id=key,
-                    arrival_s=arrivals[seq.request_id],
+                    arrival_s=arrival_s,
                     num_prompt_tokens=seq.num_prompt_tokens,
                     token_times_s=list(seq.token_times_s),
                     num_cached_prompt_tokens=seq.num_cached_tokens,

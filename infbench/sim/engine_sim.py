@@ -25,7 +25,6 @@ metrics, goodput and SLO code that summarizes a measured run summarizes this one
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from dataclasses import dataclass, field
 from infbench.core.config import EngineConfig
 from infbench.core.errors import ConfigError
 from infbench.core.speculative import SpeculativeConfig
+from infbench.engine.admission import ClientAdmission
 from infbench.engine.block_manager import BlockManager, StateSlots
 from infbench.engine.kv_groups import GroupedBlockManager
 from infbench.engine.records import RequestRecord, StepRecord
@@ -195,51 +195,28 @@ def simulate(requests: Sequence[Request], pricer: StepPricer, config: SimConfig,
     counts from its submission, as `Engine.run` and vLLM's benchmark client count it.
     `submit_until_s` (measure.duration_s): no request is submitted after it.
     """
-    if max_concurrency is not None and max_concurrency <= 0:
-        raise ConfigError(f"max_concurrency must be > 0 or None, got {max_concurrency}")
+    admission = ClientAdmission(requests, realtime_arrivals=realtime_arrivals,
+                                max_concurrency=max_concurrency,
+                                submit_until_s=submit_until_s)
     sim = _Sim(pricer, config, requests)
     sched = sim.scheduler
-    pending = sorted(requests, key=lambda r: r.arrival_s)
-    num_samples = {r.request_id: r.n for r in requests}
-    arrivals: dict[str, float] = {}
-    samples_left: dict[str, int] = {}
-    cap = max_concurrency if max_concurrency is not None else len(pending) + 1
-    last_blocked = -math.inf
     records: list[RequestRecord] = []
     steps: list[StepRecord] = []
     now = 0.0
-    i = 0
-    while i < len(pending) or sched.has_unfinished:
-        if submit_until_s is not None and now > submit_until_s:
-            i = len(pending)  # the run stops submitting: the rest is never sent
-        while (i < len(pending) and len(samples_left) < cap
-               and (pending[i].arrival_s <= now or not realtime_arrivals)):
-            req = pending[i]
-            due = req.arrival_s if realtime_arrivals else 0.0
-            arrivals[req.request_id] = now if due <= last_blocked else due
-            samples_left[req.request_id] = req.n
-            sim.add(req)
-            i += 1
-        if (i < len(pending) and len(samples_left) >= cap
-                and (pending[i].arrival_s <= now or not realtime_arrivals)):
-            last_blocked = now
+    while admission.has_pending or sched.has_unfinished:
+        admission.admit(now, sim.add)
         if not sched.has_unfinished:
-            if i >= len(pending):
+            if not admission.has_pending:
                 break  # submissions stopped (measure.duration_s) and everything finished
-            now = max(now, pending[i].arrival_s)  # idle until the next arrival
+            now = max(now, admission.next_due_s())  # idle until the next arrival
             continue
         record, finished = sim.step(now)
         steps.append(record)
         now += record.duration_s
         for seq in finished:
-            key = seq.request_id
-            samples_left[key] -= 1
-            if not samples_left[key]:
-                del samples_left[key]
-            if num_samples[key] > 1:
-                key = f"{seq.request_id}/{seq.sample_index}"
+            key, arrival_s = admission.finished(seq.request_id, seq.sample_index)
             records.append(RequestRecord(
-                request_id=key, arrival_s=arrivals[seq.request_id],
+                request_id=key, arrival_s=arrival_s,
                 num_prompt_tokens=seq.num_prompt_tokens, token_times_s=seq.token_times_s,
                 num_cached_prompt_tokens=seq.num_cached_tokens,
                 num_preemptions=seq.num_preemptions,
