@@ -40,13 +40,12 @@ from infbench.client.server_metrics import MetricsScraper
 from infbench.client.sessions import (
     SessionsRun,
     check_plan,
-    point_conversations,
     run_sessions,
 )
 from infbench.core.errors import UserError
 from infbench.core.metric_names import NUM_REASONING_TOKENS, TTFO_METRIC
 from infbench.engine.request import Request
-from infbench.measure.sessions import sessions_metrics, tag_rows
+from infbench.measure.sessions import Conversation, plan_sessions, sessions_metrics, tag_rows
 from infbench.results.prefix import with_measured
 from infbench.scenario.point import ScenarioPoint
 from infbench.scenario.target import TargetSection, tokenizer_source
@@ -85,15 +84,25 @@ def point_requests(point: ScenarioPoint, tokenizer: Any) -> DrawnWorkload:
     from infbench.measure.windows import timed_workload
     from infbench.measure.workload import draw_workload
 
-    if tokenizer is not None:
-        vocab = tokenizer.vocab_size
-    elif point.model:
-        vocab = point.model_config().vocab_size
-    else:
-        raise UserError(f"{point.source}: target.tokenizer: required without a model section "
-                        "(random prompt ids need the server's vocabulary size)")
-    eos = tokenizer.eos_token_id if tokenizer is not None else None
+    vocab, eos = _vocabulary(point, tokenizer)
     return draw_workload(timed_workload(point), vocab, tokenizer=tokenizer, eos_token_id=eos)
+
+
+def point_conversations(point: ScenarioPoint, tokenizer: Any) -> list[Conversation]:
+    """The point's conversations (kind sessions), planned as the engine plans them."""
+    vocab, eos = _vocabulary(point, tokenizer)
+    return plan_sessions(point.workload, vocab, tokenizer=tokenizer, eos_token_id=eos)
+
+
+def _vocabulary(point: ScenarioPoint, tokenizer: Any) -> tuple[int, int | None]:
+    """(vocabulary size, EOS id) for drawing prompts: the tokenizer's, else the model
+    section's vocabulary without an EOS."""
+    if tokenizer is not None:
+        return tokenizer.vocab_size, tokenizer.eos_token_id
+    if point.model:
+        return point.model_config().vocab_size, None
+    raise UserError(f"{point.source}: target.tokenizer: required without a model section "
+                    "(random prompt ids need the server's vocabulary size)")
 
 
 def client_env(target: TargetSection, models: Any) -> dict[str, Any]:

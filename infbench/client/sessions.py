@@ -48,7 +48,6 @@ from infbench.engine.request import Request, SamplingParams
 from infbench.measure.sessions import (
     Conversation,
     Turn,
-    plan_sessions,
     turn_id,
 )
 from infbench.scenario.workload import WorkloadPoint
@@ -211,17 +210,3 @@ async def run_sessions(plan: ClientPlan, workload: WorkloadPoint,
     run.failures.sort(key=lambda f: f.request_id)
     run.wall_s = max(last[0], 1e-9)
     return run
-
-
-def point_conversations(point: Any, tokenizer: Any) -> list[Conversation]:
-    """The point's conversations, planned as the engine would plan them (vocabulary from
-    the tokenizer, else from the model section)."""
-    if tokenizer is not None:
-        vocab = tokenizer.vocab_size
-    elif point.model:
-        vocab = point.model_config().vocab_size
-    else:
-        raise UserError(f"{point.source}: target.tokenizer: required without a model section "
-                        "(random prompt ids need the server's vocabulary size)")
-    eos = tokenizer.eos_token_id if tokenizer is not None else None
-    return plan_sessions(point.workload, vocab, tokenizer=tokenizer, eos_token_id=eos)
