@@ -4,7 +4,9 @@
 SmolLM2-135M and `llama-small`, a 200M-parameter random Llama), a Poisson sweep through the
 in-process engine (`measure.bench.run_point`, as `infbench run` does) and reads each
 result's `prediction.metrics` (measure/simulation.py: the engine's scheduler over steps
-priced on `--hardware`, a profile `infbench calibrate` wrote).  The rates are fractions of
+priced on `--hardware`, a profile `infbench calibrate` wrote; before each model's sweep the
+benchmark runs `calibrate --model` on it, measure/calibrate_model.py, unless
+`--no-model-steps`).  The rates are fractions of
 the predicted capacity (`--load`: 0.3, 0.7 and 1.3 of the requests/s the simulation serves
 with every request at t=0), from light load to past saturation; prompt and output lengths
 are uniform within +-`--spread` of `--prompt` and `--gen`.  The SLO (for the SLO max rate)
@@ -18,7 +20,7 @@ max rate.
 
     python -m infbench.benchmarks.sim_fidelity [--hardware local] [--models smollm2-135m,
         llama-small] [--load 0.3,0.7,1.3] [--requests 48] [--prompt 128] [--gen 32]
-        [--spread 0.5] [--out results/bench_sim_fidelity.json] [--quick]
+        [--spread 0.5] [--out results/bench_sim_fidelity.json] [--no-model-steps] [--quick]
 """
 
 from __future__ import annotations
@@ -50,6 +52,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--gen", type=int, default=32)
     parser.add_argument("--spread", type=float, default=0.5)
     parser.add_argument("--out", default="results/bench_sim_fidelity.json")
+    parser.add_argument("--no-model-steps", action="store_true",
+                        help="skip `calibrate --model` of each model before its sweep (the "
+                             "simulation then prices with the profile's generic rates)")
     parser.add_argument("--quick", action="store_true",
                         help="tiny sizes for a test: llama-small with 2 layers, 8 requests")
     args = parser.parse_args(argv)
@@ -116,6 +121,14 @@ def run(args: argparse.Namespace, log: Any) -> dict[str, Any]:
     load_before = _load()
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     for model in args.models:
+        steps = None
+        if not args.no_model_steps:  # the model's own step ratios on the profile, saved into it
+            from infbench.measure.calibrate_model import measure_model_steps, save_model_steps
+
+            log(f"{model}: calibrate --model (its decode and prefill steps against their price)")
+            key, steps = measure_model_steps(_doc(args, model, {"kind": "offline"}),
+                                             args.hardware, quick=args.quick)
+            save_model_steps(args.hardware, key, steps)
         offline = _predicted(_point(_doc(args, model, {"kind": "offline"})))
         capacity = offline["requests_per_s"]
         light = _predicted(_point(_doc(args, model, {"kind": "poisson",
@@ -141,6 +154,7 @@ def run(args: argparse.Namespace, log: Any) -> dict[str, Any]:
         measured = max_rate_summaries(results)
         predicted = max_rate_summaries(predicted_results(results))
         sweeps.append({"model": model, "capacity_requests_per_s": capacity, "slo": slo,
+                       "model_steps": steps,
                        "max_rate_measured": measured[0]["max_rate"] if measured else None,
                        "max_rate_predicted": predicted[0]["max_rate"] if predicted else None})
     return {"kind": "infbench.bench.sim_fidelity", "hardware": args.hardware,

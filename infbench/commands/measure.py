@@ -28,6 +28,43 @@ def register(app: typer.Typer) -> None:
     app.command("plots")(plots)
 
 
+def calibrate_model_steps(model: str, dtype: str, device: str, name: str, quick: bool,
+                          as_json: bool) -> None:
+    """`calibrate --model`: the model's steps against their price, saved into profile `name`."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from infbench.checkpoint.metadata import model_source
+    from infbench.measure.calibrate_model import (
+        check_calibrated,
+        measure_model_steps,
+        save_model_steps,
+    )
+
+    check_calibrated(name)
+    doc = {"device": "cpu" if device == "auto" else device, "dtype": dtype,
+           "model": model_source(model)}
+    console = Console(stderr=True)
+    with console.status(f"calibrating {model}'s steps") as status:
+        key, entry = measure_model_steps(doc, name, quick=quick,
+                                         log=lambda text: status.update(f"{model}: {text}"))
+    path = save_model_steps(name, key, entry)
+    if as_json:
+        print(json.dumps({"name": name, "model": model, "key": key, **entry,
+                          "profile_path": str(path)}, indent=2))
+        return
+    table = Table(title=f"{model} steps on profile {name!r}: engine measured vs priced")
+    for column in ("step", "tokens", "measured ms", "priced ms", "measured / priced"):
+        table.add_column(column, justify="left" if column == "step" else "right")
+    for kind in ("decode", "prefill"):
+        for size, measured, priced in entry[kind]:
+            table.add_row(kind, f"{size:g}", f"{measured * 1e3:.2f}", f"{priced * 1e3:.2f}",
+                          f"{measured / priced:.3f}")
+    Console().print(table)
+    print(f"saved the ratios into {path} (measure/calibrate_model.py); predictions under load "
+          f"of {model} on hardware: {name} scale each step by them")
+
+
 def calibrate(
     device: str = typer.Option("auto", "--device", callback=opt.non_empty,
                                help="auto | cpu | cuda"),
@@ -36,8 +73,16 @@ def calibrate(
                              help="Profile name: `hardware: NAME` (lower-case letters, "
                                   "digits, . _ -; at most 64 characters)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    model: str | None = typer.Option(
+        None, "--model", help="Calibrate this model's engine steps on the saved profile "
+        "--name instead (a preset, HF directory or .gguf): the simulation's step ratios."),
+    dtype: str = typer.Option("float32", "--dtype", help="With --model: the model dtype."),
 ) -> None:
     """Measure this machine's bandwidth and FLOP/s and save them as a hardware profile.
+
+    With --model, measure that model's decode and prefill steps in the engine against the
+    simulation's price of them on the saved profile, and add the ratios to it (predictions
+    under load use them; docs/predictions-under-load.md).
 
     Each figure is the best of a round of repeats, re-measured (at most 3 rounds) when they
     spread by more than 20%; a figure still spread that far, or figures that disagree, are
@@ -50,6 +95,9 @@ def calibrate(
 
     # The name and the profile store before the measurement (a minute), not after it.
     check_profile_name(name)
+    if model is not None:
+        calibrate_model_steps(model, dtype, device, name, quick, as_json)
+        return
     try:
         check_output_file(profile_path(name), "--name")
     except UserError as exc:

@@ -59,6 +59,8 @@ ATTENTION_KEY = "decode_attention_bytes_per_s"  # the engine's decode attention 
 PREFILL_ATTENTION_KEY = "prefill_attention_flops_per_s"  # and its prefill attention kernel
 QUANT_CURVE_KEY = "quant_matmul_flops_by_tokens"  # its int8 / int4 decode projections
 QUANT_FORMATS = QUANTIZED_WEIGHTS  # the calibrated quantized curves: one per format
+# measured / priced engine step by token count, per model (measure/calibrate_model.py)
+MODEL_STEPS_KEY = "model_steps"
 
 
 def _finite(value: object, allow_zero: bool = False) -> bool:
@@ -68,7 +70,7 @@ def _finite(value: object, allow_zero: bool = False) -> bool:
     return math.isfinite(x) and (x >= 0 if allow_zero else x > 0)
 
 
-def _interpolate(curve: list[Any], num_tokens: int) -> float:
+def interpolate_curve(curve: list[Any], num_tokens: int) -> float:
     """A [[rows, FLOP/s], ...] curve at `num_tokens` rows, linear in log(rows), flat past
     its ends."""
     pts = sorted((float(m), float(f)) for m, f in curve)
@@ -187,7 +189,7 @@ class HardwareSpec:
         curve = (self.extra.get("matmul_flops_by_tokens") or {}).get(dtype)
         if not curve or num_tokens is None:
             return peak
-        return min(_interpolate(curve, num_tokens), peak)
+        return min(interpolate_curve(curve, num_tokens), peak)
 
     def quant_rate(self, fmt: str, num_tokens: int) -> float | None:
         """FLOP/s of the engine's `fmt` (int8 | int4) decode projections at `num_tokens` rows,
@@ -197,7 +199,7 @@ class HardwareSpec:
         curve = (self.extra.get(QUANT_CURVE_KEY) or {}).get(fmt)
         if not curve or num_tokens > max(float(m) for m, _ in curve):
             return None
-        return _interpolate(curve, num_tokens)
+        return interpolate_curve(curve, num_tokens)
 
     @property
     def attention_bandwidth(self) -> float | None:
@@ -692,6 +694,13 @@ def profile_schema() -> tuple[type[BaseModel], type[BaseModel]]:
         rounds: Annotated[int, Field(ge=1, strict=True)]
         flagged: bool
 
+    class ModelSteps(Strict):
+        by_tokens: curve  # type: ignore[valid-type]
+        decode: list[tuple[positive, positive, positive]]  # type: ignore[valid-type]
+        prefill: list[tuple[positive, positive, positive]]  # type: ignore[valid-type]
+        timestamp: str
+        quick: bool = False
+
     class ProfileExtra(Strict):
         matmul_flops_by_tokens: dict[dtype, curve] | None = None  # type: ignore[valid-type]
         step_overhead_s: non_negative | None = None  # type: ignore[valid-type]
@@ -728,6 +737,8 @@ def profile_schema() -> tuple[type[BaseModel], type[BaseModel]]:
         machine: str | None = None  # hardware.machine.Machine.key of the calibrated machine
         machine_description: str | None = None
         probe: bool | None = None  # a quick read-bandwidth probe (measure.machine), no more
+        # measure/calibrate_model.py: per model key, measured / priced step by token count
+        model_steps: dict[str, ModelSteps] | None = None
 
         @field_validator("matmul_flops_by_tokens")
         @classmethod

@@ -36,6 +36,7 @@ from infbench.engine.records import RequestRecord, StepRecord
 from infbench.engine.request import Request, SamplingParams
 from infbench.hardware.spec import HardwareSpec
 from infbench.measure import metrics as metrics_mod
+from infbench.measure.calibrate_model import point_step_key, step_scale
 from infbench.measure.goodput import goodput_metrics
 from infbench.measure.workload import client_concurrency, generate_requests, request_lengths
 from infbench.roofline.shapes import kv_bytes_per_token, state_bytes_per_seq, weight_bytes
@@ -176,6 +177,9 @@ def simulate_point(point: ScenarioPoint, cfg: ModelConfig, hw: HardwareSpec, *,
         config = sim_config(point, cfg, hw, quant, requests, eos_token_id)
     except ConfigError as exc:
         raise UserError(str(exc)) from None
+    if point.model is not None:  # the model's own step profile on this hardware, if measured
+        pricer.scale, scale_note = step_scale(hw, point_step_key(point))
+        note = "; ".join(n for n in (note, scale_note) if n)
     cap = client_concurrency(point.workload)
     realtime = point.workload.is_realtime
     until = getattr(point.measure, "duration_s", None)  # measure.duration_s, where set

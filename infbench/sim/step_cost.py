@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import abc
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from infbench.core.config import ModelConfig, QuantConfig
@@ -80,6 +80,8 @@ class StepPricer(abc.ABC):
         self.cfg, self.hw, self.dtype, self.quant, self.parallel = cfg, hw, dtype, quant, parallel
         self.overlap = default_overlap(hw) if overlap == "auto" else overlap
         self._rates: dict[tuple[int, str], Rates] = {}
+        # measured / priced step ratio by token count of this model on this profile
+        self.scale: Callable[[int], float] | None = None
 
     def rates(self, num_tokens: int, stage: str) -> Rates:
         key = (num_tokens, stage)
@@ -92,9 +94,16 @@ class StepPricer(abc.ABC):
     def overhead_s(self, num_seqs: int) -> float:
         return self.hw.step_overhead_s(self.cfg.num_layers, num_seqs)
 
-    @abc.abstractmethod
     def seconds(self, batch: StepBatch) -> float:
-        """The step's duration: the exact cost model, or its linear fast path."""
+        """The step's duration: the cost model's price (`_price`), times the model's
+        calibrated step ratio at the step's token count when one is set (`scale`,
+        measure/calibrate_model.py)."""
+        price = self._price(batch)
+        return price if self.scale is None else price * self.scale(batch.num_tokens)
+
+    @abc.abstractmethod
+    def _price(self, batch: StepBatch) -> float:
+        """The cost model's price of the step: exact, or its linear fast path."""
 
     def _time(self, entries: list[tuple[float, float, float, float]]) -> float:
         """Roofline time of (bytes, flops, bytes/s, FLOP/s) entries under the overlap."""
@@ -119,7 +128,7 @@ class ExactPricer(StepPricer):
         groups = list(Counter(works).items())
         return device_ops(self.cfg, groups, self.dtype, self.quant, self.parallel, stage=stage)
 
-    def seconds(self, batch: StepBatch) -> float:
+    def _price(self, batch: StepBatch) -> float:
         par, cfg = self.parallel, self.cfg
         num_tokens = batch.num_tokens
         stage = "prefill" if batch.prefill else "decode"
@@ -211,7 +220,7 @@ class LinearPricer(StepPricer):
                          pb * pairs + kb * keys + qb * queries)
         return out
 
-    def seconds(self, batch: StepBatch) -> float:
+    def _price(self, batch: StepBatch) -> float:
         prefill, contexts, verify = batch.prefill, batch.decode_contexts, batch.verify
         num_decode = len(contexts)
         num_tokens = num_decode + sum(q for q, _, _ in prefill) + sum(q for q, _, _ in verify)
