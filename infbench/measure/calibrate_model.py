@@ -29,50 +29,19 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 from infbench.core.errors import UserError
-from infbench.hardware.spec import MODEL_STEPS_KEY, HardwareSpec, interpolate_curve
+from infbench.hardware.spec import MODEL_STEPS_KEY
+from infbench.measure.model_steps import point_step_key
 
 DECODE_BATCHES = (1, 2, 4, 8, 16, 32)
 PREFILL_TOKENS = (32, 64, 128, 256, 512)
 DECODE_PROMPT, DECODE_GEN = 32, 16
 PREFILL_REQUESTS = 3
-
-
-def step_key(source: dict[str, Any], overrides: dict[str, Any] | None, dtype: str,
-             weights: str) -> str:
-    """The profile key of one model as the engine runs it: source, overrides, dtype, format."""
-    return json.dumps({"source": dict(sorted(source.items())),
-                       "overrides": dict(sorted((overrides or {}).items())),
-                       "dtype": dtype, "weights": weights}, sort_keys=True,
-                      separators=(",", ":"))
-
-
-def point_step_key(point: Any) -> str:
-    """`step_key` of a scenario point's model (what `simulate_point` looks up)."""
-    model = point.model
-    overrides = model.changes() if model is not None else {}
-    return step_key(point.model_source(), overrides, point.dtype, point.quant_config().weights)
-
-
-def step_scale(hw: HardwareSpec, key: str) -> tuple[Callable[[int], float] | None, str]:
-    """The model's measured / priced step ratio by token count, and a note saying where it
-    came from; (None, note) when the profile has no entry for `key`."""
-    entry = (hw.extra.get(MODEL_STEPS_KEY) or {}).get(key)
-    if not entry:
-        return None, ""
-    curve = entry["by_tokens"]
-
-    def scale(num_tokens: int) -> float:
-        return interpolate_curve(curve, num_tokens)
-
-    return scale, (f"steps scaled by this model's calibrated step profile "
-                   f"(infbench calibrate --model, {entry.get('timestamp', '?')})")
 
 
 def _document(base: dict[str, Any], hardware: str, workload: dict[str, Any],

@@ -36,8 +36,8 @@ from infbench.engine.records import RequestRecord, StepRecord
 from infbench.engine.request import Request, SamplingParams
 from infbench.hardware.spec import HardwareSpec
 from infbench.measure import metrics as metrics_mod
-from infbench.measure.calibrate_model import point_step_key, step_scale
 from infbench.measure.goodput import goodput_metrics
+from infbench.measure.model_steps import point_step_key, step_scale
 from infbench.measure.workload import client_concurrency, generate_requests, request_lengths
 from infbench.roofline.shapes import kv_bytes_per_token, state_bytes_per_seq, weight_bytes
 from infbench.sim.engine_sim import SimConfig, SimOutput, simulate

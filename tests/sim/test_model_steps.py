@@ -15,7 +15,7 @@ import pytest
 
 from infbench.core.config import QuantConfig
 from infbench.hardware.spec import HARDWARE, MODEL_STEPS_KEY, get_hardware, load_profile
-from infbench.measure.calibrate_model import point_step_key, step_key, step_scale
+from infbench.measure.model_steps import point_step_key, step_key, step_scale
 from infbench.measure.simulation import simulate_point
 from infbench.scenario.schema import scenario_from_document
 from infbench.sim.step_cost import StepBatch, make_pricer
