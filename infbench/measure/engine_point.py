@@ -30,18 +30,19 @@ from infbench.engine.engine import Engine, KVSizing, RunOutput
 from infbench.engine.kv_cache import kv_quant_refusal
 from infbench.engine.records import StepRecord
 from infbench.engine.request import Request
+from infbench.engine.session_loop import Conversation, sizing_requests
 from infbench.hardware.spec import HardwareSpec
 from infbench.measure import accuracy as accuracy_mod
 from infbench.measure import calibrate
 from infbench.measure import metrics as metrics_mod
 from infbench.measure import speculative as spec_mod
-from infbench.measure.engine_sessions import run_engine_sessions, sizing_requests
+from infbench.measure.engine_sessions import run_engine_sessions
 from infbench.measure.goodput import goodput_metrics
 from infbench.measure.machine import resolve_hardware
 from infbench.measure.model_cache import ModelCache
 from infbench.measure.moe_routing import routing_metrics
 from infbench.measure.prediction import predict_point
-from infbench.measure.sessions import Conversation, plan_sessions, sessions_metrics, tag_rows
+from infbench.measure.sessions import plan_sessions, sessions_metrics, tag_rows
 from infbench.measure.telemetry import NvmlSampler, ncu_profile
 from infbench.measure.torch_reference import (
     SUPPORTED_ATTENTION,

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 from engine_helpers import greedy_recompute, make_engine
 
-from infbench.measure.engine_sessions import run_engine_sessions, sizing_requests
+from infbench.engine.session_loop import sizing_requests
+from infbench.measure.engine_sessions import run_engine_sessions
 from infbench.measure.sessions import plan_sessions
 from infbench.model.loader import load_model
 from infbench.scenario.sessions import SessionsSection
