@@ -279,7 +279,8 @@ def run_target_point(point: ScenarioPoint, *, cache: Any = None, device: str | N
     if point.model and point.hardware != "unknown":
         hw = get_hardware(point.hardware)
         hardware = hw.to_dict()
-        prediction = predict_point(point, point.model_config(), hw, requests=requests)
+        prediction = predict_point(point, point.model_config(), hw, requests=requests,
+                                   conversations=conversations if is_sessions else None)
     env = client_env(target, models)
     env["model_source"] = point.model_source() or None
     telemetry = {"client": {

@@ -403,10 +403,12 @@ class Summary:
 
 
 def summarize(point: ScenarioPoint, loaded: LoadedPoint, measured: Measured,
-              said: set[str], requests: list[Request] | None = None) -> Summary:
+              said: set[str], requests: list[Request] | None = None,
+              conversations: list[Conversation] | None = None) -> Summary:
     """The median of the repeats, their noise and the prediction for the point (the roofline
-    and the simulation of the `requests` it served); a note for each noise warning and for
-    each flag of a doubtful hardware profile."""
+    and the simulation of the `requests`, or a sessions point's `conversations`, it
+    served); a note for each noise warning and for each flag of a doubtful hardware
+    profile."""
     hw = measured.hardware
     metrics, spread = metrics_mod.aggregate_repeats(measured.runs)
     for key in ("by_turn", "sessions"):  # sessions: of the last repeat, like its rows
@@ -418,7 +420,8 @@ def summarize(point: ScenarioPoint, loaded: LoadedPoint, measured: Measured,
     for warning in metrics["noise"]["warnings"]:
         note(point, warning)
     tok = loaded.model.tokenizer
-    prediction = predict_point(point, loaded.config, hw, requests=requests, tokenizer=tok,
+    prediction = predict_point(point, loaded.config, hw, requests=requests,
+                               conversations=conversations, tokenizer=tok,
                                eos_token_id=tok.eos_token_id if tok is not None else None)
     for flag in prediction.get("profile_flags") or []:  # a doubtful profile: never silent
         text = (f"note: predictions on the flagged profile {hw.name!r} (each result records "
