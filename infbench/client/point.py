@@ -45,7 +45,8 @@ from infbench.client.sessions import (
 from infbench.core.errors import UserError
 from infbench.core.metric_names import NUM_REASONING_TOKENS, TTFO_METRIC
 from infbench.engine.request import Request
-from infbench.measure.sessions import Conversation, plan_sessions, sessions_metrics, tag_rows
+from infbench.engine.session_loop import Conversation
+from infbench.measure.sessions import plan_sessions, sessions_metrics, tag_rows
 from infbench.results.prefix import with_measured
 from infbench.scenario.point import ScenarioPoint
 from infbench.scenario.target import TargetSection, tokenizer_source
@@ -278,7 +279,8 @@ def run_target_point(point: ScenarioPoint, *, cache: Any = None, device: str | N
     if point.model and point.hardware != "unknown":
         hw = get_hardware(point.hardware)
         hardware = hw.to_dict()
-        prediction = predict_point(point, point.model_config(), hw, requests=requests)
+        prediction = predict_point(point, point.model_config(), hw, requests=requests,
+                                   conversations=conversations if is_sessions else None)
     env = client_env(target, models)
     env["model_source"] = point.model_source() or None
     telemetry = {"client": {

@@ -44,12 +44,9 @@ from infbench.client.openai_target import (
 )
 from infbench.client.stream import Stream
 from infbench.core.errors import UserError
-from infbench.engine.request import Request, SamplingParams
-from infbench.measure.sessions import (
-    Conversation,
-    Turn,
-    turn_id,
-)
+from infbench.engine.request import Request
+from infbench.engine.session_loop import Conversation, Turn, turn_id
+from infbench.measure.sessions import turn_sampling
 from infbench.scenario.workload import WorkloadPoint
 
 
@@ -129,13 +126,6 @@ def _no_prompt(request: Request) -> Request:
                    arrival_s=request.arrival_s)
 
 
-def _sampling(workload: WorkloadPoint, turn: Turn, eos: int | None) -> SamplingParams:
-    stop = (eos,) if eos is not None and not workload.ignore_eos else ()
-    return SamplingParams(temperature=workload.temperature, top_k=workload.top_k,
-                          top_p=workload.top_p, max_tokens=turn.max_tokens, seed=turn.seed,
-                          stop_token_ids=stop, ignore_eos=workload.ignore_eos)
-
-
 async def run_sessions(plan: ClientPlan, workload: WorkloadPoint,
                        conversations: Sequence[Conversation], *,
                        session: aiohttp.ClientSession, api_key: str | None = None,
@@ -159,7 +149,7 @@ async def run_sessions(plan: ClientPlan, workload: WorkloadPoint,
         history.ask(turn)
         sent = clock() - t0
         request = Request(request_id=rid, prompt_ids=tuple(history.ids) or (0,),
-                          sampling=_sampling(workload, turn, eos_token_id), arrival_s=sent)
+                          sampling=turn_sampling(workload, turn, eos_token_id), arrival_s=sent)
         stream = Stream(max_tokens=turn.max_tokens, chat=chat)
         try:
             await asyncio.wait_for(_one_request(plan, request, 0, t0, session, headers, stream,

@@ -41,6 +41,11 @@ class ClientAdmission:
     def has_pending(self) -> bool:
         return self.next < len(self.pending)
 
+    @property
+    def is_full(self) -> bool:
+        """`max_concurrency` requests are outstanding: the next one waits for a finish."""
+        return len(self.samples_left) >= self.cap
+
     def _due(self, now: float) -> bool:
         return self.pending[self.next].arrival_s <= now or not self.realtime
 
@@ -48,7 +53,7 @@ class ClientAdmission:
         """Submit (through `add`) every request due at `now` that the cap lets in."""
         if self.submit_until_s is not None and now >= self.submit_until_s:
             self.next = len(self.pending)  # the duration is over: nothing more is submitted
-        while self.has_pending and len(self.samples_left) < self.cap and self._due(now):
+        while self.has_pending and not self.is_full and self._due(now):
             req = self.pending[self.next]
             due = req.arrival_s if self.realtime else 0.0
             # Due while the cap was full: held back, it is submitted now, as a slot frees.
@@ -56,7 +61,7 @@ class ClientAdmission:
             self.samples_left[req.request_id] = req.n
             add(req)
             self.next += 1
-        if self.has_pending and len(self.samples_left) >= self.cap and self._due(now):
+        if self.has_pending and self.is_full and self._due(now):
             self.last_blocked = now
 
     def next_due_s(self) -> float:

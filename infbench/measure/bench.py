@@ -106,6 +106,7 @@ def run_point(point: ScenarioPoint, *, cache: ModelCache | None = None,
     telemetry = stage.stop_nvml(nvml)
     accuracy = stage.measure_accuracy(point, loaded, engine, cache, phase)
     telemetry.update(stage.profile_ncu(point, dev, phase))
-    summary = stage.summarize(point, loaded, measured, cache.said, plan.requests)
+    summary = stage.summarize(point, loaded, measured, cache.said, plan.requests,
+                              plan.conversations)
     return stage.assemble_result(point, loaded, engine, measured, summary, telemetry=telemetry,
                                  accuracy=accuracy, slowdown=slowdown, prefix=plan.prefix)

@@ -30,18 +30,19 @@ from infbench.engine.engine import Engine, KVSizing, RunOutput
 from infbench.engine.kv_cache import kv_quant_refusal
 from infbench.engine.records import StepRecord
 from infbench.engine.request import Request
+from infbench.engine.session_loop import Conversation, sizing_requests
 from infbench.hardware.spec import HardwareSpec
 from infbench.measure import accuracy as accuracy_mod
 from infbench.measure import calibrate
 from infbench.measure import metrics as metrics_mod
 from infbench.measure import speculative as spec_mod
-from infbench.measure.engine_sessions import run_engine_sessions, sizing_requests
+from infbench.measure.engine_sessions import run_engine_sessions
 from infbench.measure.goodput import goodput_metrics
 from infbench.measure.machine import resolve_hardware
 from infbench.measure.model_cache import ModelCache
 from infbench.measure.moe_routing import routing_metrics
 from infbench.measure.prediction import predict_point
-from infbench.measure.sessions import Conversation, plan_sessions, sessions_metrics, tag_rows
+from infbench.measure.sessions import plan_sessions, sessions_metrics, tag_rows
 from infbench.measure.telemetry import NvmlSampler, ncu_profile
 from infbench.measure.torch_reference import (
     SUPPORTED_ATTENTION,
@@ -402,10 +403,12 @@ class Summary:
 
 
 def summarize(point: ScenarioPoint, loaded: LoadedPoint, measured: Measured,
-              said: set[str], requests: list[Request] | None = None) -> Summary:
+              said: set[str], requests: list[Request] | None = None,
+              conversations: list[Conversation] | None = None) -> Summary:
     """The median of the repeats, their noise and the prediction for the point (the roofline
-    and the simulation of the `requests` it served); a note for each noise warning and for
-    each flag of a doubtful hardware profile."""
+    and the simulation of the `requests`, or a sessions point's `conversations`, it
+    served); a note for each noise warning and for each flag of a doubtful hardware
+    profile."""
     hw = measured.hardware
     metrics, spread = metrics_mod.aggregate_repeats(measured.runs)
     for key in ("by_turn", "sessions"):  # sessions: of the last repeat, like its rows
@@ -417,7 +420,8 @@ def summarize(point: ScenarioPoint, loaded: LoadedPoint, measured: Measured,
     for warning in metrics["noise"]["warnings"]:
         note(point, warning)
     tok = loaded.model.tokenizer
-    prediction = predict_point(point, loaded.config, hw, requests=requests, tokenizer=tok,
+    prediction = predict_point(point, loaded.config, hw, requests=requests,
+                               conversations=conversations, tokenizer=tok,
                                eos_token_id=tok.eos_token_id if tok is not None else None)
     for flag in prediction.get("profile_flags") or []:  # a doubtful profile: never silent
         text = (f"note: predictions on the flagged profile {hw.name!r} (each result records "

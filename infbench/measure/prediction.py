@@ -54,6 +54,7 @@ from infbench.roofline.analysis import (
 )
 
 if TYPE_CHECKING:  # annotations only: predict's flag-only path never loads the scenario schema
+    from infbench.engine.session_loop import Conversation
     from infbench.scenario.point import ScenarioPoint, WorkloadPoint
 
 
@@ -180,7 +181,8 @@ def unpredicted(workload: WorkloadPoint) -> str:
     if workload.kind == "poisson":
         return "roofline not priced: Poisson arrivals (queueing; see prediction.metrics)"
     if workload.kind == "sessions":
-        return "not predicted: multi-turn sessions (each turn's prompt grows by the history)"
+        return ("roofline not priced: multi-turn sessions (each turn's prompt grows by the "
+                "history; see prediction.metrics)")
     if workload.kind == "trace" or workload.dataset is not None:
         return ("roofline not priced: prompt and output lengths from a dataset (the roofline "
                 "prices one shape; see prediction.metrics)")
@@ -230,20 +232,22 @@ def price(cfg: ModelConfig, hw: HardwareSpec, workload: PricedWorkload, *,
 
 def price_point(point: ScenarioPoint, cfg: ModelConfig, hw: HardwareSpec,
                 options: PricingOptions = PricingOptions(), *,
-                requests: Sequence[Request] | None = None, tokenizer: Any = None,
+                requests: Sequence[Request] | None = None,
+                conversations: Sequence[Conversation] | None = None, tokenizer: Any = None,
                 eos_token_id: int | None = None) -> PointPrice:
     """Price one scenario point of model shape `cfg` on `hw`: the roofline of its waves
     (static and offline points) and, for every kind, its simulated run under load (of
-    `requests` when given: the ones a run served).  An analytic refusal (tp that does not
-    divide the heads, speculative with pp > 1, ...) is a UserError naming the point."""
+    `requests`, or a sessions point's `conversations`, when given: the ones a run served).
+    An analytic refusal (tp that does not divide the heads, speculative with pp > 1, ...)
+    is a UserError naming the point."""
     reason = unpredicted(point.workload)
     try:
         priced = PointPrice(hw.name, note=reason) if reason else price(
             cfg, hw, point_workload(point, options), overlap=options.overlap,
             reserve=options.reserve)
         if options.simulate:
-            priced = with_simulation(priced, point, cfg, hw, options, requests, tokenizer,
-                                     eos_token_id)
+            priced = with_simulation(priced, point, cfg, hw, options, requests,
+                                     conversations, tokenizer, eos_token_id)
     except UserError as exc:
         raise UserError(f"{point.source}: {point.where()}{exc}") from None
     return priced
@@ -251,7 +255,8 @@ def price_point(point: ScenarioPoint, cfg: ModelConfig, hw: HardwareSpec,
 
 def with_simulation(priced: PointPrice, point: ScenarioPoint, cfg: ModelConfig,
                     hw: HardwareSpec, options: PricingOptions,
-                    requests: Sequence[Request] | None, tokenizer: Any,
+                    requests: Sequence[Request] | None,
+                    conversations: Sequence[Conversation] | None, tokenizer: Any,
                     eos_token_id: int | None) -> PointPrice:
     """`priced` with the point's simulated metrics, or the reason it has none."""
     from infbench.measure.simulation import simulate_point, unsimulated
@@ -261,9 +266,29 @@ def with_simulation(priced: PointPrice, point: ScenarioPoint, cfg: ModelConfig,
         # predict's analytic-only knobs change the roofline, not the engine that would run
         return replace(priced, simulation_note=reason or "not simulated: analytic-only "
                        "options (--spec-*, --kv-bits) have no engine to run")
-    sim = simulate_point(point, cfg, hw, requests=requests, tokenizer=tokenizer,
-                         eos_token_id=eos_token_id, overlap=options.overlap)
+    sim = simulate_point(point, cfg, hw, requests=requests, conversations=conversations,
+                         tokenizer=tokenizer, eos_token_id=eos_token_id,
+                         overlap=options.overlap)
     return replace(priced, metrics=sim.metrics, simulation_note=sim.note)
+
+
+def _check_context(point: ScenarioPoint, cfg: ModelConfig) -> None:
+    """The point's longest request within the model's context: a session's longest turn
+    (its history with every earlier reply at max_tokens), as the run's pre-flight checks."""
+    w = point.workload
+    if w.kind != "sessions":
+        check_context(cfg, w.prompt_len, w.gen_len)
+        return
+    from infbench.measure.sessions import session_lengths
+
+    prompts, outs = session_lengths(w)
+    longest = int((prompts + outs).argmax())
+    prompt, gen = int(prompts[longest]), int(outs[longest])
+    if prompt + gen > cfg.max_seq_len:
+        raise UserError(f"workload.sessions: the longest turn's prompt (its history with every "
+                        f"earlier reply at max_tokens) + output = {prompt} + {gen} tokens "
+                        f"exceeds the {cfg.max_seq_len}-token context of {cfg.name} "
+                        "(model.max_seq_len); allowed: fewer turns or shorter messages")
 
 
 def price_points(points: list[ScenarioPoint],
@@ -273,7 +298,7 @@ def price_points(points: list[ScenarioPoint],
     prices = []
     for point, cfg in zip(points, model_configs(points), strict=True):
         try:
-            check_context(cfg, point.workload.prompt_len, point.workload.gen_len)
+            _check_context(point, cfg)
         except UserError as exc:
             raise UserError(f"{point.source}: {point.where()}{exc}") from None
         hw = get_hardware(point.hardware)
@@ -290,15 +315,17 @@ def price_points(points: list[ScenarioPoint],
 
 
 def predict_point(point: ScenarioPoint, cfg: ModelConfig, hw: HardwareSpec, *,
-                  requests: Sequence[Request] | None = None, tokenizer: Any = None,
+                  requests: Sequence[Request] | None = None,
+                  conversations: Sequence[Conversation] | None = None, tokenizer: Any = None,
                   eos_token_id: int | None = None) -> dict[str, Any]:
     """The prediction `run` and the client record beside a measured point (`cfg`: the shape
-    that ran; `requests`: the ones it served, simulated as `prediction.metrics`).  A
-    combination the roofline refuses is recorded as not predicted, with the reason, so a
-    finished measurement is still written; so is one the simulation refuses."""
+    that ran; `requests`, or a sessions point's `conversations`: the ones it served,
+    simulated as `prediction.metrics`).  A combination the roofline refuses is recorded as
+    not predicted, with the reason, so a finished measurement is still written; so is one
+    the simulation refuses."""
     try:
-        return price_point(point, cfg, hw, requests=requests, tokenizer=tokenizer,
-                           eos_token_id=eos_token_id).to_dict()
+        return price_point(point, cfg, hw, requests=requests, conversations=conversations,
+                           tokenizer=tokenizer, eos_token_id=eos_token_id).to_dict()
     except UserError as exc:
         try:  # the roofline alone, when it was the simulation that refused
             d = price_point(point, cfg, hw, replace_options(simulate=False)).to_dict()

@@ -1,12 +1,13 @@
 """Seeded multi-turn sessions (`workload.kind: sessions`): what every conversation will say.
 
-`plan_sessions` turns one workload point into `Conversation`s: for each session its arrival,
+`plan_sessions` turns one workload point into `Conversation`s (engine/session_loop.py, which
+plays them as a closed loop for the engine and the simulation): for each session its arrival,
 the shared system prompt and its turns, each a new user message (token ids, and the text
 when it came from a file), the turn's `max_tokens`, the think time before it and a sampling
 seed.  The replies are not known here: they are the server's, and the executor
-(client/sessions.py) appends each reply to the history before the next turn goes out.  So
-the plan is backend-neutral: an engine loop could run the same conversations as a closed
-loop (turn k+1 submitted think time after turn k finished).
+(client/sessions.py, or engine/session_loop.py for the engine and the simulation) appends
+each reply to the history before the next turn goes out.  So the plan is backend-neutral:
+a server, the engine and the simulated engine play the same conversations.
 
 Every random choice comes from its own `numpy.random.default_rng` stream spawned from
 `workload.seed` (turns, user lengths, output lengths, think times, arrivals, prompt ids,
@@ -35,6 +36,8 @@ from typing import Any
 import numpy as np
 
 from infbench.core.errors import DamagedFileError, UserError
+from infbench.engine.request import SamplingParams
+from infbench.engine.session_loop import Conversation, Turn
 from infbench.measure import datasets
 from infbench.measure.dataset_reader import (
     JSONLimitError,
@@ -52,29 +55,6 @@ _NUM_STREAMS = 8  # turns, user lens, output lens, think, arrivals, prompt ids, 
 SESSION_JSONL_KEYS = ("session_id", "turn", "prompt", "output_len")
 _MAX_TOKENS = 2**24
 _DATASET_KEY = "workload.sessions.dataset"
-
-
-@dataclass(frozen=True)
-class Turn:
-    """One user turn: its new message, max_tokens, the think time before it (0 for the
-    first turn) and its sampling seed."""
-
-    index: int  # 0-based turn index within the session
-    user_ids: tuple[int, ...]
-    max_tokens: int
-    think_s: float
-    seed: int
-    user_text: str | None = None  # from a dataset file: sent as is where prompts are text
-
-
-@dataclass(frozen=True)
-class Conversation:
-    """One session: when it starts, the system prompt every turn begins with, its turns."""
-
-    session_id: str
-    arrival_s: float
-    system_ids: tuple[int, ...]
-    turns: tuple[Turn, ...]
 
 
 @dataclass(frozen=True)
@@ -319,14 +299,19 @@ def by_turn_metrics(rows: Sequence[Mapping[str, Any]],
     return out
 
 
-def turn_id(session_id: str, index: int) -> str:
-    """A turn's request id, `s0003/t2` (`tag_rows` reads the two parts back)."""
-    return f"{session_id}/t{index}"
+def turn_sampling(workload: WorkloadPoint, turn: Turn, eos: int | None) -> SamplingParams:
+    """A turn's sampling parameters, the same wherever its conversation is played (the
+    engine, a server, the simulation): the workload's sampling, the turn's max_tokens and
+    seed, EOS as a stop token unless `ignore_eos`."""
+    stop = (eos,) if eos is not None and not workload.ignore_eos else ()
+    return SamplingParams(temperature=workload.temperature, top_k=workload.top_k,
+                          top_p=workload.top_p, max_tokens=turn.max_tokens, seed=turn.seed,
+                          stop_token_ids=stop, ignore_eos=workload.ignore_eos)
 
 
 def tag_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Request rows (measure.metrics.request_rows) of session turns with their session_id
-    and turn, read back from their ids (turn_id)."""
+    and turn, read back from their ids (engine.session_loop.turn_id)."""
     for row in rows:
         sid, sep, k = str(row["id"]).rpartition("/t")
         if sep and k.isdigit():

@@ -15,14 +15,20 @@ The KV pool is sized as the engine sizes it for a known workload: room for every
 at once, capped by `engine.kv_cache_memory` (bytes, or a fraction of the device memory left
 after the weights).  Text prompts need the model's tokenizer; without one (a preset) the
 prompts are random ids of the lengths `workload.request_lengths` gives (a dataset's text is
-counted in words), and the note says so.  Not simulated, with the reason: pipeline
-parallelism and disaggregated pools (their steps are not one batch on one device) and
-multi-turn sessions (a turn is released when the previous reply ends: not replayed yet).
+counted in words), and the note says so.  Multi-turn sessions (`workload.kind: sessions`)
+are the point's conversations (`measure.sessions.plan_sessions`, or the very ones a run
+played) through `sim.sessions_sim`, the engine's closed loop on the virtual clock, the KV
+pool sized for every session's longest turn as the engine sizes it; their metrics carry
+`by_turn` and `sessions` as a measured sessions run's do, and replicas each serve every
+R-th session (its turns stay on one replica, with its prefix cache).  Not simulated, with
+the reason: pipeline parallelism and disaggregated pools (their steps are not one batch on
+one device).
 """
 
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -34,13 +40,16 @@ from infbench.core.errors import ConfigError, UserError
 from infbench.engine.kv_groups import kv_group_windows
 from infbench.engine.records import RequestRecord, StepRecord
 from infbench.engine.request import Request, SamplingParams
+from infbench.engine.session_loop import Conversation, Turn, sizing_requests
 from infbench.hardware.spec import HardwareSpec
 from infbench.measure import metrics as metrics_mod
 from infbench.measure.goodput import goodput_metrics
 from infbench.measure.model_steps import point_step_key, step_scale
+from infbench.measure.sessions import plan_sessions, sessions_metrics, tag_rows, turn_sampling
 from infbench.measure.workload import client_concurrency, generate_requests, request_lengths
 from infbench.roofline.shapes import kv_bytes_per_token, state_bytes_per_seq, weight_bytes
 from infbench.sim.engine_sim import SimConfig, SimOutput, simulate
+from infbench.sim.sessions_sim import simulate_sessions
 from infbench.sim.step_cost import make_pricer
 
 if TYPE_CHECKING:
@@ -62,8 +71,6 @@ def unsimulated(point: ScenarioPoint) -> str:
     par = point.parallel
     if point.decoding is not None:
         return "not simulated: diffusion decoding (its own loop)"
-    if point.workload.kind == "sessions":  # a turn waits for the previous one's reply
-        return "not simulated: multi-turn sessions (their closed loop is not replayed yet)"
     if par.disaggregated is not None:
         return "not simulated: disaggregated prefill and decode pools"
     if par.pp > 1:
@@ -76,7 +83,8 @@ def point_tokenizer(point: ScenarioPoint) -> Any:
     (read without torch); None otherwise (a preset, random prompts, a trace)."""
     w = point.workload
     needs_text = w.prompt_source == "text" or (w.dataset is not None
-                                               and w.dataset.kind != "trace")
+                                               and w.dataset.kind != "trace") or (
+        w.kind == "sessions" and w.session_config.dataset is not None)
     source = point.model_source()
     if not needs_text or not source or "preset" in source:
         return None
@@ -116,6 +124,35 @@ def point_requests(point: ScenarioPoint, cfg: ModelConfig, tokenizer: Any = None
             arrival_s=float(arrivals[i]), n=w.samples_per_prompt))
     return requests, ("text prompts without the model's tokenizer: random prompts of the "
                       "drawn lengths (dataset text counted in words)")
+
+
+class _WordIds:
+    """Stands in for a tokenizer the point has not (a preset): one id per whitespace word,
+    the word's CRC-32 in the vocabulary, so a message counts its words and a repeated word
+    repeats its id."""
+
+    def __init__(self, vocab_size: int) -> None:
+        self.vocab_size = vocab_size
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        del add_special_tokens  # the tokenizer's signature; a word has no special tokens
+        span = max(self.vocab_size - 10, 1)  # ids below 10 left free, as random prompts do
+        return [10 + zlib.crc32(word.encode()) % span for word in text.split()]
+
+
+def point_conversations(point: ScenarioPoint, cfg: ModelConfig, tokenizer: Any = None,
+                        eos_token_id: int | None = None) -> tuple[list[Conversation], str]:
+    """A sessions point's conversations as `run` plans them, and a note when they are an
+    estimate (a conversation file's text without the model's tokenizer)."""
+    try:
+        return plan_sessions(point.workload, cfg.vocab_size, tokenizer=tokenizer,
+                             eos_token_id=eos_token_id), ""
+    except UserError as exc:
+        if tokenizer is not None or "tokenizer" not in str(exc):
+            raise
+    return (plan_sessions(point.workload, cfg.vocab_size, tokenizer=_WordIds(cfg.vocab_size),
+                          eos_token_id=eos_token_id),
+            "conversation text without the model's tokenizer: one token per word")
 
 
 def _arrivals(point: ScenarioPoint, n: int) -> np.ndarray:
@@ -163,11 +200,18 @@ def _merge(outputs: list[SimOutput]) -> SimOutput:
 
 
 def simulate_point(point: ScenarioPoint, cfg: ModelConfig, hw: HardwareSpec, *,
-                   requests: Sequence[Request] | None = None, tokenizer: Any = None,
+                   requests: Sequence[Request] | None = None,
+                   conversations: Sequence[Conversation] | None = None, tokenizer: Any = None,
                    eos_token_id: int | None = None, overlap: str = "auto") -> Simulated:
-    """The point's predicted metrics under its load (module docstring)."""
+    """The point's predicted metrics under its load (module docstring); `requests` (or, for
+    kind sessions, `conversations`): the ones a run served, else drawn as `run` draws them."""
     note = ""
-    if requests is None:
+    is_sessions = point.workload.kind == "sessions"
+    if is_sessions:
+        if conversations is None:
+            conversations, note = point_conversations(point, cfg, tokenizer, eos_token_id)
+        requests = sizing_requests(conversations)  # the KV pool's sizing, as the engine's
+    elif requests is None:
         requests, note = point_requests(point, cfg, tokenizer, eos_token_id)
     quant = point.quant_config()
     par = point.parallel
@@ -181,14 +225,26 @@ def simulate_point(point: ScenarioPoint, cfg: ModelConfig, hw: HardwareSpec, *,
         pricer.scale, scale_note = step_scale(hw, point_step_key(point))
         note = "; ".join(n for n in (note, scale_note) if n)
     cap = client_concurrency(point.workload)
-    realtime = point.workload.is_realtime
-    until = getattr(point.measure, "duration_s", None)  # measure.duration_s, where set
-    outputs = [simulate(list(requests[k::par.replicas]), pricer, config,
-                        realtime_arrivals=realtime, max_concurrency=cap, submit_until_s=until)
-               for k in range(par.replicas) if requests[k::par.replicas]]
+    r = par.replicas
+    if conversations is not None:  # kind sessions: each replica every R-th session
+        workload = point.workload
+
+        def sampling(turn: Turn) -> SamplingParams:
+            return turn_sampling(workload, turn, eos_token_id)
+
+        outputs = [simulate_sessions(conversations[k::r], pricer, config, sampling,
+                                     max_concurrency=cap)
+                   for k in range(r) if conversations[k::r]]
+    else:
+        until = getattr(point.measure, "duration_s", None)  # measure.duration_s, where set
+        outputs = [simulate(list(requests[k::r]), pricer, config,
+                            realtime_arrivals=point.workload.is_realtime, max_concurrency=cap,
+                            submit_until_s=until)
+                   for k in range(r) if requests[k::r]]
     out = _merge(outputs)
+    wall_s = max(out.wall_s, 1e-12)
     metrics = metrics_mod.summarize(
-        out.requests, out.steps, max(out.wall_s, 1e-12),
+        out.requests, out.steps, wall_s,
         kv_bytes_per_token=kv_bytes_per_token(cfg, point.dtype, quant),
         block_size=point.engine.block_size,
         weight_bytes=weight_bytes(cfg, point.dtype, quant),
@@ -196,8 +252,11 @@ def simulate_point(point: ScenarioPoint, cfg: ModelConfig, hw: HardwareSpec, *,
         percentiles=point.measure.percentiles)
     metrics["peak_memory_bytes"] = metrics["weight_bytes"] + metrics["peak_kv_bytes"]
     rows = metrics_mod.request_rows(out.requests)
+    if conversations is not None:  # per turn index and per session, as a measured run's
+        metrics.update(sessions_metrics(tag_rows(rows), conversations, wall_s,
+                                        point.measure.percentiles))
     if point.measure.slo is not None:
-        metrics.update(goodput_metrics(rows, point.measure.slo, max(out.wall_s, 1e-12)))
+        metrics.update(goodput_metrics(rows, point.measure.slo, wall_s))
     notes = [note] if note else []
     if not point.workload.ignore_eos:
         notes.append("every request generates its max_tokens (the simulation cannot know "

@@ -59,13 +59,19 @@ def session_lines(results: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value * 1e3:,.1f}"
+    """Milliseconds to 0.1, three significant digits under 10 ms (a fast step is not 0.0)."""
+    if value is None:
+        return "-"
+    ms = value * 1e3
+    return f"{ms:.3g}" if ms < 10 else f"{ms:,.1f}"
 
 
-def by_turn_table(rows: list[dict[str, Any]]) -> Table:
+def by_turn_table(rows: list[dict[str, Any]],
+                  title: str = "sessions by turn (tokens: means; latencies in ms)") -> Table:
+    """The by-turn rows as a table (`predict` titles its predicted one)."""
     from rich.table import Table
 
-    table = Table(title="sessions by turn (tokens: means; latencies in ms)")
+    table = Table(title=title)
     table.add_column("point", overflow="fold", min_width=12)
     for col in ("turn", "reqs", "prompt", "output", "TTFT p50", "TTFT p90", "TPOT p50",
                 "TPOT p90", "E2E p50", "E2E p90"):

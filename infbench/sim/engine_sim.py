@@ -26,7 +26,7 @@ metrics, goodput and SLO code that summarizes a measured run summarizes this one
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from infbench.core.config import EngineConfig
@@ -87,9 +87,9 @@ def build_scheduler(config: SimConfig) -> Scheduler:
                      num_spec_tokens=spec.num_tokens if spec is not None else 0)
 
 
-def _sample_token(eos: int | None, requests: Sequence[Request]) -> int:
+def _sample_token(eos: int | None, stop_token_ids: Iterable[int]) -> int:
     """A token id that stops nothing: not EOS and no request's stop token."""
-    stops = {t for r in requests for t in r.sampling.stop_token_ids}
+    stops = set(stop_token_ids)
     if eos is not None:
         stops.add(eos)
     token = 0
@@ -98,14 +98,23 @@ def _sample_token(eos: int | None, requests: Sequence[Request]) -> int:
     return token
 
 
-class _Sim:
-    """One simulated run's state: the scheduler, the clock, the pricer."""
+def finished_record(seq: Seq, key: str, arrival_s: float) -> RequestRecord:
+    """A finished sequence's record under the id `key`, its arrival as the client counts it."""
+    return RequestRecord(
+        request_id=key, arrival_s=arrival_s, num_prompt_tokens=seq.num_prompt_tokens,
+        token_times_s=seq.token_times_s, num_cached_prompt_tokens=seq.num_cached_tokens,
+        num_preemptions=seq.num_preemptions, finish_reason=seq.finish_reason or "length")
 
-    def __init__(self, pricer: StepPricer, config: SimConfig, requests: Sequence[Request]):
+
+class Sim:
+    """One simulated run's state: the scheduler, the clock, the pricer.  `stop_token_ids`:
+    every stop token the requests may carry (the sampled token is none of them)."""
+
+    def __init__(self, pricer: StepPricer, config: SimConfig, stop_token_ids: Iterable[int]):
         self.pricer = pricer
         self.config = config
         self.scheduler = build_scheduler(config)
-        self.token = _sample_token(config.eos_token_id, requests)
+        self.token = _sample_token(config.eos_token_id, stop_token_ids)
         self.rng = random.Random(config.seed)
         self.step_index = 0
 
@@ -198,7 +207,7 @@ def simulate(requests: Sequence[Request], pricer: StepPricer, config: SimConfig,
     admission = ClientAdmission(requests, realtime_arrivals=realtime_arrivals,
                                 max_concurrency=max_concurrency,
                                 submit_until_s=submit_until_s)
-    sim = _Sim(pricer, config, requests)
+    sim = Sim(pricer, config, (t for r in requests for t in r.sampling.stop_token_ids))
     sched = sim.scheduler
     records: list[RequestRecord] = []
     steps: list[StepRecord] = []
@@ -214,11 +223,6 @@ def simulate(requests: Sequence[Request], pricer: StepPricer, config: SimConfig,
         steps.append(record)
         now += record.duration_s
         for seq in finished:
-            key, arrival_s = admission.finished(seq.request_id, seq.sample_index)
-            records.append(RequestRecord(
-                request_id=key, arrival_s=arrival_s,
-                num_prompt_tokens=seq.num_prompt_tokens, token_times_s=seq.token_times_s,
-                num_cached_prompt_tokens=seq.num_cached_tokens,
-                num_preemptions=seq.num_preemptions,
-                finish_reason=seq.finish_reason or "length"))
+            records.append(finished_record(seq, *admission.finished(seq.request_id,
+                                                                    seq.sample_index)))
     return SimOutput(records, steps, now)

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 from engine_helpers import greedy_recompute, make_engine
 
-from infbench.measure.engine_sessions import run_engine_sessions, sizing_requests
+from infbench.engine.session_loop import sizing_requests
+from infbench.measure.engine_sessions import run_engine_sessions
 from infbench.measure.sessions import plan_sessions
 from infbench.model.loader import load_model
 from infbench.scenario.sessions import SessionsSection
@@ -78,4 +79,4 @@ measure: {warmup: 1, repeats: 1}
     assert m["sessions"]["num_completed"] == 2 and m["num_requests"] == 4
     assert m["prefix_cache_hit_rate"] > 0  # turn 1 reuses turn 0's blocks
     assert {r["turn"] for r in result["requests"]} == {0, 1}
-    assert result["prediction"]["note"].startswith("not predicted: multi-turn sessions")
+    assert result["prediction"]["note"].startswith("roofline not priced: multi-turn sessions")
