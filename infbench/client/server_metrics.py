@@ -40,8 +40,10 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
+from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -317,3 +319,42 @@ class MetricsScraper:
                     "num_failed": self.num_failed, "series": self.series,
                     "summary": summarize(self.series)})
         return out
+
+
+class ThreadedScraper:
+    """A `MetricsScraper` on an event loop of its own, in a thread of this process, between
+    enter and exit: for the parent of `target.workers` (client/workers.py), whose own thread
+    blocks on its workers' passes while they stream.  The workers timestamp the streams in
+    their processes, so the parent's thread costs them nothing; the baseline scrape is taken
+    before enter returns, the closing one before exit returns, as `start()` and `stop()` do
+    for the one-process client."""
+
+    def __init__(self, scraper: MetricsScraper) -> None:
+        self.scraper = scraper
+        self._ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._finish: asyncio.Event | None = None
+        self._thread = threading.Thread(target=asyncio.run, args=(self._main(),),
+                                        name="infbench-metrics", daemon=True)
+
+    async def _main(self) -> None:
+        self._loop, self._finish = asyncio.get_running_loop(), asyncio.Event()
+        try:
+            await self.scraper.start()
+        finally:
+            self._ready.set()
+        try:
+            await self._finish.wait()
+        finally:
+            await self.scraper.stop()
+
+    def __enter__(self) -> ThreadedScraper:
+        self._thread.start()
+        self._ready.wait()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if self._loop is not None and self._finish is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._finish.set)
+        self._thread.join()

@@ -131,6 +131,32 @@ def test_run_scrapes_the_mock_and_report_shows_the_summary(
     assert row["server_metrics_source"] == kind and row["server_preemptions"] == 6
 
 
+@pytest.mark.parametrize("kind", ["vllm", "sglang"])
+def test_a_run_with_two_workers_is_scraped_from_the_parent(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str) -> None:
+    """target.workers: 2 streams from two processes while the parent scrapes (client/
+    workers.py, ThreadedScraper): the counters move by exactly the measured requests'."""
+    config = MockConfig(token_delay_s=0.01, metrics=kind, metrics_preempt_every=2,
+                        keep_bodies=False)
+    with MockServer(config) as server:
+        out = tmp_path / "out"
+        code, _, err = run_args(["run", str(scenario(tmp_path, server.base_url,
+                                                     ", workers: 2")),
+                                 "--out", str(out)], capsys)
+    assert code == 0, err
+    assert "no server metrics" not in err and "not scraped" not in err
+    result = load_result(out / "scraped_000.json")
+    assert result["telemetry"]["client"]["workers"]["count"] == 2
+    sm = result["telemetry"]["server_metrics"]
+    assert sm["source"] == kind and sm["num_failed"] == 0 and sm["num_scrapes"] >= 3
+    s = sm["summary"]
+    assert s["preemptions"] == 6 and s["prefix_cache_queries"] == 12 * 8  # warm-up excluded
+    assert s["prefix_cache_hit_rate"] == pytest.approx(0.25)
+    assert s["num_samples"] >= 1 and 1 <= s["running_max"] <= 2  # streams seen mid-run
+    t = [p[0] for p in sm["series"]["running"]]
+    assert t == sorted(t) and t[0] == 0
+
+
 def test_a_target_without_metrics_says_so_once_and_the_run_goes_on(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with MockServer(MockConfig(keep_bodies=False)) as server:
