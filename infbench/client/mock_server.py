@@ -20,11 +20,12 @@ the JSON bodies for tests; `reasoning_tokens=r` makes a chat stream a reasoning 
 much longer per other stream in flight (a capacity search needs latency that grows with the
 concurrency or the rate); `api_key` answers 401 to requests without that bearer token;
 with `log_sends`, GET /mock/sends lists (seed, chunk index, send time) of every chunk
-written.  `metrics="vllm"` or `"sglang"` serves GET /metrics under that server's names
-(METRICS_KINDS; without it /metrics is a 404): the streams open now as running requests, up
-to `metrics_max_running`, the rest as waiting, KV usage `metrics_kv_per_request` per running
-request, a preemption every `metrics_preempt_every`-th request, and `metrics_hit_fraction`
-of every prompt's tokens counted as prefix-cache hits, so a scrape's summary is known in
+written.  `metrics="vllm"`, `"sglang"`, `"tgi"` or `"llamacpp"` serves GET /metrics under
+that server's names (METRICS_KINDS; without it /metrics is a 404): the streams open now as
+running requests, up to `metrics_max_running`, the rest as waiting, KV usage
+`metrics_kv_per_request` per running request (the kinds that export one), a preemption
+every `metrics_preempt_every`-th request, and `metrics_hit_fraction` of every prompt's
+tokens counted as prefix-cache hits, so a scrape's summary is known in
 advance.  Run it standalone with `python -m infbench.client.mock_server --port 8000`
 (`--misbehave NAME` for a bad server, `--metrics vllm` for one with /metrics;
 `--reuse-port` lets several such processes share one port).
@@ -100,7 +101,7 @@ MISBEHAVIORS = {
 }
 
 
-METRICS_KINDS = ("vllm", "sglang")
+METRICS_KINDS = ("vllm", "sglang", "tgi", "llamacpp")
 
 
 @dataclass
@@ -141,19 +142,35 @@ def _metrics_text(config: MockConfig, state: _ServerState, open_streams: int) ->
                 ("sglang:prompt_tokens_total", "counter", queries),
                 ("sglang:cached_tokens_total", "counter", state.hit_tokens)]
         hist = "sglang:time_to_first_token_seconds"
+    elif config.metrics == "tgi":  # no labels, counters without _total (metrics-rs)
+        label = ""
+        rows = [("tgi_batch_current_size", "gauge", running),
+                ("tgi_queue_size", "gauge", waiting),
+                ("tgi_request_success", "counter", state.num_requests)]
+        hist = "tgi_request_duration"
+    elif config.metrics == "llamacpp":
+        label = ""
+        rows = [("llamacpp:requests_processing", "gauge", running),
+                ("llamacpp:requests_deferred", "gauge", waiting),
+                ("llamacpp:kv_cache_usage_ratio", "gauge", kv),
+                ("llamacpp:prompt_tokens_total", "counter", queries)]
+        hist = ""
     else:
         raise ValueError(f"metrics: unknown value {config.metrics!r}; allowed: "
                          f"{', '.join(METRICS_KINDS)}")
+    labels = f"{{{label}}}" if label else ""
     lines = []
     for name, kind, value in rows:
         family = name.removesuffix("_total")
         lines += [f"# HELP {family} mock {kind}", f"# TYPE {family} {kind}",
-                  f"{name}{{{label}}} {float(value)!r}"]
-    lines += [f"# HELP {hist} mock histogram", f"# TYPE {hist} histogram",
-              f'{hist}_bucket{{{label},le="0.1"}} 0.0',
-              f'{hist}_bucket{{{label},le="+Inf"}} {float(state.num_requests)!r}',
-              f"{hist}_sum{{{label}}} 0.0", f"{hist}_count{{{label}}} "
-              f"{float(state.num_requests)!r}"]
+                  f"{name}{labels} {float(value)!r}"]
+    if hist:  # llama.cpp's server exports no histogram
+        sep = f"{label}," if label else ""
+        lines += [f"# HELP {hist} mock histogram", f"# TYPE {hist} histogram",
+                  f'{hist}_bucket{{{sep}le="0.1"}} 0.0',
+                  f'{hist}_bucket{{{sep}le="+Inf"}} {float(state.num_requests)!r}',
+                  f"{hist}_sum{labels} 0.0", f"{hist}_count{labels} "
+                  f"{float(state.num_requests)!r}"]
     return "\n".join(lines) + "\n"
 
 
@@ -422,7 +439,8 @@ def main() -> None:
     parser.add_argument("--reasoning-tokens", type=int, default=0,
                         help="Chat: send each request's first N tokens as reasoning.")
     parser.add_argument("--metrics", choices=METRICS_KINDS, default=None,
-                        help="Serve GET /metrics under vLLM's or SGLang's names.")
+                        help="Serve GET /metrics under vLLM's, SGLang's, TGI's or llama.cpp's "
+                             "names.")
     parser.add_argument("--reasoning-field", choices=("reasoning_content", "reasoning"),
                         default="reasoning_content")
     parser.add_argument("--reuse-port", action="store_true",

@@ -240,14 +240,10 @@ def run_target_point(point: ScenarioPoint, *, cache: Any = None, device: str | N
     if (target.workers > 1 or pool_type is not None) and not is_sessions:  # workers.py
         from infbench.client.workers import measure_with_workers
 
-        if scraper is not None:  # the workers' processes have no scraper (docs/server-metrics)
-            print(f"note: {where}: target.workers {target.workers}: the server's /metrics is "
-                  "not scraped (target.metrics needs one client process)", file=sys.stderr)
-            scraper = None
         models, passes, workers = measure_with_workers(
             target, requests, cap, api_key, point.measure.warmup, point.measure.repeats,
             phase, lambda run, what: _refuse_all_failed(run, num_sequences, point, what),
-            pool_type, submit_until_s=until)
+            pool_type, submit_until_s=until, scraper=scraper)
     else:
         models, passes = asyncio.run(measure())
     runs = [_summary(run, point) for run in passes]

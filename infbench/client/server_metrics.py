@@ -10,7 +10,8 @@ in a worker thread, after a line filter keeps only the families named in `SOURCE
 event loop that timestamps the streams does no parsing.
 
 Each server kind names the same quantities differently (`SOURCES`; the names checked
-against vLLM's v1 `vllm/v1/metrics/loggers.py` and SGLang's `srt/metrics/collector.py`):
+against vLLM's v1 `vllm/v1/metrics/loggers.py`, SGLang's `srt/metrics/collector.py`, TGI's
+`backends/v3/src/backend.rs` and `queue.rs`, and llama.cpp's `tools/server/server-task.cpp`):
 
 - vLLM: `vllm:kv_cache_usage_perc` (v0: `vllm:gpu_cache_usage_perc`),
   `vllm:num_requests_running` / `_waiting`, the counters `vllm:num_preemptions`,
@@ -20,6 +21,9 @@ against vLLM's v1 `vllm/v1/metrics/loggers.py` and SGLang's `srt/metrics/collect
   counters `sglang:num_retracted_requests` (its preemptions), `sglang:prompt_tokens` and
   `sglang:cached_tokens`, and the `sglang:cache_hit_rate` gauge (the last prefill batch's).
 - infbench serve (serve/metrics.py): vLLM's names under `infbench:`.
+- TGI: `tgi_batch_current_size` (running) and `tgi_queue_size` (waiting); nothing else.
+- llama.cpp's server (`--metrics`): `llamacpp:requests_processing`,
+  `llamacpp:requests_deferred`, and `llamacpp:kv_cache_usage_ratio` where a build has it.
 
 A sample name found under several label sets (vLLM's `engine`, the router's `replica`) is
 summed, except KV usage, a fraction, which is averaged.  The kind is the first of `SOURCES`
@@ -40,8 +44,10 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
+from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -95,6 +101,21 @@ SOURCES: dict[str, MetricNames] = {
         preemptions=("infbench:num_preemptions_total",),
         prefix_queries=("infbench:prefix_cache_queries_total",),
         prefix_hits=("infbench:prefix_cache_hits_total",)),
+    # TGI's router (huggingface/text-generation-inference backends/v3/src/backend.rs and
+    # queue.rs set the gauges, router/src/server.rs describes them): the running batch and
+    # the queue.  It exports no KV-cache usage, preemption or prefix-cache figure.
+    "tgi": MetricNames(
+        kv_usage=(), running=("tgi_batch_current_size",), waiting=("tgi_queue_size",),
+        preemptions=(), prefix_queries=(), prefix_hits=()),
+    # llama.cpp's server (ggml-org/llama.cpp tools/server/server-task.cpp, to_metrics;
+    # before 2025 examples/server/server.cpp): slots processing and tasks deferred for a
+    # free slot; kv_cache_usage_ratio (used cells / n_ctx) only in the builds that still
+    # export it.  Its prompt_tokens_total counts prompt tokens evaluated, not looked up in
+    # a cache, so it is no prefix-cache query count and is not read.
+    "llamacpp": MetricNames(
+        kv_usage=("llamacpp:kv_cache_usage_ratio",), running=("llamacpp:requests_processing",),
+        waiting=("llamacpp:requests_deferred",), preemptions=(), prefix_queries=(),
+        prefix_hits=()),
 }
 _AVERAGED = frozenset({"kv_usage", "prefix_cache_hit_rate"})  # fractions: mean over labels
 _GAUGES = ("kv_usage", "running", "waiting")
@@ -262,8 +283,8 @@ class MetricsScraper:
             if self.source is None:
                 self.source = detect_source(samples)
                 if self.source is None:
-                    raise MetricsError("none of the vLLM, SGLang or infbench serve metric "
-                                       "names client/server_metrics.py reads")
+                    raise MetricsError("none of the vLLM, SGLang, TGI, llama.cpp or infbench "
+                                       "serve metric names client/server_metrics.py reads")
             values = quantities(samples, SOURCES[self.source])
         except MetricsError as exc:
             self._failed(str(exc))
@@ -317,3 +338,42 @@ class MetricsScraper:
                     "num_failed": self.num_failed, "series": self.series,
                     "summary": summarize(self.series)})
         return out
+
+
+class ThreadedScraper:
+    """A `MetricsScraper` on an event loop of its own, in a thread of this process, between
+    enter and exit: for the parent of `target.workers` (client/workers.py), whose own thread
+    blocks on its workers' passes while they stream.  The workers timestamp the streams in
+    their processes, so the parent's thread costs them nothing; the baseline scrape is taken
+    before enter returns, the closing one before exit returns, as `start()` and `stop()` do
+    for the one-process client."""
+
+    def __init__(self, scraper: MetricsScraper) -> None:
+        self.scraper = scraper
+        self._ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._finish: asyncio.Event | None = None
+        self._thread = threading.Thread(target=asyncio.run, args=(self._main(),),
+                                        name="infbench-metrics", daemon=True)
+
+    async def _main(self) -> None:
+        self._loop, self._finish = asyncio.get_running_loop(), asyncio.Event()
+        try:
+            await self.scraper.start()
+        finally:
+            self._ready.set()
+        try:
+            await self._finish.wait()
+        finally:
+            await self.scraper.stop()
+
+    def __enter__(self) -> ThreadedScraper:
+        self._thread.start()
+        self._ready.wait()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if self._loop is not None and self._finish is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._finish.set)
+        self._thread.join()

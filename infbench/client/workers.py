@@ -25,7 +25,10 @@ the measured rate and its timestamps drift.  With `workers: N` the parent proces
    tests/client/test_workers.py: a child's reading lies between two of the parent's), so
    every worker's timestamps are already on the parent's clock, relative to the same t0;
 6. merges the workers' records and failures by request id (the wall time is the last
-   stream's end on that clock) and summarizes them with the same metrics code.
+   stream's end on that clock) and summarizes them with the same metrics code;
+7. scrapes the target's /metrics (client/server_metrics.py) over the repeats from a thread
+   of its own (`ThreadedScraper`), so the result holds `telemetry.server_metrics` as a
+   one-process run's does.
 
 Each request records its send error: the time it was handed to the connection pool minus
 its scheduled arrival (`TargetRun.send_errors_s`; p50/p99/max in
@@ -38,6 +41,7 @@ are stopped.  Past one host: docs/workers.md says what is and is not built.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing
 import os
 import socket
@@ -57,6 +61,7 @@ from infbench.client.openai_target import (
     open_session,
     run_requests,
 )
+from infbench.client.server_metrics import MetricsScraper, ThreadedScraper
 from infbench.core.errors import UserError
 from infbench.engine.records import RequestRecord
 from infbench.engine.request import Request
@@ -260,9 +265,12 @@ def measure_with_workers(target: TargetSection, requests: Sequence[Request],
                          check: Callable[[TargetRun, str], None],
                          pool_type: type[WorkerPool] | None = None,
                          submit_until_s: float | None = None,
+                         scraper: MetricsScraper | None = None,
                          ) -> tuple[Any, list[TargetRun], dict[str, Any]]:
     """client.point's passes with `target.workers` processes: (the server's /models, the
-    repeats' merged runs, the workers' telemetry with `worker_of`: request id -> worker)."""
+    repeats' merged runs, the workers' telemetry with `worker_of`: request id -> worker).
+    `scraper` scrapes the server's /metrics over the repeats, from a thread of this
+    process while the workers stream."""
     async def models() -> Any:
         async with open_session(target, 1) as session:
             return await fetch_models(session, target, api_key)
@@ -275,11 +283,12 @@ def measure_with_workers(target: TargetSection, requests: Sequence[Request],
         for i in range(warmup):
             phase(f"warm-up {i + 1}/{warmup}")
             check(pool.run(), "warm-up")
-        for i in range(repeats):
-            phase(f"repeat {i + 1}/{repeats}")
-            run = pool.run()
-            check(run, f"repeat {i + 1}")
-            passes.append(run)
+        with contextlib.nullcontext() if scraper is None else ThreadedScraper(scraper):
+            for i in range(repeats):
+                phase(f"repeat {i + 1}/{repeats}")
+                run = pool.run()
+                check(run, f"repeat {i + 1}")
+                passes.append(run)
         telemetry = {"count": pool.num_workers, "assignment": ASSIGNMENT,
                      "cores": pool.cores, "max_concurrency": pool.caps,
                      "requests": [len(share) for share in pool.shares],

@@ -18,6 +18,16 @@ The interval is the intersection of every bound `measure.window` gives:
   each request from its arrival (its submission, with a cap) to its finish, as the rows
   record them; what one instant submits and finishes counts together, so a hand-over at
   one instant from a finished request to the next neither ends nor starts the window.
+  Without a cap (an open loop: poisson, gamma, trace) the target is the low edge of a band
+  around the outstanding requests' median: the time-weighted median m over the arrival
+  span (first to last arrival), the band m -+ max(25% of m, 2 sqrt(m), 1 request); an open
+  loop's outstanding requests are Poisson distributed with mean rate x latency (M/G/inf),
+  so 2 sqrt(m) is two of their standard deviations and a steady load stays inside.  The
+  window runs from the first time they reach the band's low edge (the ramp is over) to the
+  last time they fall below it or the last arrival, whichever is first (after the last
+  arrival the load only drains); it is refused when the mean outstanding over its second
+  half differs from its first half's by more than the band's half-width: a server that
+  falls behind the rate has a queue that keeps growing, and no steady state.
 
 Inside the interval, latencies (TTFT, TPOT, ITL, E2E, TTFO) are those of the requests that
 arrived and finished inside it (and were not left out by count), as GuideLLM and AIPerf
@@ -60,6 +70,9 @@ from infbench.scenario.workload import WorkloadPoint
 MAX_TIMED_REQUESTS = 1_000_000
 # Instants this close count as equal (row times are floats of one clock).
 _EPS_S = 1e-9
+# An open loop's steady state: the band around the median outstanding requests is at
+# least this fraction of the median either side (and at least two Poisson deviations).
+STEADY_BAND = 0.25
 
 
 def timed_workload(point: ScenarioPoint) -> WorkloadPoint:
@@ -116,28 +129,108 @@ def token_times(row: Mapping[str, Any]) -> list[float]:
     return [first] * lead + [float(t) for t in first + np.cumsum(gaps[:count - lead])]
 
 
-def _steady_interval(rows: Sequence[Mapping[str, Any]], target: int) -> tuple[float, float]:
-    """[first time the outstanding rows reach `target`, last time they fall below it]."""
+def _outstanding(rows: Sequence[Mapping[str, Any]]) -> list[tuple[float, int]]:
+    """(instant, outstanding rows from then on) at every instant a row arrives or finishes,
+    in time order; what one instant submits and finishes counts together."""
     change: dict[float, int] = {}
-    done = [r for r in rows if r.get("finish_s") is not None]
-    for r in done:
+    for r in rows:
         change[float(r["arrival_s"])] = change.get(float(r["arrival_s"]), 0) + 1
         change[float(r["finish_s"])] = change.get(float(r["finish_s"]), 0) - 1
-    goal = min(target, len(done))
-    level, reached, left, peak = 0, None, None, 0
-    for time in sorted(change):  # what one instant submits and finishes, together
-        was = level
+    steps, level = [], 0
+    for time in sorted(change):
         level += change[time]
-        peak = max(peak, level)
-        if reached is None and level >= goal:
-            reached = time
+        steps.append((time, level))
+    return steps
+
+
+def _crossings(steps: Sequence[tuple[float, int]], goal: float) -> tuple[float | None,
+                                                                          float | None]:
+    """(the first instant the level reaches `goal`, the last instant it falls below it)."""
+    reached = next((t for t, level in steps if level >= goal), None)
+    left = None
+    for (_, was), (time, level) in zip(steps, steps[1:], strict=False):
         if was >= goal > level:
             left = time
+    return reached, left
+
+
+def _steady_interval(rows: Sequence[Mapping[str, Any]], target: int) -> tuple[float, float]:
+    """[first time the outstanding rows reach `target`, last time they fall below it]."""
+    done = [r for r in rows if r.get("finish_s") is not None]
+    steps = _outstanding(done)
+    goal = min(target, len(done))
+    reached, left = _crossings(steps, goal)
     if reached is None or left is None or goal <= 0:
+        peak = max((level for _, level in steps), default=0)
         raise UserError(f"measure.window.steady_state: the outstanding requests never reached "
                         f"their target {target} (at most {peak}); allowed: a workload whose "
                         "requests fill the cap (more requests than workload.max_concurrency)")
     return reached, left
+
+
+def _time_at_levels(steps: Sequence[tuple[float, int]], start: float,
+                    end: float) -> dict[int, float]:
+    """Seconds of [start, end] spent at each level of the outstanding-rows step function."""
+    spent: dict[int, float] = {}
+    for (time, level), (after, _) in zip(steps, steps[1:], strict=False):
+        span = min(after, end) - max(time, start)
+        if span > 0:
+            spent[level] = spent.get(level, 0.0) + span
+    return spent
+
+
+def steady_band(rows: Sequence[Mapping[str, Any]]) -> tuple[float, float, float]:
+    """(median, low, high) of an open loop's outstanding rows: the time-weighted median over
+    the arrival span (first to last arrival; after it the load only drains), and the band
+    median -+ max(STEADY_BAND x median, 2 sqrt(median), 1) (the module docstring)."""
+    done = [r for r in rows if r.get("finish_s") is not None]
+    arrivals = [float(r["arrival_s"]) for r in done]
+    if not arrivals or max(arrivals) - min(arrivals) <= _EPS_S:
+        raise UserError("measure.window.steady_state: every request arrived at one instant, so "
+                        "an open loop has no steady state; allowed: a workload with arrivals "
+                        "over time (kind poisson or trace) or a concurrency cap")
+    spent = _time_at_levels(_outstanding(done), min(arrivals), max(arrivals))
+    half, total, median = sum(spent.values()) / 2, 0.0, 0
+    for level in sorted(spent):
+        total += spent[level]
+        if total >= half:
+            median = level
+            break
+    slack = max(STEADY_BAND * median, 2 * math.sqrt(median), 1.0)
+    return float(median), max(median - slack, 0.0), median + slack
+
+
+def _mean_level(steps: Sequence[tuple[float, int]], start: float, end: float) -> float:
+    spent = _time_at_levels(steps, start, end)
+    return sum(level * t for level, t in spent.items()) / max(end - start, _EPS_S)
+
+
+def _open_loop_interval(rows: Sequence[Mapping[str, Any]]) -> tuple[float, float]:
+    """An uncapped workload's steady state (the module docstring): from the first time the
+    outstanding rows reach the band around their median to the last time they fall below
+    it or the last arrival, whichever is first; refused when the mean outstanding of its
+    second half differs from its first half's by more than the band's half-width."""
+    done = [r for r in rows if r.get("finish_s") is not None]
+    median, low, high = steady_band(done)
+    steps = _outstanding(done)
+    start, left = _crossings(steps, low)
+    last_arrival = max(float(r["arrival_s"]) for r in done)
+    end = last_arrival if left is None else min(left, last_arrival)
+    if start is None or end - start <= _EPS_S:
+        raise UserError(f"measure.window.steady_state: the outstanding requests never held "
+                        f"the band [{low:.3g}, {high:.3g}] around their median {median:g} "
+                        "before the last arrival; allowed: a longer run (more requests, "
+                        "measure.duration_s) or a concurrency cap")
+    middle = (start + end) / 2
+    first, second = _mean_level(steps, start, middle), _mean_level(steps, middle, end)
+    if abs(second - first) > high - median:
+        raise UserError(f"measure.window.steady_state: the outstanding requests never settled: "
+                        f"{first:.3g} on average over the first half of [{start:.4g}, "
+                        f"{end:.4g}] s, {second:.3g} over the second, more apart than the band "
+                        f"around their median {median:g} is wide (-+{high - median:.3g}), as "
+                        "when a server falls behind the rate and its queue keeps growing; "
+                        "allowed: a lower workload.rate, a longer run, or a concurrency cap")
+    return start, end
 
 
 def window_interval(rows: Sequence[Mapping[str, Any]], wall_s: float, window: WindowSection,
@@ -152,9 +245,8 @@ def window_interval(rows: Sequence[Mapping[str, Any]], wall_s: float, window: Wi
     if kept and window.cooldown_requests:
         end = min(end, max(float(r["finish_s"]) for r in kept))
     if window.steady_state:
-        if target is None:  # the scenario refuses steady_state without a cap
-            raise ConfigError("measure.window.steady_state: needs a concurrency target")
-        low, high = _steady_interval(done, target)
+        low, high = _open_loop_interval(done) if target is None else \
+            _steady_interval(done, target)
         start, end = max(start, low), min(end, high)
     return start, end, kept
 

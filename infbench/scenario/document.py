@@ -192,9 +192,11 @@ class Scenario(Section):
         window = m.window
         if window is None:
             return self
-        if window.steady_state and not capped:
-            raise ValueError("measure.window.steady_state: needs a concurrency target; allowed "
-                             "with workload.max_concurrency set or kind static (batch_size)")
+        if window.steady_state and not capped and w.kind not in ("poisson", "trace"):
+            raise ValueError(f"measure.window.steady_state: kind {w.kind} without "
+                             "max_concurrency has neither a concurrency target nor arrivals "
+                             "over time; allowed with workload.max_concurrency set, kind static "
+                             "(batch_size), or an open loop (kind poisson or trace)")
         excluded_s = window.warmup_s + window.cooldown_s
         if m.duration_s is not None and excluded_s >= m.duration_s:
             raise ValueError(f"measure.window: warmup_s + cooldown_s ({excluded_s:g} s) leave "

@@ -75,7 +75,8 @@ class WindowSection(Section):
     steady_state: StrictBool = False
     """Only the time while the client's outstanding requests were at their target (the
     concurrency cap: workload.max_concurrency, or batch_size of kind static): from the first
-    time they reach it to the last time they fall below it."""
+    time they reach it to the last time they fall below it.  Without a cap (kind poisson or
+    trace) the band around their median, up to the last arrival (docs/windows.md)."""
 
     @model_validator(mode="after")
     def _something_excluded(self) -> WindowSection:

@@ -50,7 +50,7 @@ def test_engine_points_run_on_the_cluster_into_one_run_dir(
 def test_target_workers_as_actors_share_one_schedule(
         cluster: None, tmp_path: Path, capsys: pytest.CaptureFixture[str],
         tokenizer_dir: Path) -> None:
-    config = MockConfig(token_delay_s=0.002)
+    config = MockConfig(token_delay_s=0.002, metrics="vllm", metrics_preempt_every=2)
     with MockServer(config) as server:
         path = tmp_path / "target.yaml"
         path.write_text(f"""
@@ -72,6 +72,10 @@ measure: {{warmup: 0, repeats: 1}}
     assert workers["requests"] == [3, 3] and workers["max_concurrency"] == [2, 2]
     assert sorted(r["worker"] for r in result["requests"]) == [0, 0, 0, 1, 1, 1]
     assert result["telemetry"]["client"]["send_error_s"]["p99"] < 0.25
+    # the parent scraped /metrics while the actors streamed (client/server_metrics.py)
+    sm = result["telemetry"]["server_metrics"]
+    assert sm["source"] == "vllm" and sm["num_failed"] == 0 and sm["num_scrapes"] >= 2
+    assert sm["summary"]["preemptions"] == 3  # requests 2, 4, 6 of the 6, no warm-up
 
 
 def test_ray_engine_points_without_ray_is_one_line(

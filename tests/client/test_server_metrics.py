@@ -60,10 +60,74 @@ def test_old_vllm_names_other_servers_and_text_that_is_not_prometheus() -> None:
     assert quantities(old, SOURCES["vllm"]) == {
         "kv_usage": ("vllm:gpu_cache_usage_perc", 0.75),
         "prefix_cache_hit_rate": ("vllm:gpu_prefix_cache_hit_rate", 0.5)}
-    assert detect_source(parse_samples("tgi_queue_size 3\nprocess_cpu_seconds_total 1\n")) \
+    assert detect_source(parse_samples("lmdeploy_queue 3\nprocess_cpu_seconds_total 1\n")) \
         is None
     with pytest.raises(MetricsError, match="not Prometheus text"):
         parse_samples("vllm:num_requests_running{model_name= 3\n")
+
+
+# As TGI's router writes it (metrics-rs's Prometheus exporter: no labels on these gauges,
+# counters without _total, histograms with buckets).
+TGI_TEXT = """\
+# HELP tgi_request_success Number of successful requests
+# TYPE tgi_request_success counter
+tgi_request_success 12
+# HELP tgi_batch_current_size Current batch size
+# TYPE tgi_batch_current_size gauge
+tgi_batch_current_size 3
+# HELP tgi_queue_size Current queue size
+# TYPE tgi_queue_size gauge
+tgi_queue_size 5
+# HELP tgi_batch_current_max_tokens Maximum tokens for the current batch
+# TYPE tgi_batch_current_max_tokens gauge
+tgi_batch_current_max_tokens 2048
+# TYPE tgi_request_duration histogram
+tgi_request_duration_bucket{le="0.5"} 3
+tgi_request_duration_bucket{le="+Inf"} 12
+tgi_request_duration_sum 4.25
+tgi_request_duration_count 12
+"""
+
+# As llama.cpp's server writes it with --metrics (HELP, TYPE, one unlabelled sample each;
+# kv_cache_usage_ratio as the builds that export it write it).
+LLAMACPP_TEXT = """\
+# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.
+# TYPE llamacpp:prompt_tokens_total counter
+llamacpp:prompt_tokens_total 6886
+# HELP llamacpp:tokens_predicted_total Number of generation tokens processed.
+# TYPE llamacpp:tokens_predicted_total counter
+llamacpp:tokens_predicted_total 3469
+# HELP llamacpp:kv_cache_usage_ratio KV-cache usage. 1 means 100 percent usage.
+# TYPE llamacpp:kv_cache_usage_ratio gauge
+llamacpp:kv_cache_usage_ratio 0.4375
+# HELP llamacpp:requests_processing Number of requests processing.
+# TYPE llamacpp:requests_processing gauge
+llamacpp:requests_processing 4
+# HELP llamacpp:requests_deferred Number of requests deferred.
+# TYPE llamacpp:requests_deferred gauge
+llamacpp:requests_deferred 2
+# HELP llamacpp:spec_decode_num_accepted_tokens_per_pos_total Accepted tokens per draft position
+# TYPE llamacpp:spec_decode_num_accepted_tokens_per_pos_total counter
+llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="0"} 7
+"""
+
+
+@pytest.mark.parametrize(("text", "kind", "expected"), [
+    (TGI_TEXT, "tgi", {"running": ("tgi_batch_current_size", 3.0),
+                       "waiting": ("tgi_queue_size", 5.0)}),
+    (LLAMACPP_TEXT, "llamacpp", {"running": ("llamacpp:requests_processing", 4.0),
+                                 "waiting": ("llamacpp:requests_deferred", 2.0),
+                                 "kv_usage": ("llamacpp:kv_cache_usage_ratio", 0.4375)}),
+    # a llama.cpp build without the KV gauge: running and waiting only
+    ("\n".join(line for line in LLAMACPP_TEXT.splitlines() if "kv_cache" not in line),
+     "llamacpp", {"running": ("llamacpp:requests_processing", 4.0),
+                  "waiting": ("llamacpp:requests_deferred", 2.0)}),
+])
+def test_tgi_and_llamacpp_expositions_map_to_running_waiting_and_kv(
+        text: str, kind: str, expected: dict[str, tuple[str, float]]) -> None:
+    samples = parse_samples(text)
+    assert detect_source(samples) == kind
+    assert quantities(samples, SOURCES[kind]) == expected
 
 
 def test_summary_gauges_between_the_brackets_counters_from_end_to_end() -> None:
@@ -129,6 +193,56 @@ def test_run_scrapes_the_mock_and_report_shows_the_summary(
     code, rows, _ = run_args(["report", str(out), "--json"], capsys)
     row = json.loads(rows)[0]
     assert row["server_metrics_source"] == kind and row["server_preemptions"] == 6
+
+
+@pytest.mark.parametrize("kind", ["vllm", "sglang"])
+def test_a_run_with_two_workers_is_scraped_from_the_parent(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str) -> None:
+    """target.workers: 2 streams from two processes while the parent scrapes (client/
+    workers.py, ThreadedScraper): the counters move by exactly the measured requests'."""
+    config = MockConfig(token_delay_s=0.01, metrics=kind, metrics_preempt_every=2,
+                        keep_bodies=False)
+    with MockServer(config) as server:
+        out = tmp_path / "out"
+        code, _, err = run_args(["run", str(scenario(tmp_path, server.base_url,
+                                                     ", workers: 2")),
+                                 "--out", str(out)], capsys)
+    assert code == 0, err
+    assert "no server metrics" not in err and "not scraped" not in err
+    result = load_result(out / "scraped_000.json")
+    assert result["telemetry"]["client"]["workers"]["count"] == 2
+    sm = result["telemetry"]["server_metrics"]
+    assert sm["source"] == kind and sm["num_failed"] == 0 and sm["num_scrapes"] >= 3
+    s = sm["summary"]
+    assert s["preemptions"] == 6 and s["prefix_cache_queries"] == 12 * 8  # warm-up excluded
+    assert s["prefix_cache_hit_rate"] == pytest.approx(0.25)
+    assert s["num_samples"] >= 1 and 1 <= s["running_max"] <= 2  # streams seen mid-run
+    t = [p[0] for p in sm["series"]["running"]]
+    assert t == sorted(t) and t[0] == 0
+
+
+@pytest.mark.parametrize("kind", ["tgi", "llamacpp"])
+def test_tgi_and_llamacpp_mocks_give_their_gauges_and_no_counters(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str) -> None:
+    with MockServer(MockConfig(token_delay_s=0.01, metrics=kind, keep_bodies=False)) as server:
+        out = tmp_path / "out"
+        code, _, err = run_args(["run", str(scenario(tmp_path, server.base_url)),
+                                 "--out", str(out)], capsys)
+    assert code == 0, err
+    sm = load_result(out / "scraped_000.json")["telemetry"]["server_metrics"]
+    assert sm["source"] == kind and sm["num_failed"] == 0
+    s = sm["summary"]
+    assert s["running_max"] == 2 and s["waiting_max"] == 2  # 4 streams, 2 "running"
+    if kind == "llamacpp":
+        assert s["kv_usage_max"] == pytest.approx(0.2)
+    else:
+        assert s["kv_usage_max"] is None and "kv_usage" not in sm["names"]
+    # neither server counts preemptions or prefix-cache lookups
+    assert s["preemptions"] is None and s["prefix_cache_hit_rate"] is None
+    code, rows, _ = run_args(["report", str(out), "--json"], capsys)
+    row = json.loads(rows)[0]
+    assert code == 0 and row["server_metrics_source"] == kind
+    assert row["server_running_max"] == 2 and row["server_preemptions"] is None
 
 
 def test_a_target_without_metrics_says_so_once_and_the_run_goes_on(

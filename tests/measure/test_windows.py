@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
+import math
+import random
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,7 @@ from infbench.engine.request import Request, SamplingParams
 from infbench.measure.metrics import aggregate_repeats
 from infbench.measure.windows import (
     concurrency_target,
+    steady_band,
     timed_workload,
     token_times,
     window_interval,
@@ -102,6 +106,52 @@ def test_steady_state_runs_from_reaching_the_cap_to_the_drain() -> None:
                        target=4 * 10, percentiles=[50])
 
 
+def open_loop(num: int, gap_s: float, service_s: Any) -> list[dict[str, Any]]:
+    """`num` requests arriving every gap_s, request i taking service_s(i) seconds."""
+    return [row(f"r{i:03d}", i * gap_s, i * gap_s + 0.0625, i * gap_s + service_s(i), 5)
+            for i in range(num)]
+
+
+def test_open_loop_steady_state_is_the_band_around_the_median_outstanding() -> None:
+    # one arrival every 1/8 s, each request 1 s: 8 outstanding once the ramp is over (each
+    # arrival meets a finish at the same instant), then the drain after the last arrival
+    rows = open_loop(80, 0.125, lambda _: 1.0)
+    slack = 2 * math.sqrt(8)  # two Poisson deviations: wider than 25% of 8
+    assert steady_band(rows) == (8.0, 8 - slack, 8 + slack)
+    start, end, _ = window_interval(rows, 10.875, WindowSection(steady_state=True), None)
+    assert start == 0.25  # the 3rd arrival: 3 outstanding, above the band's low edge 2.34
+    assert end == 9.875  # the last arrival: from then on the load only drains
+    m = window_metrics(rows, 10.875, WindowSection(steady_state=True), target=None,
+                       percentiles=[50])
+    assert m["num_requests"] == 70  # r002 .. r071: arrived from 0.25, finished by 9.875
+    # a large steady load: the band is 25% of the median (more than two deviations)
+    wide = open_loop(800, 0.0078125, lambda _: 1.0)  # 1/128 s apart: 128 outstanding
+    assert steady_band(wide) == (128.0, 96.0, 160.0)
+    # a noisy open loop (exponential gaps, mean 0.1 s; 1 s each): its median is about
+    # rate x service = 10, and the window leaves the ramp and the drain out
+    rng = random.Random(7)
+    times = list(itertools.accumulate(rng.expovariate(10.0) for _ in range(400)))
+    noisy = [row(f"n{i:03d}", t, t + 0.0625, t + 1.0, 5) for i, t in enumerate(times)]
+    median, low, high = steady_band(noisy)
+    assert 8 <= median <= 12
+    assert high - median == pytest.approx(median - low) == pytest.approx(2 * math.sqrt(median))
+    start, end, _ = window_interval(noisy, times[-1] + 1, WindowSection(steady_state=True),
+                                    None)
+    assert times[0] < start < 1.0 and times[-1] - 1.0 < end <= times[-1]
+
+
+def test_an_open_loop_that_never_settles_has_no_steady_state() -> None:
+    # the server serves at half the arrival rate: the outstanding requests grow all along
+    behind = open_loop(80, 0.125, lambda i: 1.0 + 0.125 * i)
+    with pytest.raises(UserError, match=r"^measure.window.steady_state: the outstanding "
+                                        r"requests never settled: .* over the first half"):
+        window_metrics(behind, 21.0, WindowSection(steady_state=True), target=None,
+                       percentiles=[50])
+    at_once = [row(f"r{i}", 0.0, 0.1, 1.0 + i, 3) for i in range(4)]
+    with pytest.raises(UserError, match="every request arrived at one instant"):
+        window_interval(at_once, 4.0, WindowSection(steady_state=True), None)
+
+
 def test_an_empty_window_is_one_line_naming_the_key() -> None:
     with pytest.raises(UserError, match=r"^measure.window: the window \[3, 3.5\] s"):
         window_metrics(closed_loop(4, cap=2), 4.0, WindowSection(warmup_s=3.0,
@@ -178,8 +228,9 @@ def test_the_client_sends_nothing_after_the_duration() -> None:
     ({"duration_s": 2}, {"kind": "static", "batch_size": 2}, "measure.duration_s: kind static "
      "sends requests as slots free up, so workload.num_requests must say"),
     ({"window": {}}, {}, "measure.window: give at least one of"),
-    ({"window": {"steady_state": True}}, {"kind": "poisson", "rate": 2},
-     "measure.window.steady_state: needs a concurrency target"),
+    ({"window": {"steady_state": True}}, {"kind": "offline"},
+     "measure.window.steady_state: kind offline without max_concurrency has neither a "
+     "concurrency target nor arrivals over time"),
     ({"window": {"warmup_requests": 3, "cooldown_requests": 1}}, {"batch_size": 4},
      "measure.window: warmup_requests + cooldown_requests (4) leave none of the 4"),
     ({"duration_s": 1, "window": {"warmup_s": 0.5, "cooldown_s": 0.5}},
@@ -234,6 +285,23 @@ def test_a_timed_windowed_client_run_keeps_both_figures(
     assert all("window" in r for r in result["repeats"])
     assert "window.output_tokens_per_s" in result["spread"]
     assert "all 300 requests were sent" not in err
+
+
+def test_a_poisson_client_run_has_an_open_loop_steady_state(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with MockServer(MockConfig(first_delay_s=0.01, token_delay_s=0.01)) as server:
+        result, _ = _run(tmp_path, monkeypatch, capsys, {
+            "name": "open", "model": {"preset": "tiny"},
+            "target": {"kind": "openai", "base_url": server.base_url, "model": "mock-model"},
+            "workload": {"kind": "poisson", "rate": 40, "seed": 2, "prompt_len": 4,
+                         "gen_len": 8},
+            "measure": {"warmup": 0, "repeats": 1, "duration_s": 1.5,
+                        "window": {"steady_state": True}}})
+    rows, w = result["requests"], result["metrics"]["window"]
+    # the window ends by the last arrival: the drain after it is left out
+    assert w["end_s"] <= max(r["arrival_s"] for r in rows) + 1e-9
+    assert 0 < w["num_requests"] < result["metrics"]["num_requests"]
 
 
 def test_an_engine_run_with_a_window_and_a_count_bound_duration(
