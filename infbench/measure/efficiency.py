@@ -145,8 +145,7 @@ def _efficiency(engine: str, parts: list[TimeParts]) -> tuple[Efficiency, bool, 
     return Efficiency(bw, cp, f"{engine} fit"), has_bw, has_cp
 
 
-def fit_engine(engine: str, rows: list[PublishedRow] | None = None) -> EngineFit:
-    """The fit of `engine` on its priceable rows (at least 2, for a leave-one-out error)."""
+def _engine_rows(engine: str, rows: list[PublishedRow] | None) -> list[PublishedRow]:
     rows = load_rows() if rows is None else rows
     mine = [r for r in priceable(rows) if r.engine == engine]
     if len(mine) < 2:
@@ -154,6 +153,19 @@ def fit_engine(engine: str, rows: list[PublishedRow] | None = None) -> EngineFit
         raise UserError(f"--efficiency {engine}: {len(mine)} published row(s) of {engine} are "
                         "priced (a fit needs 2); allowed: "
                         f"{', '.join(usable) or 'no engine yet'}, or a fraction in (0, 1]")
+    return mine
+
+
+def engine_efficiency(engine: str, rows: list[PublishedRow] | None = None) -> Efficiency:
+    """The fractions `--efficiency ENGINE` derates by, without `fit_engine`'s leave-one-out
+    errors (which price every row once more per row held out)."""
+    mine = _engine_rows(engine, rows)
+    return _efficiency(engine, [time_parts(price_row(r)) for r in mine])[0]
+
+
+def fit_engine(engine: str, rows: list[PublishedRow] | None = None) -> EngineFit:
+    """The fit of `engine` on its priceable rows (at least 2, for a leave-one-out error)."""
+    mine = _engine_rows(engine, rows)
     priced = [price_row(r) for r in mine]
     parts = [time_parts(rp) for rp in priced]
     eff, has_bw, has_cp = _efficiency(engine, parts)

@@ -12,6 +12,7 @@ from infbench.core.errors import UserError
 from infbench.hardware.spec import get_hardware
 from infbench.measure.efficiency import (
     TimeParts,
+    engine_efficiency,
     fit_engine,
     fit_fractions,
     parse_efficiency,
@@ -71,6 +72,10 @@ def test_fit_and_leave_one_out_on_a_synthetic_table() -> None:
     # leave-one-out: each row predicted from the fit of the other four
     assert len(fit.loo_errors) == len(rows) and fit.loo_max < 0.05
     assert "leave-one-out error: median" in fit.summary()
+    # the fractions alone (the under-load table's derating): the fit's, without its errors
+    assert engine_efficiency("vllm", rows) == fit.efficiency
+    with pytest.raises(UserError, match="a fit needs 2"):
+        engine_efficiency("sglang", rows)
 
 
 def test_leave_one_out_sees_a_row_the_others_do_not_explain() -> None:
