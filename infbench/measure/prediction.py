@@ -130,6 +130,7 @@ class PointPrice:
     # `simulation_note` saying why; the note also says what the simulation assumed
     metrics: dict[str, Any] | None = None
     simulation_note: str = ""
+    request_overhead_s: float = 0.0  # a client point's term in `metrics` (target:)
 
     def to_dict(self) -> dict[str, Any]:
         """The prediction under the result schema's keys (`results.schema.Prediction`)."""
@@ -138,6 +139,8 @@ class PointPrice:
             d["metrics"] = self.metrics
         if self.simulation_note:
             d["simulation_note"] = self.simulation_note
+        if self.request_overhead_s:
+            d["request_overhead_s"] = self.request_overhead_s
         return d
 
     def _roofline_dict(self) -> dict[str, Any]:
@@ -263,7 +266,8 @@ def with_simulation(priced: PointPrice, point: ScenarioPoint, cfg: ModelConfig,
                        "options (--spec-*, --kv-bits) have no engine to run")
     sim = simulate_point(point, cfg, hw, requests=requests, tokenizer=tokenizer,
                          eos_token_id=eos_token_id, overlap=options.overlap)
-    return replace(priced, metrics=sim.metrics, simulation_note=sim.note)
+    return replace(priced, metrics=sim.metrics, simulation_note=sim.note,
+                   request_overhead_s=sim.request_overhead_s)
 
 
 def price_points(points: list[ScenarioPoint],
