@@ -20,7 +20,8 @@ loopback port, and then:
    so lengths and per-token times are exact; `ignore_eos` is the workload's default) with
    `client.point.run_target_point`, which records the measured metrics beside the
    prediction of the same requests, as `infbench run` does; the engine's steps over the
-   point (their number and mean seconds, from /metrics) go into the row;
+   point (their number and mean seconds, from /metrics) go into the row beside the
+   simulation's number of steps;
 4. stops the server with SIGTERM and requires a clean exit.
 
 The per-token work of the server (detokenizing, the SSE chunks) runs on its event loop, not
@@ -230,5 +231,7 @@ def run_served(doc: dict[str, Any], point: Any, model: str, prompt_len: int,
         after = counters(server.metrics_url)
     steps = int(after[STEPS] - before[STEPS])
     seconds = after[STEP_SECONDS] - before[STEP_SECONDS]
+    predicted = (result.get("prediction") or {}).get("metrics") or {}
     return result, {**overhead, "server_steps": steps,
-                    "server_step_s_mean": seconds / steps if steps else None}
+                    "server_step_s_mean": seconds / steps if steps else None,
+                    "predicted_steps": predicted.get("num_steps")}

@@ -30,6 +30,7 @@ def test_quick_through_serve_prices_the_measured_overhead_once(tmp_path: Path) -
         assert overhead > 0
         # 8 requests of 4-12 tokens: at least the longest one's steps, at most one per token
         assert 12 <= row["server_steps"] <= 8 * 12 and row["server_step_s_mean"] > 0
+        assert 12 <= row["predicted_steps"] <= 8 * 12
         plain = row["predicted_without_overhead"]
         for pct in ("p50", "p90"):  # the term once in TTFT, never in TPOT or ITL
             assert row[f"ttft_s_{pct}"]["predicted"] == pytest.approx(
