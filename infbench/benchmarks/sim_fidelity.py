@@ -12,15 +12,21 @@ with every request at t=0), from light load to past saturation; prompt and outpu
 are uniform within +-`--spread` of `--prompt` and `--gen`.  The SLO (for the SLO max rate)
 is 3x the light-load TTFT p50 and 1.5x its TPOT p50, as predicted.
 
-Prints measured / predicted / error % for TTFT and TPOT at p50 and p90 per rate, the
-measured and the predicted SLO max rate, the seconds the simulation took beside the run's,
-and the load average before and after (the machine is shared: rerun it quietly), and
-writes `--out` (JSON).  Targets (issue 28): p50 within 15%, p90 within 25%, the same SLO
-max rate.
+`--through serve` measures each point through `infbench serve` and the client instead
+(sim_fidelity_serve.py: a server per point with the point's model and engine section, its
+request overhead measured at idle and priced in the prediction as
+`target.request_overhead_s`); `--threads N` sets `engine.num_threads` for either way.
+
+Prints measured / predicted / error % for TTFT, TPOT and ITL at p50 and p90 per rate (and,
+through serve, the overhead term), the measured and the predicted SLO max rate, the seconds
+the simulation took beside the run's, and the load average before and after (the machine is
+shared: rerun it quietly), and writes `--out` (JSON).  Targets (issue 28): p50 within 15%,
+p90 within 25%, the same SLO max rate.
 
     python -m infbench.benchmarks.sim_fidelity [--hardware local] [--models smollm2-135m,
         llama-small] [--load 0.3,0.7,1.3] [--requests 48] [--prompt 128] [--gen 32]
-        [--spread 0.5] [--out results/bench_sim_fidelity.json] [--no-model-steps] [--quick]
+        [--spread 0.5] [--through engine|serve] [--threads N]
+        [--out results/bench_sim_fidelity.json] [--no-model-steps] [--quick]
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ from infbench.benchmarks._main import bench_main
 
 MODELS = {"smollm2-135m": {"gguf": "smollm2-135m"}, "llama-small": {"preset": "llama-small"}}
 TARGETS = {"p50": 15.0, "p90": 25.0}  # percent
+THROUGH = ("engine", "serve")
+METRICS = ("ttft_s", "tpot_s", "itl_s")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -51,6 +59,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--prompt", type=int, default=128)
     parser.add_argument("--gen", type=int, default=32)
     parser.add_argument("--spread", type=float, default=0.5)
+    parser.add_argument("--through", default="engine",
+                        help="engine: the in-process engine; serve: infbench serve + the client")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="engine.num_threads (default: torch's)")
     parser.add_argument("--out", default="results/bench_sim_fidelity.json")
     parser.add_argument("--no-model-steps", action="store_true",
                         help="skip `calibrate --model` of each model before its sweep (the "
@@ -70,6 +82,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             or args.gen < 2 or not 0 <= args.spread < 1:
         raise UserError("--load entries > 0, --requests/--prompt/--gen >= 2 and --spread in "
                         "[0, 1) are required")
+    if args.through not in THROUGH:
+        raise UserError(f"--through: unknown {args.through!r}; allowed: {', '.join(THROUGH)}")
+    if args.threads is not None and args.threads < 1:
+        raise UserError(f"--threads must be >= 1, got {args.threads}")
     if args.quick:
         args.models, args.requests, args.prompt, args.gen = ["llama-small"], 8, 32, 8
     return args
@@ -86,7 +102,8 @@ def _doc(args: argparse.Namespace, model: str, workload: dict[str, Any],
                          "gen_len": args.gen, "prompt_len_dist": "uniform",
                          "gen_len_dist": "uniform", "len_spread": args.spread, "seed": 0,
                          **workload},
-            "engine": {"block_size": 16, "max_num_seqs": 32, "max_num_batched_tokens": 4096},
+            "engine": {"block_size": 16, "max_num_seqs": 32, "max_num_batched_tokens": 4096,
+                       **({"num_threads": args.threads} if args.threads else {})},
             "measure": {"warmup": 1, "repeats": 1, "percentiles": [50, 90, 99],
                         **({"slo": slo} if slo else {})}}
 
@@ -144,13 +161,22 @@ def run(args: argparse.Namespace, log: Any) -> dict[str, Any]:
             log(f"{model}: rate {rate:g} req/s ({frac:g} of the predicted capacity "
                 f"{capacity:.3g}), load {_load():.1f}")
             begin = time.perf_counter()
-            result = run_point(point, cache=cache)
+            served: dict[str, Any] = {}
+            if args.through == "serve":
+                from infbench.benchmarks.sim_fidelity_serve import run_served
+
+                result, served = run_served(doc, point, model, args.prompt, log)
+            else:
+                result = run_point(point, cache=cache)
             run_s = time.perf_counter() - begin
             begin = time.perf_counter()
-            _predicted(point)
+            plain = _predicted(point)
             sim_s = time.perf_counter() - begin
+            if served:  # the engine's times alone, beside the prediction with the term
+                served["predicted_without_overhead"] = {
+                    f"{n}_{p}": plain[n][p] for n in METRICS for p in ("p50", "p90")}
             results.append(result)
-            rows.append(_row(model, frac, rate, result, run_s, sim_s))
+            rows.append({**_row(model, frac, rate, result, run_s, sim_s), **served})
         measured = max_rate_summaries(results)
         predicted = max_rate_summaries(predicted_results(results))
         sweeps.append({"model": model, "capacity_requests_per_s": capacity, "slo": slo,
@@ -158,6 +184,7 @@ def run(args: argparse.Namespace, log: Any) -> dict[str, Any]:
                        "max_rate_measured": measured[0]["max_rate"] if measured else None,
                        "max_rate_predicted": predicted[0]["max_rate"] if predicted else None})
     return {"kind": "infbench.bench.sim_fidelity", "hardware": args.hardware,
+            "through": args.through,
             "started": started, "load_before": load_before, "load_after": _load(),
             "args": {k: v for k, v in vars(args).items()}, "rows": rows, "sweeps": sweeps,
             "targets_pct": TARGETS}
@@ -169,7 +196,7 @@ def _row(model: str, frac: float, rate: float, result: dict[str, Any], run_s: fl
     predicted = (result.get("prediction") or {}).get("metrics") or {}
     row: dict[str, Any] = {"model": model, "load": frac, "rate": rate,
                            "run_s": run_s, "sim_s": sim_s}
-    for name in ("ttft_s", "tpot_s"):
+    for name in METRICS:
         for pct in ("p50", "p90"):
             m = (measured.get(name) or {}).get(pct)
             p = (predicted.get(name) or {}).get(pct)
@@ -182,12 +209,14 @@ def _row(model: str, frac: float, rate: float, result: dict[str, Any], run_s: fl
 def render(data: dict[str, Any]) -> Iterable[Any]:
     from rich.table import Table
 
-    table = Table(title=f"predicted under load vs measured on {data['hardware']} (ms, "
+    serve = data.get("through") == "serve"
+    way = "through infbench serve" if serve else "in-process engine"
+    table = Table(title=f"predicted under load vs measured ({way}) on {data['hardware']} (ms, "
                         "measured / predicted error %)",
                   caption=f"{data['started']}; load average {data['load_before']:.1f} before, "
                           f"{data['load_after']:.1f} after (a shared machine: rerun quietly)")
     for col in ("model", "load", "rate req/s", "TTFT p50", "TTFT p90", "TPOT p50", "TPOT p90",
-                "run s", "sim s"):
+                "ITL p50", "ITL p90", *(("overhead ms",) if serve else ()), "run s", "sim s"):
         table.add_column(col, justify="left" if col == "model" else "right")
 
     def cell(d: dict[str, Any]) -> str:
@@ -198,7 +227,8 @@ def render(data: dict[str, Any]) -> Iterable[Any]:
 
     for r in data["rows"]:
         table.add_row(r["model"], f"{r['load']:g}", f"{r['rate']:.3g}",
-                      *(cell(r[f"{n}_{p}"]) for n in ("ttft_s", "tpot_s") for p in ("p50", "p90")),
+                      *(cell(r[f"{n}_{p}"]) for n in METRICS for p in ("p50", "p90")),
+                      *((f"{r['request_overhead_s'] * 1e3:.2f}",) if serve else ()),
                       f"{r['run_s']:.1f}", f"{r['sim_s']:.2f}")
     yield table
     for s in data["sweeps"]:
@@ -211,7 +241,7 @@ def render(data: dict[str, Any]) -> Iterable[Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return bench_main(argv, parse_args, run, render, min_width=140)
+    return bench_main(argv, parse_args, run, render, min_width=190)
 
 
 if __name__ == "__main__":

@@ -131,6 +131,7 @@ class PointPrice:
     # `simulation_note` saying why; the note also says what the simulation assumed
     metrics: dict[str, Any] | None = None
     simulation_note: str = ""
+    request_overhead_s: float = 0.0  # a client point's term in `metrics` (target:)
 
     def to_dict(self) -> dict[str, Any]:
         """The prediction under the result schema's keys (`results.schema.Prediction`)."""
@@ -139,6 +140,8 @@ class PointPrice:
             d["metrics"] = self.metrics
         if self.simulation_note:
             d["simulation_note"] = self.simulation_note
+        if self.request_overhead_s:
+            d["request_overhead_s"] = self.request_overhead_s
         return d
 
     def _roofline_dict(self) -> dict[str, Any]:
@@ -269,7 +272,8 @@ def with_simulation(priced: PointPrice, point: ScenarioPoint, cfg: ModelConfig,
     sim = simulate_point(point, cfg, hw, requests=requests, conversations=conversations,
                          tokenizer=tokenizer, eos_token_id=eos_token_id,
                          overlap=options.overlap)
-    return replace(priced, metrics=sim.metrics, simulation_note=sim.note)
+    return replace(priced, metrics=sim.metrics, simulation_note=sim.note,
+                   request_overhead_s=sim.request_overhead_s)
 
 
 def _check_context(point: ScenarioPoint, cfg: ModelConfig) -> None:

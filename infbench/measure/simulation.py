@@ -11,6 +11,13 @@ and summarized by `measure.metrics.summarize` and `measure.goodput` into a dict 
 result schema's `metrics` shape.  Replicas (`parallel.replicas` R) each serve every R-th
 request, as `serve --replicas`' round-robin router sends them.
 
+A client point (`target:`) measures what the server and the client add around the engine's
+steps too; `target.request_overhead_s` prices it: every simulated token time of every
+request moves later by that many seconds (a request reaches the engine that much after it
+was sent, or its tokens reach the client that much after the step, or both: the same
+shift), so TTFT and E2E grow by it and TPOT and ITL do not.  It is applied once, to the
+simulated records before they are summarized; an engine point has no target and no term.
+
 The KV pool is sized as the engine sizes it for a known workload: room for every request
 at once, capped by `engine.kv_cache_memory` (bytes, or a fraction of the device memory left
 after the weights).  Text prompts need the model's tokenizer; without one (a preset) the
@@ -64,6 +71,7 @@ class Simulated:
     metrics: dict[str, Any]
     rows: list[dict[str, Any]]
     note: str = ""
+    request_overhead_s: float = 0.0  # the client point's term added (module docstring)
 
 
 def unsimulated(point: ScenarioPoint) -> str:
@@ -191,6 +199,24 @@ def sim_config(point: ScenarioPoint, cfg: ModelConfig, hw: HardwareSpec, quant: 
                      eos_token_id=eos_token_id, speculative=spec, seed=point.workload.seed)
 
 
+def request_overhead_s(point: ScenarioPoint) -> float:
+    """Seconds serving adds to each request of this point: `target.request_overhead_s` for
+    a client point, 0 for an engine point."""
+    return 0.0 if point.target is None else float(point.target.request_overhead_s)
+
+
+def with_request_overhead(out: SimOutput, overhead_s: float) -> SimOutput:
+    """`out` as a client sees it when serving adds `overhead_s` to every request: each
+    token time (and the first content token's) that much later, the run that much longer;
+    arrivals and steps unchanged."""
+    if overhead_s == 0:
+        return out
+    records = [replace(r, token_times_s=[t + overhead_s for t in r.token_times_s],
+                       first_output_s=None if r.first_output_s is None
+                       else r.first_output_s + overhead_s) for r in out.requests]
+    return SimOutput(records, out.steps, out.wall_s + overhead_s)
+
+
 def _merge(outputs: list[SimOutput]) -> SimOutput:
     if len(outputs) == 1:
         return outputs[0]
@@ -241,7 +267,8 @@ def simulate_point(point: ScenarioPoint, cfg: ModelConfig, hw: HardwareSpec, *,
                             realtime_arrivals=point.workload.is_realtime, max_concurrency=cap,
                             submit_until_s=until)
                    for k in range(r) if requests[k::r]]
-    out = _merge(outputs)
+    overhead = request_overhead_s(point)
+    out = with_request_overhead(_merge(outputs), overhead)
     wall_s = max(out.wall_s, 1e-12)
     metrics = metrics_mod.summarize(
         out.requests, out.steps, wall_s,
@@ -261,4 +288,7 @@ def simulate_point(point: ScenarioPoint, cfg: ModelConfig, hw: HardwareSpec, *,
     if not point.workload.ignore_eos:
         notes.append("every request generates its max_tokens (the simulation cannot know "
                      "when a model would emit EOS)")
-    return Simulated(metrics, rows, "; ".join(notes))
+    if overhead:
+        notes.append(f"TTFT and E2E include target.request_overhead_s "
+                     f"({overhead * 1e3:.3g} ms per request)")
+    return Simulated(metrics, rows, "; ".join(notes), overhead)

@@ -388,6 +388,9 @@ class Prediction(_Closed):
     # it or for a point it does not run (simulation_note says why, or what it assumed)
     metrics: Metrics | None = None
     simulation_note: str | None = None
+    # a client point's target.request_overhead_s, included in metrics' token times (TTFT,
+    # E2E); None: no such term (an engine point, or 0)
+    request_overhead_s: Number | None = None
 
 
 class Step(_Closed):

@@ -14,6 +14,7 @@
       workers: 1                        # client processes on this host (client/workers.py)
       metrics: true                     # scrape the server's /metrics (or a path, a URL)
       metrics_interval_s: 1.0           # seconds between two scrapes
+      request_overhead_s: 0.0           # priced in the prediction: what serving adds
 
 Validated once, here, with the scenario (pydantic, extra keys refused), so a bad target is
 one line naming the file and the key before anything runs: a tokenizer that cannot be
@@ -45,6 +46,7 @@ MAX_WORKERS = 256
 DEFAULT_REQUEST_TIMEOUT_S = 6 * 3600.0  # vLLM's benchmark client: ClientTimeout(total=6 h)
 DEFAULT_METRICS_INTERVAL_S = 1.0
 MAX_METRICS_INTERVAL_S = 3600.0
+MAX_REQUEST_OVERHEAD_S = 60.0
 
 
 def tokenizer_source(name: str) -> tuple[str, Path]:
@@ -130,6 +132,13 @@ class TargetSection(BaseModel):
         DEFAULT_METRICS_INTERVAL_S
     """Seconds between two scrapes of `metrics` (the first at the first repeat's start, the
     last after the last repeat's end)."""
+    request_overhead_s: Annotated[float, Field(ge=0, le=MAX_REQUEST_OVERHEAD_S, strict=True,
+                                               allow_inf_nan=False)] = 0.0
+    """Seconds the server and this client add to every request beyond the engine's steps
+    (HTTP, parsing, hand-offs, streaming), added to each request's predicted token times
+    in `prediction.metrics` (TTFT and E2E; TPOT and ITL unchanged).  0: the engine's times
+    alone; `python -m infbench.benchmarks.sim_fidelity --through serve` measures it for
+    `infbench serve` (docs/predictions-under-load.md)."""
 
     @model_validator(mode="before")
     @classmethod

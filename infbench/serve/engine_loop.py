@@ -126,6 +126,8 @@ class EngineLoop:
         self._num_preemptions = 0
         self._prefix_queries = 0  # prompt tokens of the admitted samples (first admission)
         self._prefix_hits = 0  # of those, found in the prefix cache
+        self._num_steps = 0
+        self._step_seconds = 0.0  # the steps' own durations (StepRecord.duration_s)
         self.num_aborted = 0  # sequences the worker removed from the engine unfinished
 
     # ------------------------------------------------------- event-loop side
@@ -214,6 +216,8 @@ class EngineLoop:
                 if engine.scheduler.has_unfinished:
                     record, finished = engine.step(time.perf_counter)
                     self._num_preemptions += record.num_preempted
+                    self._num_steps += 1
+                    self._step_seconds += record.duration_s
                     self._publish(finished)
                 self._update_stats()
         except Exception as exc:  # a bug in the engine: fail every request, keep the reason
@@ -292,4 +296,5 @@ class EngineLoop:
         self.stats = EngineStats(
             num_running=engine.scheduler.num_running, num_waiting=engine.scheduler.num_waiting,
             kv_usage=bm.num_used_blocks / bm.num_blocks, num_preemptions=self._num_preemptions,
-            prefix_cache_queries=self._prefix_queries, prefix_cache_hits=self._prefix_hits)
+            prefix_cache_queries=self._prefix_queries, prefix_cache_hits=self._prefix_hits,
+            num_steps=self._num_steps, step_seconds=self._step_seconds)

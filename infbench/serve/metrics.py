@@ -4,7 +4,8 @@ vLLM's `vllm:` metrics are kept by name with an `infbench:` prefix, so dashboard
 scrapers written for vLLM need only the prefix changed.  Request-level metrics (latency
 histograms, token counters, finished requests) are observed on the asyncio side, where
 the client's view of a request is known; the engine's gauges and counters (running and
-waiting sequences, KV usage, preemptions, prefix-cache queries and hits in prompt tokens)
+waiting sequences, KV usage, preemptions, prefix-cache queries and hits in prompt tokens,
+steps and the seconds they took)
 come from the `EngineStats` snapshot the engine thread publishes after every step.  All of
 it is read and written on the event loop's thread, except the snapshot, which is replaced
 whole (one reference assignment) and never mutated.
@@ -42,6 +43,11 @@ class EngineStats:
     # the prefix cache (vLLM's prefix_cache_queries / prefix_cache_hits, in tokens).
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
+    # Engine steps run and the seconds they took (StepRecord.duration_s summed): the
+    # engine's own time, which a client's latency minus it leaves the server's overhead
+    # (benchmarks/sim_fidelity_serve.py prices it from these).
+    num_steps: int = 0
+    step_seconds: float = 0.0
 
 
 class Histogram:
@@ -112,6 +118,10 @@ class ServerMetrics:
                stats.prefix_cache_queries)
         scalar("infbench:prefix_cache_hits_total", "counter",
                "Prompt tokens found in the prefix cache at admission.", stats.prefix_cache_hits)
+        scalar("infbench:engine_steps_total", "counter",
+               "Engine steps run since the start.", stats.num_steps)
+        scalar("infbench:engine_step_seconds_total", "counter",
+               "Seconds the engine's steps took since the start.", stats.step_seconds)
         scalar("infbench:prompt_tokens_total", "counter",
                "Prompt tokens of the requests served.", self.prompt_tokens)
         scalar("infbench:generation_tokens_total", "counter",

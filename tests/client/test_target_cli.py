@@ -41,6 +41,8 @@ measure: {{warmup: 1, repeats: 2}}
      "target.base_url: is the API root; a query or fragment is not part of it"),
     ("{kind: openai, base_url: 'http://h:1/v1', model: m, request_timeout_s: 0}",
      "target.request_timeout_s: must be > 0"),
+    ("{kind: openai, base_url: 'http://h:1/v1', model: m, request_overhead_s: -0.1}",
+     "target.request_overhead_s: must be >= 0"),
 ])
 def test_bad_target_is_one_line_naming_file_and_key(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
@@ -159,12 +161,15 @@ def test_a_model_section_and_hardware_fill_the_prediction(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with MockServer(MockConfig()) as server:
         path = scenario(tmp_path, f"{{kind: openai, base_url: '{server.base_url}', "
-                                  "model: mock-model}",
+                                  "model: mock-model, request_overhead_s: 0.25}",
                         extra="model: {preset: tiny}\nhardware: h100-sxm\n")
         code, _, err = run_args(["run", str(path), "--out", str(tmp_path / "p")], capsys)
     assert code == 0, err
     result = load_result(tmp_path / "p" / "client_e2e_000.json")
     assert result["prediction"]["hardware"] == "h100-sxm"
+    # the served point's term is recorded and in the simulated TTFT (h100: steps of µs)
+    assert result["prediction"]["request_overhead_s"] == 0.25
+    assert 0.25 < result["prediction"]["metrics"]["ttft_s"]["p50"] < 0.26
     assert result["prediction"]["tpot_s"] > 0
     assert result["hardware"]["name"] == "h100-sxm"
     # No tokenizer: the prompt ids were drawn from the model section's vocabulary.

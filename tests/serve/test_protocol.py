@@ -177,7 +177,8 @@ def test_histogram_and_metrics_text() -> None:
                          'x_bucket{a="b",le="+Inf"} 4']
     assert lines[3:] == ['x_sum{a="b"} 3.65', 'x_count{a="b"} 4']
     m = ServerMetrics('m"1', lambda: EngineStats(2, 3, 0.25, 7, prefix_cache_queries=40,
-                                                  prefix_cache_hits=16))
+                                                  prefix_cache_hits=16, num_steps=9,
+                                                  step_seconds=0.125))
     m.finish_request("stop", 10, 4, 0.2)
     text = m.render()
     assert 'infbench:num_requests_running{model_name="m\\"1"} 2' in text
@@ -185,4 +186,6 @@ def test_histogram_and_metrics_text() -> None:
     assert 'infbench:num_preemptions_total{model_name="m\\"1"} 7' in text
     assert 'infbench:prefix_cache_queries_total{model_name="m\\"1"} 40' in text
     assert 'infbench:prefix_cache_hits_total{model_name="m\\"1"} 16' in text
+    assert 'infbench:engine_steps_total{model_name="m\\"1"} 9' in text
+    assert 'infbench:engine_step_seconds_total{model_name="m\\"1"} 0.125' in text
     assert re.search(r'request_success_total\{.*finished_reason="stop"\} 1', text)

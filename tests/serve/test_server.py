@@ -352,5 +352,10 @@ def test_metrics_count_what_was_served(server: RunningServer) -> None:
     for hist in ("time_to_first_token_seconds", "e2e_request_latency_seconds"):
         assert delta(f"infbench:{hist}_count" + label) == 3
     assert delta("infbench:inter_token_latency_seconds_count" + label) >= 4 + 2 + 6 - 3
+    # one step per token of each request (they ran one after another; the n=2 samples share
+    # theirs), and the steps' own seconds within the requests' end-to-end seconds
+    assert delta("infbench:engine_steps_total" + label) == 5 + 3 + 7
+    step_s = delta("infbench:engine_step_seconds_total" + label)
+    assert 0 < step_s <= delta("infbench:e2e_request_latency_seconds_sum" + label)
     assert after["infbench:num_requests_running" + label] == 0
     assert after["infbench:kv_cache_usage_perc" + label] == 0
