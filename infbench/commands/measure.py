@@ -421,10 +421,11 @@ def plots(
     """Figures of results: latency-throughput, distributions, the measured roofline.
 
     Speed vs perplexity when the results carry accuracy (quantized or pruned points), speed-up
-    against k when they carry speculative metrics, latency and goodput against the
-    request rate for a rate sweep run with measure.slo, and the Pareto view (per-user
-    against per-server output tokens/s, one curve per target or variant) of two points
-    or more."""
+    against k when they carry speculative metrics, TTFT and TPOT against the request rate
+    for a rate sweep, latency and goodput against the rate for one run with measure.slo,
+    and the Pareto view (per-user against per-server output tokens/s, one curve per target
+    or variant) of two points or more.  Where the results hold prediction.metrics (the
+    simulation under load), each of these curves has its predicted twin, dashed."""
     from infbench.plots.analytic import FIGURE_FORMATS, check_size
     from infbench.plots.goodput import goodput_rate_figure
     from infbench.plots.measured import (
@@ -435,6 +436,7 @@ def plots(
         speculative_figure,
     )
     from infbench.plots.pareto import pareto_figure
+    from infbench.plots.rate import latency_rate_figure
     from infbench.results.gate import load_results
 
     check_size(size)
@@ -467,6 +469,9 @@ def plots(
     speedup = out / f"speculative_speedup.{fmt}"  # only when the results carry speculative
     if speculative_figure(loaded, speedup, size=size) is not None:
         paths["speculative_speedup"] = speedup
+    by_rate = out / f"latency_vs_rate.{fmt}"  # only for two request rates or more
+    if latency_rate_figure(loaded, by_rate, size=size) is not None:
+        paths["latency_vs_rate"] = by_rate
     goodput = out / f"goodput_rate.{fmt}"  # only for a rate sweep run with measure.slo
     if goodput_rate_figure(loaded, goodput, size=size) is not None:
         paths["goodput_rate"] = goodput

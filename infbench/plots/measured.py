@@ -12,7 +12,9 @@ returns the coordinates it plotted, so tests check values rather than pixels.
 - `latency_throughput_figure`: output tok/s against TPOT p50 (decode) and TTFT p50
   (prefill), one point per sweep point annotated with what the sweep varies: batching
   buys throughput with per-token latency (and the roofline says why: decode stays
-  bandwidth-bound while the weights are shared by more tokens).
+  bandwidth-bound while the weights are shared by more tokens).  Measured solid and
+  filled; the roofline's prediction of one batch hollow and dotted; the simulation of the
+  point's requests (`prediction.metrics`, plots/predicted.py) hollow and dashed.
 - `distributions_figure`: the CDF of per-token ITL when the result carries per-request
   samples (`requests[i].itl_s`), else of decode-step durations, labelled as such (every
   running sequence gets one token per decode step); and TTFT / TPOT / ITL / E2E
@@ -32,6 +34,7 @@ from typing import Any, NamedTuple
 
 from infbench.core.errors import ResultSchemaError, UserError
 from infbench.hardware.spec import HardwareSpec
+from infbench.plots.predicted import PREDICTED_DASH, PREDICTED_LABEL, ms, simulated
 from infbench.results.accessor import metric as result_metric
 from infbench.results.accessor import scenario_number, value_at
 from infbench.results.report import short_label
@@ -289,13 +292,24 @@ def _run_colours(n: int) -> list[Any]:
     return [cmap(i / max(1, n - 1) * 0.9) for i in range(n)]
 
 
+# The latency-throughput figure's series: the measured points, the roofline's prediction of
+# one batch (`prediction.tpot_s`...) and the simulation under load (`prediction.metrics`).
+LATENCY_THROUGHPUT_KINDS = ("measured", "predicted", "simulated")
+KIND_TEXT = {"measured": "measured", "predicted": "predicted (roofline)",
+             "simulated": PREDICTED_LABEL}
+KIND_LINES: dict[str, Any] = {"measured": "-", "predicted": ":", "simulated": PREDICTED_DASH}
+
+
 def latency_throughput_data(results: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     """The points of the latency-throughput figure (`plots` and the HTML report draw these):
-    one per sweep point, measured and predicted, each with x (output tok/s), y (TPOT p50,
-    ms), ttft_ms (TTFT p50) and what the sweep varies; sorted by x."""
+    one per sweep point and kind (`measured`, `predicted`: the roofline's batch,
+    `simulated`: `prediction.metrics`), each with x (output tok/s), y (TPOT p50, ms),
+    ttft_ms (TTFT p50) and what the sweep varies; sorted by x.  A point is in a kind only
+    where that kind has its throughput and TPOT."""
     swept = swept_labels(results)
     measured: list[dict[str, Any]] = []
     predicted: list[dict[str, Any]] = []
+    simulation: list[dict[str, Any]] = []
     for r, label in zip(results, swept, strict=True):
         bs = scenario_number(r, "workload.batch_size")
         base = {"name": r.get("name"), "label": r.get("label"), "swept": label,
@@ -310,9 +324,13 @@ def latency_throughput_data(results: list[dict[str, Any]]) -> dict[str, list[dic
         if px is not None and py is not None:
             predicted.append({**base, "x": px, "y": py * 1e3,
                               "ttft_ms": None if pt is None else pt * 1e3})
-    measured.sort(key=lambda d: d["x"])
-    predicted.sort(key=lambda d: d["x"])
-    return {"measured": measured, "predicted": predicted}
+        sx, sy = simulated(r, "output_tokens_per_s"), simulated(r, "tpot_s.p50")
+        if sx is not None and sy is not None:
+            simulation.append({**base, "x": sx, "y": sy * 1e3,
+                               "ttft_ms": ms(simulated(r, "ttft_s.p50"))})
+    for series in (measured, predicted, simulation):
+        series.sort(key=lambda d: d["x"])
+    return {"measured": measured, "predicted": predicted, "simulated": simulation}
 
 
 def latency_throughput_figure(results: list[dict[str, Any]], out: str | os.PathLike[str],
@@ -320,57 +338,58 @@ def latency_throughput_figure(results: list[dict[str, Any]], out: str | os.PathL
     """x: output tok/s; y: TPOT p50 (decode, circles) and TTFT p50 (prefill, squares), ms.
 
     One point per sweep point, annotated with what the sweep varies (batch size, rate...);
-    measured filled and joined, predicted hollow and dotted.
+    measured filled and joined by solid lines, the roofline's prediction hollow and dotted,
+    the simulation's (`prediction.metrics`) hollow and dashed, one colour per scenario.
     """
     from matplotlib.lines import Line2D
 
     from infbench.plots.analytic import figure_style, new_figure, save_figure
 
     data = latency_throughput_data(results)
-    measured, predicted = data["measured"], data["predicted"]
+    measured = data["measured"]
     text = FIGURE_TEXT["latency_throughput"]
     with figure_style(size):
         fig = new_figure(size)
         ax = fig.add_subplot(1, 1, 1)
-        names = list(dict.fromkeys(str(d["name"]) for d in measured + predicted))
+        names = list(dict.fromkeys(str(d["name"]) for kind in LATENCY_THROUGHPUT_KINDS
+                                   for d in data[kind]))
         colours = dict(zip(names, _run_colours(len(names)), strict=True))
-        for series, kind in ((measured, "measured"), (predicted, "predicted")):
+        for kind in LATENCY_THROUGHPUT_KINDS:
             filled = kind == "measured"
             for name in names:
-                pts = [d for d in series if str(d["name"]) == name]
+                pts = [d for d in data[kind] if str(d["name"]) == name]
                 for key, metric in (("y", "tpot"), ("ttft_ms", "ttft")):
                     xy = [(d["x"], d[key]) for d in pts if d[key] is not None]
                     if not xy:
                         continue
-                    marker, line = METRIC_STYLES[metric]
-                    ax.plot([a for a, _ in xy], [b for _, b in xy], marker=marker,
-                            linestyle=line if filled else ":", color=colours[name],
+                    ax.plot([a for a, _ in xy], [b for _, b in xy],
+                            marker=METRIC_STYLES[metric][0], linestyle=KIND_LINES[kind],
+                            color=colours[name],
                             markerfacecolor=colours[name] if filled else "none",
-                            alpha=1.0 if filled else 0.6)
-            if filled:
-                for d in series:
-                    ax.annotate(d["swept"], (d["x"], d["y"]), textcoords="offset points",
-                                xytext=(3, -8), fontsize="x-small", color=colours[str(d["name"])])
+                            alpha=0.6 if kind == "predicted" else 1.0)
+        for d in measured:
+            ax.annotate(d["swept"], (d["x"], d["y"]), textcoords="offset points",
+                        xytext=(3, -8), fontsize="x-small", color=colours[str(d["name"])])
         ax.set_yscale("log")
         ax.set_xlabel(text.x)
         ax.set_ylabel(text.y)
         ax.set_title(text.title + "\n" + figure_caption(results))
         ax.grid(True, which="major", alpha=0.3)
-        handles = [Line2D([], [], color="#555555", marker="o", linestyle="--",
+        handles = [Line2D([], [], color="#555555", marker="o", linestyle="none",
                           label="TPOT p50 (decode)"),
-                   Line2D([], [], color="#555555", marker="s", linestyle="-",
+                   Line2D([], [], color="#555555", marker="s", linestyle="none",
                           label="TTFT p50 (prefill)")]
-        if predicted:
-            handles += [Line2D([], [], color="#555555", marker="o", linestyle="none",
-                               label="measured (filled)"),
-                        Line2D([], [], color="#555555", marker="o", markerfacecolor="none",
-                               linestyle=":", label="predicted (hollow)")]
+        kinds = [k for k in LATENCY_THROUGHPUT_KINDS if data[k]]
+        if kinds != ["measured"]:  # a line style per kind once there is more than one
+            handles += [Line2D([], [], color="#555555", marker="o", linestyle=KIND_LINES[k],
+                               markerfacecolor="#555555" if k == "measured" else "none",
+                               label=KIND_TEXT[k]) for k in kinds]
         if len(names) > 1:
             handles += [Line2D([], [], color=colours[n], linestyle="-", label=n)
                         for n in names[:8 - len(handles)]]
         legend = ax.legend(handles=handles, fontsize="x-small", loc="best")
         path = save_figure(fig, Path(out))
-    return {"measured": measured, "predicted": predicted, "path": str(path), "figure": fig,
+    return {**data, "path": str(path), "figure": fig,
             "legend": [t.get_text() for t in legend.get_texts()]}
 
 

@@ -10,8 +10,13 @@ costs throughput and moving right costs interactivity, so the points worth runni
 
 One curve per target or variant: a result's `variant` (scenario `variants:`), else its
 target (model at host), else its scenario name.  Each curve draws all its points hollow and
-its front filled and joined.  Returns the plotted values, so tests check numbers rather
-than pixels; None (nothing written) with fewer than two points that have both values.
+its front filled and joined.  Where the results hold `prediction.metrics` (the simulation
+of the same requests, plots/predicted.py), each curve has its predicted twin: the same two
+axes from the simulated output tokens/s and TPOT p50, every point a hollow square and the
+predicted front joined by a dashed line, in the curve's colour.  A point without a
+simulated TPOT gets no predicted marker (the simulation keeps no request rows to fall back
+on).  Returns the plotted values, so tests check numbers rather than pixels; None (nothing
+written) with fewer than two measured points that have both values.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from infbench.plots.measured import _run_colours, figure_caption
+from infbench.plots.predicted import PREDICTED_DASH, predicted_handle, simulated
 from infbench.results.accessor import metric
 
 TEXT = {"title": "Per-user against per-server output tokens/s",
@@ -80,28 +86,45 @@ def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
     return sorted(front, key=lambda i: points[i][0])
 
 
+def predicted_per_user_tokens_per_s(result: dict[str, Any]) -> float | None:
+    """1 / the simulated TPOT p50, or None without one."""
+    tpot = simulated(result, "tpot_s.p50")
+    return 1.0 / tpot if tpot is not None and tpot > 0 else None
+
+
+def _with_front(points: list[dict[str, Any]]) -> list[int]:
+    """The front's indices; marks each point's `on_front`."""
+    front = pareto_front([(p["x"], p["y"]) for p in points])
+    for i, p in enumerate(points):
+        p["on_front"] = i in front
+    return front
+
+
 def pareto_data(results: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """What the figure draws: per curve its points (label, x, y, on_front) and front
-    indices, and whether x is per device; None with fewer than two plottable points."""
+    """What the figure draws: per curve its measured points (label, x, y, on_front) and
+    front indices, its simulated points and front (`predicted`, `predicted_front`: empty
+    without `prediction.metrics`), whether x is per device and `has_predicted`; None with
+    fewer than two measured points that have both values."""
     counts = [device_count(r) for r in results]
     per_device = all(c is not None for c in counts)
-    curves: dict[str, list[dict[str, Any]]] = {}
+    curves: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for r, devices in zip(results, counts, strict=True):
-        server, user = metric(r, "output_tokens_per_s"), per_user_tokens_per_s(r)
-        if server is None or user is None:
-            continue
-        x = server / devices if per_device and devices else server
-        curves.setdefault(curve_key(r), []).append(
-            {"label": r.get("label"), "x": x, "y": user, "devices": devices})
-    if sum(len(points) for points in curves.values()) < 2:
+        curve = curves.setdefault(curve_key(r), {"measured": [], "predicted": []})
+        for kind, server, user in (
+                ("measured", metric(r, "output_tokens_per_s"), per_user_tokens_per_s(r)),
+                ("predicted", simulated(r, "output_tokens_per_s"),
+                 predicted_per_user_tokens_per_s(r))):
+            if server is not None and user is not None:
+                x = server / devices if per_device and devices else server
+                curve[kind].append({"label": r.get("label"), "x": x, "y": user,
+                                    "devices": devices})
+    if sum(len(c["measured"]) for c in curves.values()) < 2:
         return None
-    out = []
-    for key, points in curves.items():
-        front = pareto_front([(p["x"], p["y"]) for p in points])
-        for i, p in enumerate(points):
-            p["on_front"] = i in front
-        out.append({"key": key, "points": points, "front": front})
+    out = [{"key": key, "points": c["measured"], "front": _with_front(c["measured"]),
+            "predicted": c["predicted"], "predicted_front": _with_front(c["predicted"])}
+           for key, c in curves.items() if c["measured"]]
     return {"curves": out, "per_device": per_device,
+            "has_predicted": any(c["predicted"] for c in out),
             "x_label": TEXT["device" if per_device else "server"]}
 
 
@@ -124,10 +147,20 @@ def pareto_figure(results: list[dict[str, Any]], out: str | os.PathLike[str],
             front = [points[i] for i in curve["front"]]
             ax.plot([p["x"] for p in front], [p["y"] for p in front], marker="o",
                     color=colour, label=f"{curve['key']} (front)")
+            predicted = curve["predicted"]
+            if predicted:
+                ax.scatter([p["x"] for p in predicted], [p["y"] for p in predicted],
+                           marker="s", facecolors="none", edgecolors=colour)
+                front = [predicted[i] for i in curve["predicted_front"]]
+                ax.plot([p["x"] for p in front], [p["y"] for p in front], marker="s",
+                        color=colour, markerfacecolor="none", linestyle=PREDICTED_DASH)
         ax.set_xlabel(data["x_label"])
         ax.set_ylabel(TEXT["user"])
         ax.grid(True, which="major", alpha=0.3)
-        legend = ax.legend(fontsize="x-small", loc="best")
+        handles, _ = ax.get_legend_handles_labels()
+        if data["has_predicted"]:
+            handles.append(predicted_handle("s"))
+        legend = ax.legend(handles=handles, fontsize="x-small", loc="best")
         fig.suptitle(TEXT["title"] + "\n" + figure_caption(results))
         path = save_figure(fig, Path(out))
     return {**data, "path": str(path), "figure": fig,

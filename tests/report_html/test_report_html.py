@@ -27,7 +27,8 @@ def test_sections_only_where_the_results_have_data() -> None:
     base = ["run", "points", "latency-throughput", "distributions", "timeline", "roofline"]
     assert _ids(engine_run()) == base + ["load"]
     assert _ids(variants_sweep()) == base + ["variants", "speculative", "load"]
-    assert _ids(rate_sweep()) == base + ["moe", "goodput", "load"]
+    by_rate = [*base[:3], "latency-rate", *base[3:]]  # a rate sweep: latency against rate
+    assert _ids(rate_sweep()) == by_rate + ["moe", "goodput", "load"]
 
 
 def test_client_run_has_no_roofline_without_hardware() -> None:

@@ -1,8 +1,10 @@
 """The report's interactive figures (plotly): one function per figure, each drawing the data
 that `infbench plots` draws with matplotlib, from the same functions of `plots.measured` and
-`plots.goodput` (`latency_throughput_data`, `itl_cdf_data`, `measured_roofline_points`,
-`accuracy_speed_points`, `speculative_speedup_data`, `goodput_rate_data`) and with the same
-titles (`FIGURE_TEXT`), so a figure is defined once and drawn twice.  The figures the PNGs
+`plots.goodput` and `plots.rate` (`latency_throughput_data`, `itl_cdf_data`,
+`measured_roofline_points`, `accuracy_speed_points`, `speculative_speedup_data`,
+`goodput_rate_data`, `latency_rate_data`) and with the same titles (`FIGURE_TEXT`), so a
+figure is defined once and drawn twice; the predicted-under-load series
+(`prediction.metrics`) are dashed with open markers, as in the PNGs.  The figures the PNGs
 do not have (per-point TTFT/TPOT CDFs, the request timeline, acceptance by position, MoE
 routing per step, load over time) read their data from `plots.records`.
 
@@ -17,10 +19,13 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from infbench.plots.goodput import LATENCY_SERIES, goodput_rate_data
+from infbench.plots.goodput import LATENCY_SERIES, STAT_MARKERS, goodput_rate_data
 from infbench.plots.goodput import TEXT as GOODPUT_TEXT
 from infbench.plots.measured import (
     FIGURE_TEXT,
+    KIND_LINES,
+    KIND_TEXT,
+    LATENCY_THROUGHPUT_KINDS,
     METRIC_STYLES,
     RUN_COLOURS,
     _dtype,
@@ -34,6 +39,11 @@ from infbench.plots.measured import (
     point_labels,
     speculative_speedup_data,
 )
+from infbench.plots.predicted import PREDICTED_LABEL
+from infbench.plots.rate import METRICS as RATE_METRICS
+from infbench.plots.rate import STAT_MARKERS as RATE_STAT_MARKERS
+from infbench.plots.rate import TEXT as RATE_TEXT
+from infbench.plots.rate import latency_rate_data
 from infbench.plots.records import (
     MAX_TIMELINE_REQUESTS,
     acceptance_by_position,
@@ -99,24 +109,26 @@ def _num(v: float | None) -> float | None:
 
 # ------------------------------------------------------------------ the shared figures
 def latency_throughput(results: list[dict[str, Any]]) -> Figure | None:
-    """Output tok/s against TPOT p50 and TTFT p50, measured solid, predicted dotted."""
+    """Output tok/s against TPOT p50 and TTFT p50: measured solid, the roofline's batch
+    dotted, the simulation under load dashed (both predictions open markers)."""
     import plotly.graph_objects as go
 
     data = latency_throughput_data(results)
-    if not data["measured"] and not data["predicted"]:
+    if not any(data[kind] for kind in LATENCY_THROUGHPUT_KINDS):
         return None
     text = FIGURE_TEXT["latency_throughput"]
     fig = go.Figure()
-    names = list(dict.fromkeys(str(d["name"]) for d in data["measured"] + data["predicted"]))
+    names = list(dict.fromkeys(str(d["name"]) for kind in LATENCY_THROUGHPUT_KINDS
+                               for d in data[kind]))
     palette = dict(zip(names, colours(len(names)), strict=True))
-    for kind in ("measured", "predicted"):
+    for kind in LATENCY_THROUGHPUT_KINDS:
         for name in names:
             pts = [d for d in data[kind] if str(d["name"]) == name]
             for key, metric, what in (("y", "tpot", "TPOT p50"), ("ttft_ms", "ttft", "TTFT p50")):
                 xy = [d for d in pts if d[key] is not None]
                 if not xy:
                     continue
-                marker, line = METRIC_STYLES[metric]
+                marker = METRIC_STYLES[metric][0]
                 measured = kind == "measured"
                 labelled = measured and len(xy) <= MAX_LABELLED  # else hover only
                 fig.add_trace(go.Scatter(
@@ -124,21 +136,59 @@ def latency_throughput(results: list[dict[str, Any]]) -> Figure | None:
                     mode="lines+markers+text" if labelled else "lines+markers",
                     text=[d["swept"] for d in xy] if labelled else None,
                     textposition="bottom right", textfont={"size": 10},
-                    name=f"{what} {kind}" + (f" · {name}" if len(names) > 1 else ""),
+                    name=f"{what} {KIND_TEXT[kind]}" + (f" · {name}" if len(names) > 1 else ""),
                     legendgroup=f"{name} {metric}",
                     marker={"symbol": SYMBOLS[marker] + ("" if measured else "-open"),
                             "color": palette[name], "size": 9},
-                    line={"dash": DASHES[line] if measured else "dot", "color": palette[name]},
-                    opacity=1.0 if measured else 0.6,
+                    line={"dash": DASHES[KIND_LINES[kind]], "color": palette[name]},
+                    opacity=0.6 if kind == "predicted" else 1.0,
                     customdata=[[d["swept"], d["batch_size"]] for d in xy],
-                    hovertemplate=(f"<b>%{{customdata[0]}}</b> ({kind})<br>"
+                    hovertemplate=(f"<b>%{{customdata[0]}}</b> ({KIND_TEXT[kind]})<br>"
                                    f"{what}: %{{y:.3g}} ms<br>output: %{{x:.4g}} tok/s"
                                    "<extra></extra>")))
     fig.update_layout(**_layout(text.title, figure_caption(results)))
     fig.update_xaxes(title_text=text.x)
     fig.update_yaxes(title_text=text.y, type="log")
     return _finish("fig-latency-throughput", "TPOT p50 (circles) and TTFT p50 (squares) "
-                   "against output throughput; hollow dotted: predicted.", fig)
+                   "against output throughput; solid: measured; open dotted: the roofline's "
+                   f"prediction of one batch; open dashed: {PREDICTED_LABEL}, the point's "
+                   "requests through the simulated engine.", fig)
+
+
+def latency_rate(results: list[dict[str, Any]]) -> Figure | None:
+    """TTFT and TPOT p50 / p90 against the request rate, measured and simulated."""
+    from plotly.subplots import make_subplots
+
+    data = latency_rate_data(results)
+    if data is None:
+        return None
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        subplot_titles=[RATE_TEXT[m] for m, _ in RATE_METRICS])
+    palette = dict(zip(data["keys"], colours(len(data["keys"])), strict=True))
+    several = len(data["keys"]) > 1
+    for line in data["lines"]:
+        colour = palette[(line["name"], line["group"])]
+        where = f" · {line['group']}" if several else ""
+        for kind in ("measured", "predicted"):
+            predicted = kind == "predicted"
+            what = PREDICTED_LABEL if predicted else "measured"
+            for row, (metric, name) in enumerate(RATE_METRICS, start=1):
+                for stat, marker in RATE_STAT_MARKERS:
+                    trace = _rate_series(line["x"], line["rates"],
+                                         line[kind][f"{metric}_{stat}_ms"],
+                                         f"{name} {stat} {what}{where}", SYMBOLS[marker], colour,
+                                         "%{y:.3g} ms", predicted,
+                                         legendgroup=f"{line['group']} {kind}")
+                    if trace is not None:
+                        fig.add_trace(trace, row=row, col=1)
+    fig.update_layout(**_layout(RATE_TEXT["title"], figure_caption(results), height=560))
+    for row, (metric, _) in enumerate(RATE_METRICS, start=1):
+        fig.update_yaxes(title_text=RATE_TEXT[metric], type="log", row=row, col=1)
+    fig.update_xaxes(title_text=RATE_TEXT["rate"], tickvals=data["ticks"],
+                     ticktext=data["tick_text"], row=2, col=1)
+    return _finish("fig-latency-rate", "p50 (circles) and p90 (triangles); solid: measured; "
+                   f"open dashed: {PREDICTED_LABEL}, the point's requests through the "
+                   "simulated engine.", fig)
 
 
 def latency_cdfs(results: list[dict[str, Any]]) -> Figure | None:
@@ -331,36 +381,36 @@ def goodput_rate(results: list[dict[str, Any]]) -> Figure | None:
     for line in data["lines"]:
         key = (line["name"], line["group"])
         group = "" if line["group"] == "default" else f" [{line['group']}]"
-        for metric, name, colour in LATENCY_SERIES:
-            for stat in ("p50", "p99"):
-                ys = [_num(y) for y in line[f"{metric}_{stat}_ms"]]
-                fig.add_trace(go.Scatter(
-                    x=line["x"], y=ys, mode="lines+markers", name=f"{name} {stat}{group}",
-                    marker={"color": colour, "symbol": "circle" if stat == "p50"
-                            else "circle-open"},
-                    line={"color": colour, "dash": "solid" if stat == "p50" else "dash"},
-                    customdata=[_rate(r) for r in line["rates"]],
-                    hovertemplate=(f"{name} {stat} at %{{customdata}} req/s: %{{y:.3g}} ms"
-                                   "<extra></extra>")), row=1, col=1)
-        fig.add_trace(go.Scatter(
-            x=line["x"], y=[_num(g) for g in line["goodput"]], mode="lines+markers",
-            name=f"goodput{group}", marker={"symbol": "square", "color": palette[key]},
-            line={"color": palette[key]}, customdata=[_rate(r) for r in line["rates"]],
-            hovertemplate="goodput at %{customdata} req/s: %{y:.3g} req/s<extra></extra>"),
-            row=2, col=1)
-        fig.add_trace(go.Scatter(
-            x=line["x"], y=[_num(a) for a in line["slo_attainment"]], mode="lines+markers",
-            name=f"within SLO{group}", marker={"symbol": "triangle-up", "color": palette[key]},
-            line={"color": palette[key], "dash": "dot"}, opacity=0.7,
-            customdata=[_rate(r) for r in line["rates"]],
-            hovertemplate="within SLO at %{customdata} req/s: %{y:.0%}<extra></extra>"),
-            row=2, col=1, secondary_y=True)
-        if line["max_rate"] is not None:
-            x = data["x_of"][line["max_rate"]]
-            fig.add_vline(x=x, line={"color": palette[key], "width": 1}, row=2, col=1)
+        for kind, values in (("measured", line), ("predicted", line["predicted"])):
+            predicted = kind == "predicted"
+            what = f" {PREDICTED_LABEL}" if predicted else ""
+            at = (line["x"], line["rates"])
+            for metric, name, colour in LATENCY_SERIES:
+                for stat, marker in STAT_MARKERS:
+                    trace = _rate_series(*at, values[f"{metric}_{stat}_ms"],
+                                         f"{name} {stat}{what}{group}", SYMBOLS[marker],
+                                         colour, "%{y:.3g} ms", predicted)
+                    if trace is not None:
+                        fig.add_trace(trace, row=1, col=1)
+            trace = _rate_series(*at, values["goodput"], f"goodput{what}{group}", "square",
+                                 palette[key], "%{y:.3g} req/s", predicted)
+            if trace is not None:
+                fig.add_trace(trace, row=2, col=1)
+            trace = _rate_series(*at, values["slo_attainment"], f"within SLO{what}{group}",
+                                 "triangle-up", palette[key], "%{y:.0%}", predicted,
+                                 dash="dot", opacity=0.7)
+            if trace is not None:
+                fig.add_trace(trace, row=2, col=1, secondary_y=True)
+        for rate, predicted in ((line["max_rate"], False), (line["predicted_max_rate"], True)):
+            if rate is None:
+                continue
+            x = data["x_of"][rate]
+            fig.add_vline(x=x, line={"color": palette[key], "width": 1,
+                                     "dash": "dash" if predicted else "solid"}, row=2, col=1)
             fig.add_annotation(x=x, y=1.0, yref="y3 domain", xref="x2", showarrow=False,
-                               text=f"SLO max rate {_rate(line['max_rate'])} req/s",
-                               yanchor="bottom", font={"size": 11})
+                               text=(f"{'predicted ' if predicted else ''}SLO max rate "
+                                     f"{_rate(rate)} req/s"), yanchor="top" if predicted
+                               else "bottom", font={"size": 11})
     xs = [x for line in data["lines"] for x in line["x"]]
     for metric, name, colour in LATENCY_SERIES:
         if f"{metric}_ms" in data["slo"]:  # a trace, not a shape: it gets a legend entry
@@ -380,8 +430,30 @@ def goodput_rate(results: list[dict[str, Any]]) -> Figure | None:
                      row=2, col=1, secondary_y=True)
     fig.update_xaxes(title_text=GOODPUT_TEXT["rate"], tickvals=data["ticks"],
                      ticktext=data["tick_text"], row=2, col=1)
-    return _finish("fig-goodput-rate", "Dashed horizontal lines: the objectives and the "
-                   "target fraction; the vertical line marks the SLO max rate.", fig)
+    note = (f" Open markers, dashed: {PREDICTED_LABEL} (its SLO max rate a dashed vertical "
+            "line)." if data["has_predicted"] else "")
+    return _finish("fig-goodput-rate", "p50 circles, p99 triangles; dashed horizontal lines: "
+                   "the objectives and the target fraction; the vertical line marks the SLO "
+                   "max rate." + note, fig)
+
+
+def _rate_series(xs: list[float], rates: list[float], ys: list[float | None], name: str,
+                 symbol: str, colour: str, hover: str, predicted: bool, dash: str = "solid",
+                 **kw: Any) -> Any:
+    """One series against the rate: measured solid (or `dash`) with filled markers,
+    predicted dashed with open ones; the points without a value are left out, and a series
+    with none is None (no empty legend entry)."""
+    import plotly.graph_objects as go
+
+    pts = [(x, y, r) for x, y, r in zip(xs, map(_num, ys), rates, strict=True) if y is not None]
+    if not pts:
+        return None
+    return go.Scatter(
+        x=[x for x, _, _ in pts], y=[y for _, y, _ in pts], mode="lines+markers", name=name,
+        marker={"color": colour, "symbol": symbol + ("-open" if predicted else ""), "size": 8},
+        line={"color": colour, "dash": "dash" if predicted else dash},
+        customdata=[_rate(r) for _, _, r in pts],
+        hovertemplate=f"{name} at %{{customdata}} req/s: {hover}<extra></extra>", **kw)
 
 
 def _rate(rate: float | None) -> str:

@@ -61,6 +61,8 @@ def run_sections(results: list[dict[str, Any]]) -> list[Section]:
              + tables.notes(tables.noise_notes(results), what="noise and profile notes"))
     _section(sections, "latency-throughput", "Latency against throughput",
              figures=[figs.latency_throughput(results)])
+    _section(sections, "latency-rate", "Latency against request rate",
+             figures=[figs.latency_rate(results)])
     _section(sections, "distributions", "Latency distributions",
              tables.percentiles_table(results), [figs.latency_cdfs(results)])
     timelines = [figs.request_timeline(r, label, i) for i, (r, label) in
