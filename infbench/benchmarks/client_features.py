@@ -182,6 +182,11 @@ def _ms(metrics: dict[str, Any], name: str) -> float | None:
     return None if value is None else round(1e3 * float(value), 1)
 
 
+def _round(value: Any) -> Any:
+    """A figure to 3 decimals for the table (None and non-numbers as they are)."""
+    return round(float(value), 3) if isinstance(value, (int, float)) else value
+
+
 def summarize(feature: str, out: Path) -> dict[str, Any]:
     """What the feature's results say, in a few figures."""
     from infbench.results.confidence import interval, repeat_values
@@ -195,8 +200,8 @@ def summarize(feature: str, out: Path) -> dict[str, Any]:
     row: dict[str, Any] = {"requests": m.get("num_requests"), "ttft_p50_ms": _ms(m, "ttft_s"),
                            "tpot_p50_ms": _ms(m, "tpot_s"),
                            "server_metrics": "none (no /metrics)" if not summary else
-                           {k: summary.get(k) for k in ("kv_usage_max", "running_max",
-                                                        "prefix_cache_hit_rate")}}
+                           {k: _round(summary.get(k)) for k in ("kv_usage_max", "running_max",
+                                                                "prefix_cache_hit_rate")}}
     if feature == "sessions":
         s = m.get("sessions") or {}
         row.update(sessions=f"{s.get('num_completed')}/{s.get('num_sessions')}",
@@ -204,8 +209,8 @@ def summarize(feature: str, out: Path) -> dict[str, Any]:
                    ttft_p50_ms_by_turn=[_ms(t, "ttft_s") for t in m.get("by_turn") or []])
     elif feature == "prefix":
         p = first.get("prefix") or {}
-        row.update(intended_hit_rate=p.get("intended_hit_rate"),
-                   measured_hit_rate=p.get("measured_hit_rate"),
+        row.update(intended_hit_rate=_round(p.get("intended_hit_rate")),
+                   measured_hit_rate=_round(p.get("measured_hit_rate")),
                    measured_from=p.get("measured_from"))
     elif feature == "windows":
         ci = interval(repeat_values(first, "output_tokens_per_s"))
