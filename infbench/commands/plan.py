@@ -56,6 +56,9 @@ def plan_command(
                                         "entries to try (default: h100-sxm, h200, b200, "
                                         "a100-80g, l40s)."),
     max_gpus: int = typer.Option(8, "--max-gpus", help="The most GPUs of one candidate."),
+    efficiency: str | None = typer.Option(
+        None, "--efficiency", help="Derate every candidate's peaks: a fraction in (0, 1], "
+        "or an engine whose published rows fit the fractions (as predict --efficiency)."),
     as_json: bool = typer.Option(False, "--json", help="Print the candidates as JSON."),
 ) -> None:
     """GPUs, layout and replicas that serve a workload within an SLO.
@@ -70,14 +73,28 @@ def plan_command(
     objectives = _slo(slo, point)
     names = tuple(h.strip() for h in hardware.split(",") if h.strip()) if hardware \
         else DEFAULT_GPUS
-    rows = plan(point, objectives, names, max_gpus)
+    derate, derated = None, "the datasheet peaks (no --efficiency)"
+    if efficiency is not None:  # the achievable fractions: given, or fitted on an engine's rows
+        from infbench.measure.efficiency import parse_efficiency
+        from infbench.measure.prediction import derate as derate_hw
+
+        eff, _ = parse_efficiency(efficiency)
+        derated = (f"{eff.bandwidth:.0%} of the bandwidth and {eff.compute:.0%} of the compute "
+                   f"peaks ({eff.label})")
+
+        def derate(hw: Any) -> Any:
+            return derate_hw(hw, eff)
+
+    rows = plan(point, objectives, names, max_gpus, derate=derate)
     best = best_candidate(rows, objectives.target)
     if as_json:
         sys.stdout.write(json.dumps({"candidates": [r.to_dict(objectives.target) for r in rows],
                                      "plan": None if best is None
-                                     else best.to_dict(objectives.target)}, indent=2) + "\n")
+                                     else best.to_dict(objectives.target),
+                                     "efficiency": derated}, indent=2) + "\n")
         return
     _print(rows, best, objectives, point)
+    print(f"priced at {derated}")
 
 
 def _print(rows: list[Any], best: Any, slo: Any, point: Any) -> None:

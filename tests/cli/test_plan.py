@@ -39,3 +39,25 @@ def test_plan_picks_the_fewest_gpus_and_says_when_none_fits(
     assert code == 2 and err.startswith("error: --slo: ttft: ") and err.count("\n") == 1
     code, out, err = run_cli(monkeypatch, capsys, *args)  # no objectives anywhere
     assert code == 2 and "plan needs objectives" in err
+
+
+def test_efficiency_derates_every_candidate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "plan.yaml"
+    path.write_text(SCENARIO)
+    args = ["plan", str(path), "--hardware", "h100-sxm", "--max-gpus", "1", "--slo",
+            "ttft_ms=500,tpot_ms=50", "--json"]
+    code, out, err = run_cli(monkeypatch, capsys, *args)
+    assert code == 0, err
+    full = json.loads(out)
+    code, out, err = run_cli(monkeypatch, capsys, *args, "--efficiency", "0.5")
+    assert code == 0, err
+    half = json.loads(out)
+    assert half["efficiency"].startswith("50% of the bandwidth and 50% of the compute")
+    (a,), (b,) = full["candidates"], half["candidates"]
+    assert b["tpot_p90_s"] > 1.5 * a["tpot_p90_s"]  # half the rates: about twice the step
+    code, out, err = run_cli(monkeypatch, capsys, *args, "--efficiency", "vllm")
+    assert code == 0, err
+    assert "vllm" in json.loads(out)["efficiency"]
+    code, out, err = run_cli(monkeypatch, capsys, *args, "--efficiency", "2")
+    assert code == 2 and err.startswith("error: --efficiency 2: ") and err.count("\n") == 1
