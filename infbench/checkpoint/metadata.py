@@ -447,7 +447,8 @@ def _precheck_gguf(path: Path) -> list[tuple[str, tuple[int, ...], int]]:
     gguf-py allocates in proportion to the counts it reads: one flipped byte (a string
     turned into an array of 2**40 items) makes it eat all memory until the kernel kills the
     process.  This walk reads only the metadata region (~2 MB for SmolLM2) and raises
-    ValueError at the first count that cannot fit in the file.
+    ValueError at the first count that cannot fit in the file, or at the first tensor whose
+    data does not fit its place (`_check_tensor_data`).
     """
     import mmap
     import struct
@@ -502,10 +503,20 @@ def _precheck_gguf(path: Path) -> list[tuple[str, tuple[int, ...], int]]:
             num_tensors, num_kv = take("Q"), take("Q")
             fits(num_kv, 13, "the metadata count")  # key length + type + a 1-byte value
             fits(num_tensors, 28, "the tensor count")  # name length + 1 dim + type + offset
+            alignment = 32  # of the data section; general.alignment (a uint32) overrides it
             for _ in range(num_kv):
-                skip(take("Q"), 1, "a metadata key")
-                value(take("I"))
-            tensors = []
+                length = take("Q")
+                fits(length, 1, "a metadata key")
+                key = bytes(buf[pos:pos + length])
+                pos += length
+                kind = take("I")
+                if key == b"general.alignment" and kind == 4:
+                    alignment = take("I")
+                else:
+                    value(kind)
+            if alignment < 1:
+                raise ValueError(f"general.alignment {alignment}; allowed: 1 or more")
+            tensors, offsets = [], []
             for _ in range(num_tensors):
                 length = take("Q")
                 fits(length, 1, "a tensor name")
@@ -517,9 +528,40 @@ def _precheck_gguf(path: Path) -> list[tuple[str, tuple[int, ...], int]]:
                 fits(num_dims, 8, "tensor dimensions")
                 dims = tuple(take("Q") for _ in range(num_dims))
                 kind = take("I")
-                skip(1, 8, "a tensor offset")
+                offsets.append(take("Q"))
                 tensors.append((name, dims[::-1], kind))  # ggml lists the columns first
+            data_start = -(-pos // alignment) * alignment
+            _check_tensor_data(tensors, offsets, size - data_start)
             return tensors
+
+
+def _check_tensor_data(tensors: list[tuple[str, tuple[int, ...], int]], offsets: list[int],
+                       room: int) -> None:
+    """ValueError naming the first tensor whose rows are not whole blocks of its type, or
+    whose bytes (fixed by its shape and type: an MXFP4 block of 32 values is 17 bytes) run
+    into the next tensor's data or past the end of the file (`room` bytes of data).  gguf-py
+    would read such a tensor from its neighbour's bytes, or fail naming no tensor."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    known = {t.value: t for t in GGMLQuantizationType}
+    order = sorted(range(len(tensors)), key=lambda i: offsets[i])
+    for rank, i in enumerate(order):
+        name, shape, kind = tensors[i]
+        qtype = known.get(kind)
+        if qtype is None:
+            continue  # check_gguf_tensor_types names the type
+        block, block_bytes = GGML_QUANT_SIZES[qtype]
+        what = f"tensor {name!r} ({qtype.name}, {' x '.join(map(str, shape))})"
+        if shape[-1] % block:
+            raise ValueError(f"{what}: rows of {shape[-1]} values are not whole blocks of "
+                             f"{block}")
+        nbytes = math.prod(shape) // block * block_bytes
+        last = rank + 1 == len(order)
+        end = room if last else offsets[order[rank + 1]]
+        if offsets[i] + nbytes > end:
+            into = "past the end of the file" if last else "into the next tensor"
+            raise ValueError(f"{what}: its {nbytes} bytes at data offset {offsets[i]} run "
+                             f"{into} ({max(end - offsets[i], 0)} bytes there)")
 
 
 def open_gguf(path: str | Path) -> GGUFReader:

@@ -1,22 +1,26 @@
 """GGUF tensor types: which ones infbench loads, which run natively, what each stores (no torch).
 
 `model.quant.weights: native` keeps a GGUF file's quantized projections quantized: the
-file's blocks are reinterpreted as infbench's own stored formats (`kernels/quant_format.py`)
-without a float copy.  The formats are named `int4/32` (4-bit codes, fp16 scale + fp16 min
-per group of 32: Q4_1's layout) and `int8/G` (int8 codes, one fp16 scale per group of G):
+file's blocks are reinterpreted as infbench's own stored formats (`kernels/quant_format.py`,
+`kernels/fp_format.py`) without a float copy.  The formats are named `int4/32` (4-bit codes,
+fp16 scale + fp16 min per group of 32: Q4_1's layout), `int8/G` (int8 codes, one fp16 scale
+per group of G) and `mxfp4` (E2M1 codes, one E8M0 scale per 32 values: OCP MX):
 
     Q4_0 -> int4/32  min = -8 * scale (exact; stores 5.0 bits where the file has 4.5)
     Q4_1 -> int4/32  byte for byte
     Q8_0 -> int8/32  byte for byte
     Q4_K -> int4/32  each 32-column sub-block: scale = d * sc, min = -dmin * m (to fp16)
     Q6_K -> int8/16  each 16-column sub-block: q - 32, scale = d * sc (to fp16)
+    MXFP4 -> mxfp4   bit for bit (the nibbles re-paired; 4.25 bits, as in the file)
 
 Every other loadable type (F32, F16, BF16, Q5_0, Q5_1, Q5_K, Q2_K, Q3_K) is dequantized to
 the model dtype by the `gguf` library: there is no 5-, 3- or 2-bit kernel.  The token
 embedding (`token_embd`) and an untied LM head (`output`) follow the same table: in a
 native format they stay quantized (the embedding gathers and dequantizes only its rows;
-a tied head multiplies the embedding's own bytes), otherwise they are dequantized.  The
-norms always run in the model dtype.
+a tied head multiplies the embedding's own bytes), otherwise they are dequantized.  An
+MXFP4 `token_embd` is the exception: the gather reads int4 / int8 tables only, so it (and
+a tied head, which reads the same table) is dequantized; an untied MXFP4 `output` runs as
+stored.  The norms always run in the model dtype.
 
 A fused projection (q/k/v -> qkv_proj, gate/up -> gate_up_proj) is one matrix, so it runs
 natively only when all its parts map to the same format; otherwise it is dequantized.
@@ -34,14 +38,17 @@ from dataclasses import dataclass
 FLOAT = "float"  # stored in the model dtype
 NATIVE_FORMATS: dict[str, str] = {
     "Q4_0": "int4/32", "Q4_1": "int4/32", "Q4_K": "int4/32", "Q8_0": "int8/32", "Q6_K": "int8/16",
+    "MXFP4": "mxfp4",
 }
+# Stored formats a token embedding's gather reads (`model/quant.QuantEmbedding`)
+EMBEDDING_FORMATS = ("int4/32", "int8/32", "int8/16")
 DEQUANTIZED_TYPES = ("F32", "F16", "BF16", "Q5_0", "Q5_1", "Q5_K", "Q2_K", "Q3_K")
 LOADABLE_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
-                  "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+                  "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "MXFP4")
 # Bits per weight in the file (block bytes * 8 / block values), for the docs and the notes.
 FILE_BITS = {"F32": 32.0, "F16": 16.0, "BF16": 16.0, "Q4_0": 4.5, "Q4_1": 5.0, "Q5_0": 5.5,
              "Q5_1": 6.0, "Q8_0": 8.5, "Q2_K": 2.625, "Q3_K": 3.4375, "Q4_K": 4.5,
-             "Q5_K": 5.5, "Q6_K": 6.5625}
+             "Q5_K": 5.5, "Q6_K": 6.5625, "MXFP4": 4.25}
 
 _PROJECTION = re.compile(r"blk\.(\d+)\.(attn_q|attn_k|attn_v|attn_output|ffn_gate|ffn_up|"
                          r"ffn_down)\.weight")
@@ -72,6 +79,16 @@ class TensorInfo:
         return n
 
 
+def top_level_format(name: str, type_name: str) -> str:
+    """The stored format of `token_embd` / `output` under `weights: native`: the type's
+    native format, FLOAT for a float type, and FLOAT for an embedding whose format the
+    gather cannot read (EMBEDDING_FORMATS)."""
+    fmt = NATIVE_FORMATS.get(type_name, FLOAT)
+    if name == "token_embd.weight" and fmt not in EMBEDDING_FORMATS:
+        return FLOAT
+    return fmt
+
+
 def format_bits(fmt: str, dtype_bytes: int) -> float:
     """Stored bits per weight of a format: int4/G 4 + 32/G, int8/G 8 + 16/G, float the dtype."""
     if fmt == FLOAT:
@@ -100,7 +117,7 @@ def stored_formats(tensors: Iterable[TensorInfo]) -> dict[str, str]:
         if where is not None:
             groups[(where[0], where[1])].append(t)
         elif t.name in TOP_LEVEL:
-            formats[t.name] = NATIVE_FORMATS.get(t.type_name, FLOAT)
+            formats[t.name] = top_level_format(t.name, t.type_name)
     for parts in groups.values():
         kinds = {NATIVE_FORMATS.get(t.type_name, FLOAT) for t in parts}
         fmt = kinds.pop() if len(kinds) == 1 else FLOAT  # mixed parts: one float matrix
@@ -125,7 +142,7 @@ def native_mix(tensors: Iterable[TensorInfo]) -> tuple[tuple[str, str, int], ...
     if "output.weight" not in top and "token_embd.weight" in top:  # tied: the head reads it
         top["output.weight"] = top["token_embd.weight"]
     for name, t in top.items():
-        fmt = NATIVE_FORMATS.get(t.type_name, FLOAT)
+        fmt = top_level_format(t.name, t.type_name)
         if fmt != FLOAT:
             sums[(TOP_LEVEL[name], fmt)] += t.numel
     return tuple(sorted((op, fmt, n) for (op, fmt), n in sums.items()))
@@ -142,9 +159,11 @@ def describe_top_level(tensors: Iterable[TensorInfo], dtype: str) -> str:
             continue
         if name == "token_embd.weight" and "output.weight" not in top:
             what = "embedding + tied LM head"
-        fmt = NATIVE_FORMATS.get(t.type_name)
-        parts.append(f"{what} {t.type_name} -> {fmt}" if fmt is not None else
-                     f"{what} {t.type_name} dequantized to {dtype} (no kernel for this type)")
+        fmt = top_level_format(name, t.type_name)
+        why = ("the gather reads int4 / int8 tables only" if t.type_name in NATIVE_FORMATS
+               else "no kernel for this type")
+        parts.append(f"{what} {t.type_name} -> {fmt}" if fmt != FLOAT else
+                     f"{what} {t.type_name} dequantized to {dtype} ({why})")
     return ", ".join(parts)
 
 

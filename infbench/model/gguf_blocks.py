@@ -2,8 +2,9 @@
 
 `native_weight(data, type_name)` takes a tensor's raw bytes as the GGUF reader maps them,
 (rows, bytes per row) uint8 with the blocks of each row in column order, and returns the
-`Int4Weight` / `Int8Weight` of `kernels/quant_format.py` holding the same values (block
-layouts: ggml's `ggml-common.h`, gguf-py's `quants.py`):
+`Int4Weight` / `Int8Weight` of `kernels/quant_format.py`, or the `Mxfp4Weight` of
+`kernels/fp_format.py`, holding the same values (block layouts: ggml's `ggml-common.h`,
+gguf-py's `quants.py`):
 
     Q4_0  (18 B / 32)  fp16 d, 16 B nibbles           -> int4/32, min = -8 d
     Q4_1  (20 B / 32)  fp16 d, fp16 m, 16 B nibbles   -> int4/32, byte for byte
@@ -12,10 +13,19 @@ layouts: ggml's `ggml-common.h`, gguf-py's `quants.py`):
                        -> int4/32: scale = d sc, min = -dmin m, rounded to fp16
     Q6_K (210 B / 256) 128 B low nibbles, 64 B high 2 bits, 16 int8 sc, fp16 d
                        -> int8/16: q - 32 in -32..31, scale = d sc, rounded to fp16
+    MXFP4 (17 B / 32)  E8M0 e, 16 B of E2M1 nibbles   -> mxfp4, byte e as the scale
 
-Q4_0/Q4_1/Q8_0 keep every bit.  The K-quants' two-level scales become one fp16 scale per
-sub-block: d * sc is exact in float32 (11 + 8 bits) and rounds once to fp16, a relative
-error of at most 2^-11 of that scale (`tests/model/test_gguf_kquants.py` measures it).
+Q4_0/Q4_1/Q8_0 and MXFP4 keep every bit.  ggml's MXFP4 block stores value j in the low
+nibble and value j + 16 in the high nibble of byte j; infbench's mxfp4 (gpt-oss's
+`_blocks` order) packs columns 2j, 2j + 1 into byte j, so the nibbles are re-paired
+(each byte of the result is built from two bytes of the block, no code array is made).
+Its codes are the OCP E2M1 codes and e the OCP E8M0 exponent: value = e2m1(code) *
+2^(e - 127), as gguf-py's doubled table times 2^(e - 128) gives it.  e = 255 (NaN in
+OCP MX) never comes out of a float quantizer and is refused.
+
+The K-quants' two-level scales become one fp16 scale per sub-block: d * sc is exact in
+float32 (11 + 8 bits) and rounds once to fp16, a relative error of at most 2^-11 of that
+scale (`tests/model/test_gguf_kquants.py` measures it).
 Only uint8 codes are unpacked along the way (Q4_K's nibbles are reordered; Q6_K's bits are
 joined): the largest temporary is one byte per weight of one tensor.
 """
@@ -27,12 +37,15 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from kernels.fp_format import MX_BLOCK, Mxfp4Weight
 from kernels.quant_format import Int4Weight, Int8Weight, pack_int4
 
-QK = 32  # values per Q4_0 / Q4_1 / Q8_0 block
+QK = 32  # values per Q4_0 / Q4_1 / Q8_0 / MXFP4 block
 QK_K = 256  # values per K-quant super-block
-BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34, "Q4_K": 144, "Q6_K": 210}
-BLOCK_VALUES = {"Q4_0": QK, "Q4_1": QK, "Q8_0": QK, "Q4_K": QK_K, "Q6_K": QK_K}
+BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34, "Q4_K": 144, "Q6_K": 210, "MXFP4": 17}
+BLOCK_VALUES = {"Q4_0": QK, "Q4_1": QK, "Q8_0": QK, "Q4_K": QK_K, "Q6_K": QK_K, "MXFP4": QK}
+E8M0_NAN = 255  # the one E8M0 byte that is no power of two
+NativeWeight = Int4Weight | Int8Weight | Mxfp4Weight  # what a native GGUF tensor becomes
 
 
 def _blocks(data: np.ndarray, type_name: str) -> tuple[np.ndarray, int, int]:
@@ -55,8 +68,8 @@ def _tensor(array: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(array))
 
 
-def native_weight(data: np.ndarray, type_name: str) -> Int4Weight | Int8Weight:
-    """The stored format of a Q4_0 / Q4_1 / Q8_0 / Q4_K / Q6_K tensor's raw bytes."""
+def native_weight(data: np.ndarray, type_name: str) -> NativeWeight:
+    """The stored format of a Q4_0 / Q4_1 / Q8_0 / Q4_K / Q6_K / MXFP4 tensor's raw bytes."""
     blocks, n, k = _blocks(data, type_name)
     if type_name == "Q4_0":
         d = _f16(blocks, 0)
@@ -75,6 +88,8 @@ def native_weight(data: np.ndarray, type_name: str) -> Int4Weight | Int8Weight:
         return _q4_k(blocks, n, k)
     if type_name == "Q6_K":
         return _q6_k(blocks, n, k)
+    if type_name == "MXFP4":
+        return _mxfp4(blocks, n, k)
     raise ValueError(f"{type_name} has no native format")
 
 
@@ -119,26 +134,60 @@ def _q6_k(blocks: np.ndarray, n: int, k: int) -> Int8Weight:
     return Int8Weight(_tensor(q), _tensor(scales), 16)
 
 
+def check_mxfp4_scales(data: np.ndarray) -> None:
+    """ValueError when an MXFP4 tensor's raw bytes hold an E8M0 scale of 255 (NaN)."""
+    blocks, _, _ = _blocks(data, "MXFP4")
+    bad = int(np.count_nonzero(blocks[..., 0] == E8M0_NAN))
+    if bad:
+        raise ValueError(f"{bad} MXFP4 block(s) with E8M0 scale byte {E8M0_NAN} (NaN); "
+                         "allowed: 0..254")
+
+
+def _mxfp4(blocks: np.ndarray, n: int, k: int) -> Mxfp4Weight:
+    check_mxfp4_scales(blocks.reshape(n, -1))
+    qs = blocks[..., 1:]  # (N, B, 16): byte j = value j (low nibble) | value j + 16 (high)
+    even, odd = qs[..., 0::2], qs[..., 1::2]  # the bytes holding values (2i, 2i+1), (2i+16, ..)
+    low = (even & 0x0F) | ((odd & 0x0F) << 4)  # bytes 0..7: columns 2i, 2i + 1
+    high = (even >> 4) | (odd & 0xF0)  # bytes 8..15: columns 16 + 2i, 16 + 2i + 1
+    packed = np.concatenate([low, high], axis=-1).reshape(n, k // 2)
+    return Mxfp4Weight(_tensor(packed), _tensor(blocks[..., 0].reshape(n, k // MX_BLOCK)))
+
+
 # ---------------------------------------------------------------- formats as row tensors
-def format_parts(weight: Int4Weight | Int8Weight) -> list[torch.Tensor]:
+def format_parts(weight: NativeWeight) -> list[torch.Tensor]:
     """The tensors of a stored format, each with one row per output feature."""
     if isinstance(weight, Int8Weight):
         return [weight.q, weight.scales]
+    if isinstance(weight, Mxfp4Weight):
+        return [weight.packed, weight.scales]
     return [weight.packed, weight.scales, weight.mins]
 
 
-def map_rows(weight: Int4Weight | Int8Weight,
-             fn: Callable[[torch.Tensor], torch.Tensor]) -> Int4Weight | Int8Weight:
+def format_name(weight: NativeWeight) -> str:
+    """`int4/32`, `int8/16`, `mxfp4`: the `core/gguf_types.py` name of a stored format."""
+    if isinstance(weight, Mxfp4Weight):
+        return "mxfp4"
+    kind = "int8" if isinstance(weight, Int8Weight) else "int4"
+    return f"{kind}/{weight.group_size}"
+
+
+def map_rows(weight: NativeWeight, fn: Callable[[torch.Tensor], torch.Tensor]) -> NativeWeight:
     """`fn` (a row reordering) applied to every part of a stored format alike."""
     parts = [fn(t) for t in format_parts(weight)]
     if isinstance(weight, Int8Weight):
         return Int8Weight(parts[0], parts[1], weight.group_size)
+    if isinstance(weight, Mxfp4Weight):
+        return Mxfp4Weight(parts[0], parts[1])
     return Int4Weight(parts[0], parts[1], parts[2], weight.group_size)
 
 
 def empty_format(fmt: str, out_features: int, in_features: int,
-                 device: str | torch.device) -> Int4Weight | Int8Weight:
-    """An uninitialized `int4/G` or `int8/G` weight (`core/gguf_types.py` names)."""
+                 device: str | torch.device) -> NativeWeight:
+    """An uninitialized `int4/G`, `int8/G` or `mxfp4` weight (`core/gguf_types.py` names)."""
+    if fmt == "mxfp4":
+        return Mxfp4Weight(
+            torch.empty(out_features, in_features // 2, dtype=torch.uint8, device=device),
+            torch.empty(out_features, in_features // MX_BLOCK, dtype=torch.uint8, device=device))
     kind, group = fmt.split("/")
     g = int(group)
     scales = torch.empty(out_features, in_features // g, dtype=torch.float16, device=device)

@@ -8,10 +8,12 @@ parameter row must be written exactly as the checkpoint shapes say, or loading
 stops with a `UserError`.
 
 With `quant.weights: native` the projections a GGUF file stores in one of the types of
-`core/gguf_types.NATIVE_FORMATS` are swapped for `QuantLinear`s while still on the meta
-device and filled from the file's blocks (`model/gguf_blocks.py`): no float copy of them
-ever exists.  The same holds for `token_embd` (a `QuantEmbedding`, whose table is also the
-tied LM head) and `output` (a `QuantLinear` LM head) stored in one of those types.
+`core/gguf_types.NATIVE_FORMATS` are swapped for `QuantLinear`s (MXFP4: `FloatCodeLinear`s
+of E2M1 codes and E8M0 scales) while still on the meta device and filled from the file's
+blocks (`model/gguf_blocks.py`): no float copy of them ever exists.  The same holds for
+`token_embd` (a `QuantEmbedding`, whose table is also the tied LM head; int4 / int8 formats
+only) and `output` (a `QuantLinear` or `FloatCodeLinear` LM head) stored in one of those
+types.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import json
 import re
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,9 +60,17 @@ from infbench.core.gguf_types import (
 )
 from infbench.model import dtypes, fp_checkpoint
 from infbench.model.calibrated_quant import quantize_with_calibration
-from infbench.model.float_quant import use_float_activations
+from infbench.model.float_quant import FloatCodeLinear, use_float_activations
 from infbench.model.gemma import GeGLUMLP
-from infbench.model.gguf_blocks import empty_format, format_parts, map_rows, native_weight
+from infbench.model.gguf_blocks import (
+    NativeWeight,
+    check_mxfp4_scales,
+    empty_format,
+    format_name,
+    format_parts,
+    map_rows,
+    native_weight,
+)
 from infbench.model.layers import SwiGLUMLP
 from infbench.model.moe import expert_views, gpt_oss_expert_layout, moe_layers, moe_target
 from infbench.model.prune import apply_prune
@@ -75,7 +86,7 @@ from infbench.model.quant import (
 from infbench.model.tokenizer import Tokenizer
 from infbench.model.transformer import Attention, Transformer
 from infbench.roofline.shapes import weight_bytes
-from kernels.quant_format import Int4Weight, Int8Weight
+from kernels.fp_format import Fp8Weight, Mxfp4Weight, Nvfp4Weight
 
 SOURCE_KINDS = ("preset", "path", "gguf")
 INIT_STD = 0.02
@@ -419,20 +430,25 @@ _MAMBA_LAYER = re.compile(r"backbone\.layers\.(\d+)\.(norm\.weight|mixer\.(.+))"
 
 
 class _WeightSink:
-    """Copies checkpoint tensors (HF names) into the model's (fused) parameters."""
+    """Copies checkpoint tensors (HF names) into the model's (fused) parameters.
 
-    def __init__(self, model: torch.nn.Module, origin: str) -> None:
+    float_codes: the model's FloatCodeLinears are this sink's to fill through `put_native`
+    (a GGUF file's MXFP4 projections); a safetensors checkpoint's are filled by
+    `fp_checkpoint`'s own loader instead."""
+
+    def __init__(self, model: torch.nn.Module, origin: str, float_codes: bool = False) -> None:
         self.origin = origin
         self.params = dict(model.named_parameters())
         # Native projections, under the name their float weight would have; a quantized
         # embedding's table under the embedding's name.
         modules = dict(model.named_modules())
         tables = {id(m.table) for m in modules.values() if isinstance(m, QuantEmbedding)}
-        self.native: dict[str, QuantLinear] = {}
+        self.native: dict[str, QuantLinear | FloatCodeLinear] = {}
         for prefix, module in modules.items():
             if isinstance(module, QuantEmbedding):
                 self.native[f"{prefix}.weight"] = module.table
-            elif isinstance(module, QuantLinear) and id(module) not in tables:
+            elif (isinstance(module, QuantLinear) and id(module) not in tables) or (
+                    float_codes and isinstance(module, FloatCodeLinear)):
                 self.native[f"{prefix}.weight"] = module
         self.shards: dict[str, list[int]] = {}  # fused parameter -> row counts per shard
         for prefix, module in model.named_modules():
@@ -529,8 +545,9 @@ class _WeightSink:
             self.pending -= {(name, s) for s in range(len(sizes))}
         self.pending.discard((name, shard))
 
-    def put_native(self, hf_name: str, weight: Int4Weight | Int8Weight) -> None:
-        """Copy a quantized tensor's codes and scales into its rows of a QuantLinear."""
+    def put_native(self, hf_name: str, weight: NativeWeight) -> None:
+        """Copy a quantized tensor's codes and scales into its rows of a QuantLinear (or a
+        FloatCodeLinear: MXFP4)."""
         dest = self.target(hf_name)
         if dest is None or dest[0] not in self.native:
             raise UserError(f"{self.origin}: tensor {hf_name!r} has no quantized place in "
@@ -543,9 +560,9 @@ class _WeightSink:
         sizes = self.shards.get(name, [module.out_features])
         start = sum(sizes[:shard])
         into = module.weight_format()
+        assert not isinstance(into, Fp8Weight | Nvfp4Weight)  # no GGUF type stores these
         expect = (sizes[shard], module.in_features)
-        if tuple(weight.shape) != expect or type(weight) is not type(into) or \
-                weight.group_size != into.group_size:
+        if tuple(weight.shape) != expect or format_name(weight) != format_name(into):
             raise UserError(f"{self.origin}: tensor {hf_name!r} has shape "
                             f"{tuple(weight.shape)}, the config expects {expect}")
         with torch.no_grad():
@@ -756,12 +773,13 @@ def _swap_native_linears(model: Transformer, formats: dict[str, str], dtype: tor
     embed_fmt = formats.get("token_embd.weight", FLOAT)
     if embed_fmt != FLOAT:  # the gather (and a tied head) read the file's rows
         table = empty_format(embed_fmt, cfg.vocab_size, cfg.hidden_size, "meta")
+        assert not isinstance(table, Mxfp4Weight)  # gguf_types.EMBEDDING_FORMATS
         model.embed_tokens = QuantEmbedding(table, dtype)
     head_fmt = formats.get("output.weight", FLOAT)
     if head_fmt != FLOAT and isinstance(model.lm_head, torch.nn.Linear) \
             and model.lm_head.bias is None:
         head = empty_format(head_fmt, cfg.vocab_size, cfg.hidden_size, "meta")
-        model.lm_head = QuantLinear(head, None, dtype)
+        model.lm_head = _native_linear(head, dtype)
     modules: dict[str, str] = {}
     for gguf_name, fmt in formats.items():
         if fmt == FLOAT or gguf_name in TOP_LEVEL:
@@ -781,7 +799,14 @@ def _swap_native_linears(model: Transformer, formats: dict[str, str], dtype: tor
         if not isinstance(linear, torch.nn.Linear) or linear.bias is not None:
             continue
         weight = empty_format(fmt, linear.out_features, linear.in_features, "meta")
-        setattr(parent, attr, QuantLinear(weight, None, dtype))
+        setattr(parent, attr, _native_linear(weight, dtype))
+
+
+def _native_linear(weight: NativeWeight, dtype: torch.dtype) -> QuantLinear | FloatCodeLinear:
+    """The projection that multiplies a stored format as it is (no bias: GGUF has none)."""
+    if isinstance(weight, Mxfp4Weight):
+        return FloatCodeLinear(weight, None, dtype)
+    return QuantLinear(weight, None, dtype)
 
 
 def _load_gguf(model: Transformer, reader: Any, file: Path,
@@ -789,14 +814,16 @@ def _load_gguf(model: Transformer, reader: Any, file: Path,
     from gguf.quants import dequantize
 
     cfg = model.config
-    sink = _WeightSink(model, str(file))
+    sink = _WeightSink(model, str(file), float_codes=True)
     formats = formats or {}
     for tensor in reader.tensors:
         if tensor.name == "rope_freqs.weight":
             continue  # read into the config's rope scaling (checkpoint/gguf_rope.py)
         hf_name = _gguf_to_hf(tensor.name, str(file))
+        type_name = tensor.tensor_type.name
         if formats.get(tensor.name, FLOAT) != FLOAT:  # stored as it is: no float copy
-            native = native_weight(tensor.data, tensor.tensor_type.name)
+            with _tensor_blocks(file, tensor.name, type_name):
+                native = native_weight(tensor.data, type_name)
             # RoPE's row order, as for float q/k below: whole rows (codes and scales) move.
             if hf_name.endswith("q_proj.weight"):
                 native = map_rows(native, lambda t: unpermute_rope_rows(t, cfg.num_heads))
@@ -804,6 +831,9 @@ def _load_gguf(model: Transformer, reader: Any, file: Path,
                 native = map_rows(native, lambda t: unpermute_rope_rows(t, cfg.kv_heads))
             sink.put_native(hf_name, native)
             continue
+        if type_name == "MXFP4":  # gguf-py would turn a NaN scale into inf / huge values
+            with _tensor_blocks(file, tensor.name, type_name):
+                check_mxfp4_scales(tensor.data)
         # Data is (out, packed in) in the file; dequantize gives float32 (out, in).
         array = dequantize(tensor.data, tensor.tensor_type)
         # F32 tensors come back as read-only views of the memory map; torch wants writable.
@@ -814,3 +844,13 @@ def _load_gguf(model: Transformer, reader: Any, file: Path,
             weight = unpermute_rope_rows(weight, cfg.kv_heads)
         sink.put(hf_name, weight)
     sink.finish()
+
+
+@contextmanager
+def _tensor_blocks(file: Path, name: str, type_name: str) -> Iterator[None]:
+    """A tensor's blocks that do not decode (`gguf_blocks` ValueError): one
+    DamagedFileError naming the file and the tensor."""
+    try:
+        yield
+    except ValueError as exc:
+        raise DamagedFileError(f"{file}: tensor {name!r} ({type_name}): {exc}") from None
