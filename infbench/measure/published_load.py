@@ -5,10 +5,13 @@ Each row is what a serving engine's authors measured at a stated request rate or
 concurrency: the model, GPU, layout, precision, lengths, load, and the latencies (TTFT,
 TPOT, ITL, E2E; medians or means) and throughput.  `price_under_load` builds the scenario
 point of that run (the preset, the hardware entry, `parallel.tp`, the precision, the
-lengths; `workload.kind: poisson` at the rate, or `offline` with `max_concurrency` for a
-concurrency-capped client) and prices it with `measure.simulation.simulate_point`: the
-engine's own scheduler, each step priced by the cost model at the datasheet peaks, the
-metrics from the code that summarizes a measured run.
+lengths; `workload.kind: poisson` at the rate, `offline` with `max_concurrency` for a
+concurrency-capped client, or `offline` alone for MLPerf's Offline scenario: every request
+at t=0, the engine's batch limit the only cap; `max_batch` as the engine's max_num_seqs;
+`priced_replicas` of the run's identical replicas, each at its share of a rate) and prices
+it with `measure.simulation.simulate_point`: the engine's own scheduler, each step priced by
+the cost model at the datasheet peaks, the metrics from the code that summarizes a
+measured run (a throughput scaled from the priced replicas to the run's).
 
 The comparison is in the direction of time, as in `measure.published`: `ratio` is how many
 times faster than measured the prediction is (measured / predicted for a latency,
@@ -37,11 +40,13 @@ from infbench.scenario.schema import scenario_from_document
 LOAD_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "output_tokens_per_s")
 TIME_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
 STATISTICS = ("median", "mean")
-LOAD_KEYS = ("rate", "concurrency")
+LOAD_KEYS = ("rate", "concurrency", "offline")
+LENGTH_DISTS = ("uniform", "lognormal")
 _REQUIRED = ("id", "engine", "model", "gpu", "gpus", "prompt_len", "gen_len", "load",
              "statistic", "measured", "source")
 _OPTIONAL = ("published_model", "parallel", "dtype", "weights", "activations", "kv",
-             "len_spread", "num_requests", "priced_requests", "gap", "notes")
+             "len_spread", "len_dist", "max_batch", "num_requests", "priced_requests",
+             "priced_replicas", "gap", "notes")
 _LAYOUT_KEYS = ("tp",)
 # the simulation's metric (seconds, or a rate) behind each published one
 _SIM_KEY = {"ttft_ms": "ttft_s", "tpot_ms": "tpot_s", "itl_ms": "itl_s", "e2e_ms": "e2e_s"}
@@ -76,8 +81,11 @@ class UnderLoadRow:
     activations: str = "float"
     kv: str = "none"
     len_spread: float = 0.0
+    len_dist: str = "uniform"  # how lengths spread around their means (LENGTH_DISTS)
+    max_batch: int | None = None  # the engine's batch limit as published (None: the default)
     num_requests: int | None = None  # None: the source does not say
     priced_requests: int | None = None  # None: num_requests
+    priced_replicas: int | None = None  # None: all gpus // tp
     gap: tuple[tuple[str, str], ...] = ()  # (metric, why the simulation does not bound it)
     notes: str = ""
 
@@ -89,8 +97,26 @@ class UnderLoadRow:
         return count
 
     @property
+    def offline(self) -> bool:
+        """MLPerf's Offline scenario: every request submitted at t=0, no client cap."""
+        return self.rate is None and self.concurrency is None
+
+    @property
+    def replicas(self) -> int:
+        """The engine copies of the run: the GPUs beyond tensor parallelism."""
+        return self.gpus // self.tp
+
+    @property
+    def priced(self) -> int:
+        """How many of the replicas the simulation runs (they are identical and independent:
+        each serves every R-th request, so fewer priced see the same load per replica)."""
+        return self.priced_replicas or self.replicas
+
+    @property
     def load(self) -> str:
-        """'8 in flight' or '4 req/s'."""
+        """'8 in flight', '4 req/s' or 'all at t=0'."""
+        if self.offline:
+            return "all at t=0"
         return f"{self.concurrency} in flight" if self.concurrency else f"{self.rate:g} req/s"
 
     @property
@@ -98,10 +124,14 @@ class UnderLoadRow:
         """'2 x h100-sxm tp2, fp8/fp8/none, 5000/500': the row in one phrase."""
         precision = "/".join((self.weights if self.weights != "none" else self.dtype,
                               self.activations, self.kv))
-        spread = f" +-{self.len_spread:.0%}" if self.len_spread else ""
+        spread = ""
+        if self.len_spread:
+            spread = (f" +-{self.len_spread:.0%}" if self.len_dist == "uniform"
+                      else f" {self.len_dist} sigma {self.len_spread:g}")
         layout = f" tp{self.tp}" if self.tp > 1 else ""
+        batch = f", batch {self.max_batch}" if self.max_batch else ""
         return (f"{self.gpus} x {self.gpu}{layout}, {precision}, "
-                f"{self.prompt_len}/{self.gen_len}{spread}")
+                f"{self.prompt_len}/{self.gen_len}{spread}{batch}")
 
 
 def _number(value: Any, where: str, *, whole: bool = False, positive: bool = True) -> Any:
@@ -134,7 +164,8 @@ def _row(item: Any, where: str) -> UnderLoadRow:
     for key, allowed in (("engine", ENGINES), ("statistic", STATISTICS)):
         if values[key] not in allowed:
             raise ConfigError(f"{where}/{key}: {values[key]!r}; allowed: {', '.join(allowed)}")
-    for key in ("gpus", "prompt_len", "gen_len", "num_requests", "priced_requests"):
+    for key in ("gpus", "prompt_len", "gen_len", "num_requests", "priced_requests",
+                "max_batch", "priced_replicas"):
         if values.get(key) is not None:
             _number(values[key], f"{where}/{key}", whole=True)
     if values.get("num_requests") is None and values.get("priced_requests") is None:
@@ -142,13 +173,19 @@ def _row(item: Any, where: str) -> UnderLoadRow:
                           "requests the simulation prices)")
     load = _mapping(values.pop("load"), f"{where}/load", LOAD_KEYS)
     if len(load) != 1:
-        raise ConfigError(f"{where}/load: one of {', '.join(LOAD_KEYS)}, not both")
+        raise ConfigError(f"{where}/load: one of {', '.join(LOAD_KEYS)}, not two")
     rate = load.get("rate")
     concurrency = load.get("concurrency")
     if rate is not None:
         _number(rate, f"{where}/load/rate")
-    else:
+    elif concurrency is not None:
         _number(concurrency, f"{where}/load/concurrency", whole=True)
+    elif load["offline"] is not True:
+        raise ConfigError(f"{where}/load/offline: {load['offline']!r}; allowed: true (every "
+                          "request at t=0)")
+    if values.get("len_dist", "uniform") not in LENGTH_DISTS:
+        raise ConfigError(f"{where}/len_dist: {values['len_dist']!r}; allowed: "
+                          f"{', '.join(LENGTH_DISTS)}")
     measured = _mapping(values.pop("measured"), f"{where}/measured", LOAD_METRICS)
     for metric, value in measured.items():
         _number(value, f"{where}/measured/{metric}")
@@ -165,6 +202,9 @@ def _row(item: Any, where: str) -> UnderLoadRow:
     if values["gpus"] % tp:
         raise ConfigError(f"{where}/gpus: {values['gpus']} is not a multiple of "
                           f"parallel.tp = {tp}")
+    if values.get("priced_replicas", 1) > values["gpus"] // tp:
+        raise ConfigError(f"{where}/priced_replicas: {values['priced_replicas']}; allowed: "
+                          f"1..{values['gpus'] // tp} (gpus / parallel.tp)")
     return UnderLoadRow(
         **values, tp=tp, rate=None if rate is None else float(rate), concurrency=concurrency,
         measured=tuple((m, float(measured[m])) for m in LOAD_METRICS if m in measured),
@@ -194,21 +234,28 @@ def load_rows(path: Path | None = None) -> list[UnderLoadRow]:
 
 
 def scenario_document(row: UnderLoadRow) -> dict[str, Any]:
-    """The scenario of the row's run, as `infbench predict SCENARIO` would read it."""
+    """The scenario of the row's run, as `infbench predict SCENARIO` would read it: its
+    priced replicas, each at the load one replica of the run saw (a rate split evenly)."""
     workload: dict[str, Any] = {"num_requests": row.requests, "prompt_len": row.prompt_len,
                                 "gen_len": row.gen_len, "seed": 0}
     if row.concurrency is not None:  # all submitted at t=0, the client keeps C in flight
         workload.update(kind="offline", max_concurrency=row.concurrency)
+    elif row.offline:  # all submitted at t=0, the engine's batch the only cap
+        workload.update(kind="offline")
     else:
-        workload.update(kind="poisson", rate=row.rate)
+        assert row.rate is not None
+        workload.update(kind="poisson", rate=row.rate * row.priced / row.replicas)
     if row.len_spread:
-        workload.update(prompt_len_dist="uniform", gen_len_dist="uniform",
+        workload.update(prompt_len_dist=row.len_dist, gen_len_dist=row.len_dist,
                         len_spread=row.len_spread)
     quant = {"weights": row.weights, "activations": row.activations, "kv": row.kv}
-    return {"name": row.id, "device": "cuda", "dtype": row.dtype, "hardware": row.gpu,
-            "model": {"preset": row.model, "quant": quant}, "workload": workload,
-            "parallel": {"tp": row.tp, "replicas": row.gpus // row.tp},
-            "measure": {"percentiles": [50]}}
+    doc = {"name": row.id, "device": "cuda", "dtype": row.dtype, "hardware": row.gpu,
+           "model": {"preset": row.model, "quant": quant}, "workload": workload,
+           "parallel": {"tp": row.tp, "replicas": row.priced},
+           "measure": {"percentiles": [50]}}
+    if row.max_batch is not None:
+        doc["engine"] = {"max_num_seqs": row.max_batch}
+    return doc
 
 
 @dataclass(frozen=True)
@@ -244,8 +291,8 @@ def price_under_load(row: UnderLoadRow, efficiency: Efficiency | None = None) ->
     stat = "p50" if row.statistic == "median" else "mean"
     predicted = []
     for metric, _ in row.measured:
-        if metric == "output_tokens_per_s":
-            value = float(metrics["output_tokens_per_s"])
+        if metric == "output_tokens_per_s":  # the run's replicas: the priced ones' times R/P
+            value = float(metrics["output_tokens_per_s"]) * row.replicas / row.priced
         else:
             seconds = metrics[_SIM_KEY[metric]]
             if seconds is None:  # one output token has no inter-token gap

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ from infbench.core.errors import ConfigError
 from infbench.measure.published_load import (
     TIME_METRICS,
     load_rows,
+    price_under_load,
     scenario_document,
 )
 
@@ -35,6 +37,8 @@ def test_the_file_covers_what_the_issue_asks() -> None:
     assert len(ROWS) >= 6
     assert any(r.rate is not None for r in ROWS), "rows at a stated request rate"
     assert any(r.concurrency is not None for r in ROWS), "rows at a stated concurrency"
+    assert any(r.offline for r in ROWS), "MLPerf Offline rows: every request at t=0"
+    assert any(r.id.startswith("mlperf") and r.rate is not None for r in ROWS), "MLPerf Server"
     fp8 = {r.id for r in ROWS if "fp8" in (r.weights, r.activations, r.kv)}
     assert len(fp8) >= 2, fp8
     assert {r.engine for r in ROWS} >= {"vllm", "sglang", "tensorrt-llm"}
@@ -91,6 +95,18 @@ def test_predict_prices_the_row_as_the_scenario(tmp_path: Path,
         assert metrics["num_requests"] == row.requests
 
 
+def test_fewer_priced_replicas_price_the_same_run() -> None:
+    # an MLPerf Offline row (fixed lengths, so every replica's share is alike) on one of
+    # its identical replicas and on two: the throughput scaled by R / P is the same
+    row = next(r for r in ROWS if r.offline and r.replicas >= 2)
+    small = replace(row, priced_requests=64, priced_replicas=1, max_batch=32, len_spread=0.0)
+    two = replace(small, priced_requests=128, priced_replicas=2)
+    one_price = price_under_load(small).value("output_tokens_per_s")
+    two_price = price_under_load(two).value("output_tokens_per_s")
+    assert scenario_document(two)["parallel"]["replicas"] == 2
+    assert two_price == pytest.approx(one_price, rel=1e-9)
+
+
 GOOD = ("id: x, engine: vllm, model: llama-3.1-8b, gpu: h100-sxm, gpus: 1, prompt_len: 8, "
         "gen_len: 4, statistic: median, source: s, num_requests: 4, ")
 BAD_ROWS = [
@@ -101,8 +117,16 @@ BAD_ROWS = [
     ("- {" + GOOD.replace("vllm", "nope") + "load: {rate: 1}, measured: {ttft_ms: 1}}",
      "engine: 'nope'"),
     ("- {" + GOOD + "load: {rate: 1, concurrency: 2}, measured: {ttft_ms: 1}}",
-     "load: one of rate, concurrency"),
+     "load: one of rate, concurrency, offline, not two"),
     ("- {" + GOOD + "load: {qps: 1}, measured: {ttft_ms: 1}}", "unknown key 'qps'"),
+    ("- {" + GOOD + "load: {offline: false}, measured: {ttft_ms: 1}}",
+     "load/offline: False; allowed: true"),
+    ("- {" + GOOD + "load: {offline: true}, measured: {ttft_ms: 1}, len_dist: zipf}",
+     "len_dist: 'zipf'; allowed: uniform, lognormal"),
+    ("- {" + GOOD + "load: {rate: 1}, measured: {ttft_ms: 1}, priced_replicas: 2}",
+     "priced_replicas: 2; allowed: 1..1"),
+    ("- {" + GOOD + "load: {rate: 1}, measured: {ttft_ms: 1}, max_batch: 0}",
+     "max_batch: 0; allowed: a whole number >= 1"),
     ("- {" + GOOD + "load: {concurrency: 0}, measured: {ttft_ms: 1}}",
      "load/concurrency: 0; allowed: a whole number >= 1"),
     ("- {" + GOOD + "load: {rate: 1}, measured: {ttft: 1}}", "measured: unknown key 'ttft'"),
