@@ -101,8 +101,11 @@ def server_command(kind: str, model_dir: Path, port: int, python: str | None) ->
         from infbench.checkpoint.metadata import resolve_gguf
 
         assert python is not None
+        # interrupt_requests (default on) ends a streaming request with [DONE] and no
+        # finish_reason whenever another arrives; off, requests queue as on any server
         return [python, "-m", "llama_cpp.server", "--model", str(resolve_gguf("smollm2-135m")),
-                "--model_alias", MODEL_NAME, "--n_ctx", "2048", "--n_threads", "2", *host]
+                "--model_alias", MODEL_NAME, "--n_ctx", "2048", "--n_threads", "2",
+                "--interrupt_requests", "False", *host]
     return [sys.executable, "-m", "infbench", "serve", "--model", "smollm2-135m", "--dtype",
             "float32", "--served-model-name", MODEL_NAME, "--max-model-len", "2048", *host]
 

@@ -56,6 +56,7 @@ STEPS = "infbench:engine_steps_total"
 STEP_SECONDS = "infbench:engine_step_seconds_total"
 START_TIMEOUT_S = 600.0  # the first start on a machine may build the C++ kernels
 STOP_TIMEOUT_S = 60.0
+SETTLE_S = 0.05  # settled_counters: the gap between two equal reads
 
 
 def counters(metrics_url: str) -> dict[str, float]:
@@ -72,6 +73,22 @@ def counters(metrics_url: str) -> dict[str, float]:
         raise UserError(f"{metrics_url}: no {STEPS} / {STEP_SECONDS} (not infbench serve, or "
                         "one older than these counters)")
     return out
+
+
+def settled_counters(metrics_url: str, timeout_s: float = 5.0) -> dict[str, float]:
+    """`counters` once two reads SETTLE_S apart agree: a client's stream ends with its last
+    token, and the server counts the step that produced it just after, so a read right
+    after a request returns may still miss that step (it would then land in the next
+    probe's difference)."""
+    last = counters(metrics_url)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        time.sleep(SETTLE_S)
+        now = counters(metrics_url)
+        if now == last:
+            return now
+        last = now
+    return last
 
 
 class ServedPoint:
@@ -183,10 +200,10 @@ def request_overhead(server: ServedPoint, prompt_len: int, vocab_size: int,
     probes = []
     for i in range(PROBES):
         ids = tuple(int(t) for t in rng.integers(10, vocab_size, size=prompt_len))
-        before = counters(server.metrics_url)
+        before = settled_counters(server.metrics_url)
         run = client_pass(server.target(), [Request(
             f"probe{i}", ids, SamplingParams(max_tokens=1, ignore_eos=True))])
-        after = counters(server.metrics_url)
+        after = settled_counters(server.metrics_url)
         rec = run.records[0]
         ttft = rec.token_times_s[0] - rec.arrival_s
         engine_s = after[STEP_SECONDS] - before[STEP_SECONDS]
@@ -226,9 +243,9 @@ def run_served(doc: dict[str, Any], point: Any, model: str, prompt_len: int,
         served_doc = {**doc, "target": server.target(overhead["request_overhead_s"]),
                       "measure": {**doc["measure"], "warmup": 0, "repeats": 1}}
         served = scenario_from_document(served_doc, "sim_fidelity").points()[0]
-        before = counters(server.metrics_url)
+        before = settled_counters(server.metrics_url)
         result = run_target_point(served)
-        after = counters(server.metrics_url)
+        after = settled_counters(server.metrics_url)
     steps = int(after[STEPS] - before[STEPS])
     seconds = after[STEP_SECONDS] - before[STEP_SECONDS]
     predicted = (result.get("prediction") or {}).get("metrics") or {}
