@@ -261,6 +261,7 @@ def run_feature(feature: str, kind: str, base_url: str, tokenizer: str, work: Pa
 def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
     from infbench.benchmarks.cpu_vs_transformers import load_average
 
+    started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     pythons = {"infbench": sys.executable, "vllm": find_vllm_python(),
                "llamacpp": find_llamacpp_python()}
     skipped = {}
@@ -289,7 +290,8 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
         except UserError as exc:  # the server did not start: every feature says so
             rows += [{"server": kind, "feature": f, "ok": False, "error": str(exc)}
                      for f in args.features]
-    return {"kind": KIND, "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+    return {"kind": KIND, "started": started,
+            "finished": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
             "work_dir": str(work), "servers": args.servers, "features": args.features,
             "skipped": skipped, "rows": rows}
 
