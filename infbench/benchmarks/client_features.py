@@ -46,11 +46,11 @@ from infbench.benchmarks.client_peers import (
     MODEL_NAME,
     _free_port,
     _last_line,
-    _wait_ready,
     find_vllm_python,
     not_installed,
     peers_dir,
     prepare_model_dir,
+    serving_process,
 )
 from infbench.core.errors import UserError
 
@@ -118,21 +118,9 @@ def serving(kind: str, model_dir: Path, python: str | None, work: Path,
     log_file = work / f"server_{kind}.log"
     env = dict(os.environ)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-    with log_file.open("wb") as sink:
-        proc = subprocess.Popen(server_command(kind, model_dir, port, python), stdout=sink,
-                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    try:
-        t0 = time.monotonic()
-        _wait_ready(base_url, proc, log_file, f"the {kind} server", START_S)
-        log(f"{kind} server answered after {time.monotonic() - t0:.0f} s")
+    with serving_process(server_command(kind, model_dir, port, python), env, base_url,
+                         log_file, f"the {kind} server", START_S, log):
         yield base_url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=30)
 
 
 def scenario(feature: str, kind: str, base_url: str, tokenizer: str) -> dict[str, Any]:

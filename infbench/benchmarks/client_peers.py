@@ -534,15 +534,24 @@ def server(kind: str, model_dir: Path, port: int, vllm_python: str | None, work:
                "--dtype", "float32", "--served-model-name", MODEL_NAME, "--max-model-len",
                "1024", "--host", "127.0.0.1", "--port", str(port)]
         what = "infbench serve"
+    with serving_process(cmd, env, base_url, log_file, what, SERVER_START_S, log):
+        yield base_url
+
+
+@contextlib.contextmanager
+def serving_process(cmd: list[str], env: Mapping[str, str], base_url: str, log_file: Path,
+                    what: str, start_s: float, log: Callable[[str], None]) -> Iterator[None]:
+    """`cmd` running (its output in log_file) from when `base_url`/models answers until the
+    context ends, then terminated (killed after 30 s); UserError if it never answers."""
     log(f"starting {what}: {shlex.join(cmd)} (log: {log_file})")
     with log_file.open("wb") as sink:
-        proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, env=env,
+        proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, env=dict(env),
                                 start_new_session=True)
     try:
         t0 = time.monotonic()
-        _wait_ready(base_url, proc, log_file, what, SERVER_START_S)
+        _wait_ready(base_url, proc, log_file, what, start_s)
         log(f"{what} answered after {time.monotonic() - t0:.0f} s")
-        yield base_url
+        yield
     finally:
         if proc.poll() is None:
             proc.terminate()

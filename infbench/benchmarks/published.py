@@ -12,6 +12,8 @@ tests/roofline/test_published.py checks that it is what this prints at the commi
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from infbench.measure.efficiency import EngineFit, fit_engine, fittable_engines
 from infbench.measure.published import (
@@ -91,23 +93,34 @@ def render() -> str:
     lines += ["", "Fitted efficiencies (`infbench predict --efficiency ENGINE`):", ""]
     lines += fits_table(fits) if fits else ["No engine has 2 priced rows yet."]
     lines += ["", "Sources:", ""]
-    lines += [f"- `{r.id}`: {r.source}" + (f" ({r.notes})" if r.notes else "") for r in rows]
+    lines += sources_lines(rows)
     lines += ["", END]
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
+def sources_lines(rows: list[Any]) -> list[str]:
+    """The "Sources:" list of a generated table: each row's source and notes."""
+    return [f"- `{r.id}`: {r.source}" + (f" ({r.notes})" if r.notes else "") for r in rows]
+
+
+def print_table(argv: list[str] | None, render_table: Callable[[], str]) -> int:
+    """The shell of a table generator: no arguments, the table on stdout, a UserError one
+    `error:` line and exit 2."""
     from infbench.core.errors import UserError
 
     if argv:
         print(f"error: {sys.argv[0]}: takes no arguments, got {argv[0]!r}", file=sys.stderr)
         return 2
     try:
-        sys.stdout.write(render())
+        sys.stdout.write(render_table())
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return print_table(argv, render)
 
 
 if __name__ == "__main__":

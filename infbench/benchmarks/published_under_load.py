@@ -17,6 +17,7 @@ import statistics
 import sys
 from functools import cache
 
+from infbench.benchmarks.published import print_table, sources_lines
 from infbench.measure.efficiency import engine_efficiency, fittable_engines
 from infbench.measure.prediction import Efficiency
 from infbench.measure.published_load import (
@@ -119,23 +120,13 @@ def render() -> str:
     lines += ["", "Gaps:", ""]
     lines += [f"- `{r.id}` {HEADS[m]}: {why}" for r in rows for m, why in r.gap] or ["- none"]
     lines += ["", "Sources:", ""]
-    lines += [f"- `{r.id}`: {r.source}" + (f" ({r.notes})" if r.notes else "") for r in rows]
+    lines += sources_lines(rows)
     lines += ["", END]
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
-    from infbench.core.errors import UserError
-
-    if argv:
-        print(f"error: {sys.argv[0]}: takes no arguments, got {argv[0]!r}", file=sys.stderr)
-        return 2
-    try:
-        sys.stdout.write(render())
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    return print_table(argv, render)
 
 
 if __name__ == "__main__":

@@ -30,10 +30,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from infbench.checkpoint.metadata import native_quant
 from infbench.core.config import ACTIVATION_QUANT, KV_QUANT, PRESETS, ModelConfig, make_quant
@@ -49,6 +50,14 @@ from infbench.measure.prediction import (
     price,
 )
 from infbench.roofline.analysis import DEFAULT_RESERVE, max_batch
+
+
+class _Identified(Protocol):
+    @property
+    def id(self) -> str: ...
+
+
+RowT = TypeVar("RowT", bound=_Identified)
 
 METRICS = ("output_tokens_per_s", "itl_ms", "decode_tokens_per_s", "prefill_tokens_per_s")
 SCOPES = ("total", "per_gpu", "per_node")
@@ -159,9 +168,15 @@ def _row(item: Any, where: str) -> PublishedRow:
 
 def load_rows(path: Path | None = None) -> list[PublishedRow]:
     """The rows of the measurements file (default: the packaged one), checked."""
+    return read_rows(path or data_path(), _row)
+
+
+def read_rows(path: Path, parse: Callable[[Any, str], RowT]) -> list[RowT]:
+    """A YAML list of rows, each through `parse(item, "FILE[i]")`, ids unique: the reader
+    of both published files (this one and measure/published_load.py's); a malformed file
+    is one ConfigError naming it and the line."""
     import yaml
 
-    path = path or data_path()
     try:
         items = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
@@ -171,7 +186,7 @@ def load_rows(path: Path | None = None) -> list[PublishedRow]:
                           f"({getattr(exc, 'problem', None) or 'unreadable'})") from None
     if not isinstance(items, list):
         raise ConfigError(f"{path}: expected a list of rows")
-    rows = [_row(item, f"{path.name}[{i}]") for i, item in enumerate(items)]
+    rows = [parse(item, f"{path.name}[{i}]") for i, item in enumerate(items)]
     ids = [r.id for r in rows]
     dupes = sorted({i for i in ids if ids.count(i) > 1})
     if dupes:

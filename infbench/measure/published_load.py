@@ -33,7 +33,7 @@ from typing import Any
 from infbench.core.errors import ConfigError
 from infbench.hardware.spec import get_hardware
 from infbench.measure.prediction import Efficiency, derate
-from infbench.measure.published import ENGINES
+from infbench.measure.published import ENGINES, read_rows
 from infbench.measure.simulation import simulate_point
 from infbench.scenario.schema import scenario_from_document
 
@@ -213,24 +213,7 @@ def _row(item: Any, where: str) -> UnderLoadRow:
 
 def load_rows(path: Path | None = None) -> list[UnderLoadRow]:
     """The rows of the under-load file (default: the packaged one), checked."""
-    import yaml
-
-    path = path or data_path()
-    try:
-        items = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"{path}:{where} not valid YAML "
-                          f"({getattr(exc, 'problem', None) or 'unreadable'})") from None
-    if not isinstance(items, list):
-        raise ConfigError(f"{path}: expected a list of rows")
-    rows = [_row(item, f"{path.name}[{i}]") for i, item in enumerate(items)]
-    ids = [r.id for r in rows]
-    dupes = sorted({i for i in ids if ids.count(i) > 1})
-    if dupes:
-        raise ConfigError(f"{path.name}: duplicate id {dupes[0]!r}")
-    return rows
+    return read_rows(path or data_path(), _row)
 
 
 def scenario_document(row: UnderLoadRow) -> dict[str, Any]:
