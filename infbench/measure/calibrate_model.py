@@ -99,8 +99,8 @@ def measure_model_steps(base: dict[str, Any], hardware: str, *, quick: bool = Fa
         doc = _document(base, hardware, workload, max(prompts) + max(batches))
         point = scenario_from_document(doc, "calibrate --model").points()[0]
         cfg = point.model_config()
-        if size + DECODE_PROMPT + gen > cfg.max_seq_len:
-            continue
+        if workload["prompt_len"] + workload["gen_len"] > cfg.max_seq_len:
+            continue  # a probe longer than the model's context
         if pricer is None:
             key = point_step_key(point)
             pricer = make_pricer(cfg, plain, point.dtype, point.quant_config())

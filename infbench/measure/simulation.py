@@ -148,7 +148,7 @@ class _WordIds:
         return [10 + zlib.crc32(word.encode()) % span for word in text.split()]
 
 
-def point_conversations(point: ScenarioPoint, cfg: ModelConfig, tokenizer: Any = None,
+def sim_conversations(point: ScenarioPoint, cfg: ModelConfig, tokenizer: Any = None,
                         eos_token_id: int | None = None) -> tuple[list[Conversation], str]:
     """A sessions point's conversations as `run` plans them, and a note when they are an
     estimate (a conversation file's text without the model's tokenizer)."""
@@ -235,7 +235,7 @@ def simulate_point(point: ScenarioPoint, cfg: ModelConfig, hw: HardwareSpec, *,
     is_sessions = point.workload.kind == "sessions"
     if is_sessions:
         if conversations is None:
-            conversations, note = point_conversations(point, cfg, tokenizer, eos_token_id)
+            conversations, note = sim_conversations(point, cfg, tokenizer, eos_token_id)
         requests = sizing_requests(conversations)  # the KV pool's sizing, as the engine's
     elif requests is None:
         requests, note = point_requests(point, cfg, tokenizer, eos_token_id)

@@ -80,3 +80,12 @@ measure: {warmup: 1, repeats: 1}
     assert m["prefix_cache_hit_rate"] > 0  # turn 1 reuses turn 0's blocks
     assert {r["turn"] for r in result["requests"]} == {0, 1}
     assert result["prediction"]["note"].startswith("roofline not priced: multi-turn sessions")
+    # the simulation's prediction of the same conversations (sim/sessions_sim.py): the same
+    # prompts turn by turn (the tiny model's replies run to max_tokens here)
+    predicted = result["prediction"]["metrics"]
+    assert predicted["num_requests"] == m["num_requests"] == 4
+    assert predicted["ttft_s"]["p50"] > 0 and predicted["e2e_s"]["p50"] > 0
+    assert [t["mean_prompt_tokens"] for t in predicted["by_turn"]] == [
+        t["mean_prompt_tokens"] for t in m["by_turn"]]
+    assert predicted["sessions"]["num_completed"] == 2
+    assert predicted["prefix_cache_hit_rate"] > 0

@@ -170,6 +170,23 @@ class FloatAllocations(TorchDispatchMode):
         return out
 
 
+def spy_dequantize(monkeypatch: Any) -> list[tuple[int, ...]]:
+    """The shapes of every tensor gguf-py dequantizes from now on (gguf.quants.dequantize
+    patched for the test): a native load must not dequantize what it keeps stored."""
+    import gguf.quants
+
+    shapes: list[tuple[int, ...]] = []
+    real = gguf.quants.dequantize
+
+    def spy(data: Any, qtype: Any) -> Any:
+        out = real(data, qtype)
+        shapes.append(tuple(out.shape))
+        return out
+
+    monkeypatch.setattr(gguf.quants, "dequantize", spy)
+    return shapes
+
+
 # ------------------------------------------------------------------------ files
 def write_quantized_gguf(model: Any, path: Path, types: dict[str, str] | str,
                          embedding: str = "F32", head: str = "F32") -> dict[str, np.ndarray]:

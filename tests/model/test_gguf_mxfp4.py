@@ -19,7 +19,7 @@ import pytest
 import torch
 from cli_helpers import run_cli
 from gguf.quants import dequantize
-from gguf_quant import FloatAllocations, write_quantized_gguf
+from gguf_quant import FloatAllocations, spy_dequantize, write_quantized_gguf
 from model_checkpoints import write_hf_llama
 
 from infbench.checkpoint.metadata import native_quant
@@ -126,15 +126,7 @@ def test_the_storage_is_codes_and_scales_and_no_float_copy_is_made(
         tmp_path: Path, hf_model: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     file = tmp_path / "mx.gguf"
     write_quantized_gguf(hf_model, file, "MXFP4", embedding="Q8_0", head="MXFP4")
-    dequantized: list[tuple[int, ...]] = []
-    real = gguf.quants.dequantize
-
-    def spy(data: Any, qtype: Any) -> Any:
-        out = real(data, qtype)
-        dequantized.append(tuple(out.shape))
-        return out
-
-    monkeypatch.setattr(gguf.quants, "dequantize", spy)
+    dequantized = spy_dequantize(monkeypatch)
     with FloatAllocations() as allocations:
         loaded = load_model({"gguf": str(file)}, quant=NATIVE)
     shapes = {shape for shape, _ in allocations.seen}

@@ -143,32 +143,3 @@ def test_predict_prints_sessions_under_load(tmp_path: Any, monkeypatch: Any,
     code, _, err = run_cli(monkeypatch, capsys, "predict", str(short))
     assert code == 2 and err.count("\n") == 1
     assert "workload.sessions: the longest turn's prompt" in err
-
-
-def test_run_records_the_sessions_prediction(tmp_path: Any, monkeypatch: Any,
-                                             capsys: Any) -> None:
-    from infbench.results.store import load_result
-
-    path = tmp_path / "s.yaml"
-    path.write_text("""
-name: sim_sessions
-device: cpu
-dtype: float32
-hardware: cpu
-model: {preset: tiny, overrides: {max_seq_len: 64}}
-workload: {kind: sessions, seed: 0, sessions: {num_sessions: 2, turns: 2, user_len: 4,
-  output_len: 3, system_prompt_len: 4}}
-engine: {block_size: 4, enable_prefix_caching: true}
-measure: {warmup: 0, repeats: 1}
-""")
-    code, _, err = run_cli(monkeypatch, capsys, "run", str(path), "--out", str(tmp_path / "o"))
-    assert code == 0, err
-    result = load_result(tmp_path / "o" / "sim_sessions_000.json")
-    predicted, measured = result["prediction"]["metrics"], result["metrics"]
-    assert predicted["num_requests"] == measured["num_requests"] == 4
-    assert predicted["ttft_s"]["p50"] > 0 and predicted["e2e_s"]["p50"] > 0
-    # the same conversations: the same prompts turn by turn (replies at max_tokens here)
-    assert [t["mean_prompt_tokens"] for t in predicted["by_turn"]] == [
-        t["mean_prompt_tokens"] for t in measured["by_turn"]]
-    assert predicted["sessions"]["num_completed"] == 2
-    assert predicted["prefix_cache_hit_rate"] > 0
