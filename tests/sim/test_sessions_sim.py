@@ -4,7 +4,8 @@ loop on the virtual clock, each turn's prompt the history with the simulated rep
 Checked against what must hold whatever the step prices: the same seed gives the same
 records; a turn is due exactly think time after its session's previous turn finished; the
 prefix cache sees the history (hits with prefix caching, none without); one-turn sessions
-are the same requests as a Poisson workload; `predict` prints them and `run` records them.
+are the same requests as a Poisson workload; `predict` prints them (that `run` records
+them is checked in tests/engine/test_engine_sessions.py, beside the engine's own figures).
 """
 
 from __future__ import annotations
