@@ -58,3 +58,18 @@ def test_bad_options_are_one_error_line(argv: list[str], word: str, tmp_path: Pa
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and word in err
     assert not (tmp_path / "x.json").exists()
+
+
+def test_the_slo_lies_between_the_predicted_p90s_of_the_two_lowest_rates() -> None:
+    args = sim_fidelity.parse_args(["--quick", "--hardware", "cpu", "--requests", "24"])
+    capacity = sim_fidelity._predicted(sim_fidelity._point(sim_fidelity._doc(
+        args, "llama-small", {"kind": "offline"})))["requests_per_s"]
+    slo = sim_fidelity._slo_between(args, "llama-small", capacity)
+    low, high = (sim_fidelity._predicted(sim_fidelity._point(sim_fidelity._doc(
+        args, "llama-small", {"kind": "poisson", "rate": frac * capacity})))
+        for frac in (0.3, 0.7))
+    for name, key in (("ttft_s", "ttft_ms"), ("tpot_s", "tpot_ms")):
+        a, b = 1e3 * low[name]["p90"], 1e3 * high[name]["p90"]  # the geometric mean, rounded
+        assert slo[key] == pytest.approx((a * b) ** 0.5, abs=0.06), (name, slo)
+        assert min(a, b) - 0.06 < slo[key] < max(a, b) + 0.06
+    assert slo["target"] == 0.9
