@@ -27,9 +27,10 @@ are the point's conversations (`measure.sessions.plan_sessions`, or the very one
 played) through `sim.sessions_sim`, the engine's closed loop on the virtual clock, the KV
 pool sized for every session's longest turn as the engine sizes it; their metrics carry
 `by_turn` and `sessions` as a measured sessions run's do, and replicas each serve every
-R-th session (its turns stay on one replica, with its prefix cache).  Not simulated, with
-the reason: pipeline parallelism and disaggregated pools (their steps are not one batch on
-one device).
+R-th session (its turns stay on one replica, with its prefix cache).  Pipeline parallelism
+(`pp > 1`) runs `pp` virtual engines over the stages (`sim.pipeline_sim`, as vLLM does).
+Not simulated, with the reason: disaggregated pools, diffusion decoding, and sessions or
+speculative decoding with pp > 1.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ from infbench.measure.sessions import plan_sessions, sessions_metrics, tag_rows,
 from infbench.measure.workload import client_concurrency, generate_requests, request_lengths
 from infbench.roofline.shapes import kv_bytes_per_token, state_bytes_per_seq, weight_bytes
 from infbench.sim.engine_sim import SimConfig, SimOutput, simulate
+from infbench.sim.pipeline_sim import simulate_pipeline
 from infbench.sim.sessions_sim import simulate_sessions
 from infbench.sim.step_cost import make_pricer
 
@@ -81,8 +83,10 @@ def unsimulated(point: ScenarioPoint) -> str:
         return "not simulated: diffusion decoding (its own loop)"
     if par.disaggregated is not None:
         return "not simulated: disaggregated prefill and decode pools"
-    if par.pp > 1:
-        return "not simulated: pipeline parallelism (pp > 1)"
+    if par.pp > 1 and point.workload.kind == "sessions":
+        return "not simulated: multi-turn sessions with pipeline parallelism (pp > 1)"
+    if par.pp > 1 and point.speculative.enabled:
+        return "not simulated: speculative decoding with pipeline parallelism (pp > 1)"
     return ""
 
 
@@ -186,11 +190,14 @@ def sim_config(point: ScenarioPoint, cfg: ModelConfig, hw: HardwareSpec, quant: 
     if engine.kv_cache_memory > 1:
         budget = int(engine.kv_cache_memory)
     else:
-        free = hw.memory_bytes - weight_bytes(cfg, point.dtype, quant) / point.parallel.tp
-        # each of the tp devices holds its share of every token's KV
-        budget = int(engine.kv_cache_memory * max(free, 0.0)) * point.parallel.tp
+        devices = point.parallel.tp * point.parallel.pp
+        free = hw.memory_bytes - weight_bytes(cfg, point.dtype, quant) / devices
+        # each of the tp x pp devices holds its share of every token's KV (pp: of its layers)
+        budget = int(engine.kv_cache_memory * max(free, 0.0)) * devices
     state = state_bytes_per_seq(cfg, point.dtype)
-    num_blocks = cap if per_token == 0 else min(cap, budget // max(per_token * bs, 1))
+    # pp > 1: each of the pp virtual engines gets 1/pp of the pool (sim/pipeline_sim.py)
+    num_blocks = cap if per_token == 0 else min(
+        cap, budget // max(per_token * bs, 1) // point.parallel.pp)
     # several KV groups: each group's blocks in proportion; a windowed group needs fewer
     blocks = [max(num_blocks, 1)] * len(windows)
     spec = point.speculative if point.speculative.enabled else None
@@ -263,7 +270,8 @@ def simulate_point(point: ScenarioPoint, cfg: ModelConfig, hw: HardwareSpec, *,
                    for k in range(r) if conversations[k::r]]
     else:
         until = getattr(point.measure, "duration_s", None)  # measure.duration_s, where set
-        outputs = [simulate(list(requests[k::r]), pricer, config,
+        run = simulate_pipeline if par.pp > 1 else simulate  # pp: virtual engines
+        outputs = [run(list(requests[k::r]), pricer, config,
                             realtime_arrivals=point.workload.is_realtime, max_concurrency=cap,
                             submit_until_s=until)
                    for k in range(r) if requests[k::r]]

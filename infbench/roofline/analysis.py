@@ -683,6 +683,16 @@ def _pipeline(cfg: ModelConfig, hw: HardwareSpec, dtype: str, quant: QuantConfig
     return times, merged, comm, hop, rates
 
 
+def pipeline_pass(cfg: ModelConfig, hw: HardwareSpec, dtype: str, quant: QuantConfig,
+                  par: ParallelConfig, groups: Groups, stage: str, overlap: str
+                  ) -> tuple[list[float], float]:
+    """One micro-batch of `groups` through the pipeline: each stage's seconds on one of its
+    devices (compute, its collectives and the per-step overhead) and one stage-to-stage hop
+    of its activations (the simulation's pipeline, sim/pipeline_sim.py)."""
+    times, _, _, hop, _ = _pipeline(cfg, hw, dtype, quant, par, groups, stage, overlap)
+    return times, hop
+
+
 def _pipelined_stage(stage: str, times: list[float], merged: list[OpCost], hop: float,
                      microbatches: int, rates: Rates, decode: bool
                      ) -> tuple[StagePrediction, float]:

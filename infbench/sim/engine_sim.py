@@ -26,7 +26,7 @@ metrics, goodput and SLO code that summarizes a measured run summarizes this one
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from infbench.core.config import EngineConfig
@@ -141,7 +141,11 @@ class Sim:
             accepted += 1
         return accepted
 
-    def step(self, now: float) -> tuple[StepRecord, list[Seq]]:
+    def step(self, now: float, end_of: Callable[[StepBatch, float], float] | None = None
+             ) -> tuple[StepRecord, list[Seq]]:
+        """Schedule, price and finish one step started at `now`.  `end_of(batch, now)`:
+        when the step's tokens are out, where that is not `now` + its price (a pipeline's
+        stages, sim/pipeline_sim.py); the record's duration is then that span."""
         sched, token = self.scheduler, self.token
         out = sched.schedule()
         spec = self.config.speculative
@@ -170,7 +174,8 @@ class Sim:
                 contexts.append(context)
             if item.num_samples:
                 sampled[item.seq.seq_id] = [token] * item.num_samples
-        duration = self.pricer.seconds(StepBatch(prefill, contexts, verify))
+        batch = StepBatch(prefill, contexts, verify)
+        duration = self.pricer.seconds(batch) if end_of is None else end_of(batch, now) - now
         draft_s = 0.0
         if drafted and spec is not None and spec.draft_cost_ratio > 0:
             one = self.pricer.seconds(StepBatch((), drafted))
