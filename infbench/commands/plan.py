@@ -107,14 +107,15 @@ def _print(rows: list[Any], best: Any, slo: Any, point: Any) -> None:
     load = f"{w.kind} at {w.rate:g} req/s" if w.kind == "poisson" else w.kind
     table = Table(title=f"plan: {point.name}, {w.num_prompts} requests ({load}); SLO {goals} "
                         f"for >= {slo.target:.0%}")
-    for col in ("hardware", "tp", "replicas", "GPUs", "within SLO %", "TTFT p90 ms",
+    for col in ("hardware", "tp", "pp", "ep", "replicas", "GPUs", "within SLO %", "TTFT p90 ms",
                 "TPOT p90 ms", "out tok/s", "feasible"):
         table.add_column(col, justify="left" if col in ("hardware", "feasible") else "right")
     for r in rows:
         def ms(v: float | None) -> str:
             return "-" if v is None else f"{v * 1e3:.3g}"
 
-        table.add_row(r.hardware, str(r.tp), str(r.replicas or "-"), str(r.gpus or "-"),
+        table.add_row(r.hardware, str(r.tp), str(r.pp), str(r.ep), str(r.replicas or "-"),
+                      str(r.gpus or "-"),
                       "-" if r.attainment is None else f"{r.attainment * 100:.1f}",
                       ms(r.ttft_p90_s), ms(r.tpot_p90_s),
                       "-" if r.output_tokens_per_s is None else f"{r.output_tokens_per_s:,.0f}",
@@ -126,6 +127,8 @@ def _print(rows: list[Any], best: Any, slo: Any, point: Any) -> None:
                       "within the GPUs tried; allowed: more --max-gpus, other --hardware or a "
                       "looser --slo", highlight=False)
     else:
-        console.print(f"plan: {best.replicas} x {best.hardware} tp {best.tp} ({best.gpus} GPUs): "
+        console.print(f"plan: {best.replicas} x {best.hardware} tp {best.tp} pp {best.pp} "
+                      f"ep {best.ep} "
+                      f"({best.gpus} GPUs): "
                       f"{best.attainment * 100:.1f}% within the SLO, TTFT p90 "
                       f"{best.ttft_p90_s * 1e3:.3g} ms", highlight=False)

@@ -1,8 +1,11 @@
 """Capacity planning: which GPUs, in which layout, how many replicas serve a workload under
 an SLO (`infbench plan`).
 
-For every candidate hardware entry and tensor-parallel degree (a power of two that divides
-the heads, whose weights, the activation workspace and one longest request fit the device),
+For every candidate hardware entry and layout: a tensor-parallel degree (a power of two that
+divides the heads) times a pipeline depth of 1, 2 or 4 stages (pp > 1 simulated as pp
+virtual engines over the stages, sim/pipeline_sim.py), and for an MoE model with tp > 1
+also the experts spread over the tp devices (ep = tp) beside them sharded, whose
+weights, the activation workspace and one longest request fit every device,
 the scenario's point is simulated under its load (measure/simulation.py: the engine's
 scheduler with its `engine:` settings, each step priced on that GPU) with 1, 2, 3, ...
 replicas, each serving every R-th request, until the share of requests within every
@@ -29,6 +32,7 @@ if TYPE_CHECKING:
 
 DEFAULT_GPUS = ("h100-sxm", "h200", "b200", "a100-80g", "l40s")
 TP_DEGREES = (1, 2, 4, 8)
+PP_DEGREES = (1, 2, 4)
 
 
 @dataclass(frozen=True)
@@ -44,16 +48,19 @@ class Candidate:
     tpot_p90_s: float | None = None
     output_tokens_per_s: float | None = None
     reason: str = ""  # why it was not simulated (does not fit, tp does not divide)
+    pp: int = 1
+    ep: int = 1
 
     @property
     def gpus(self) -> int:
-        return self.tp * self.replicas
+        return self.tp * self.pp * self.replicas
 
     def feasible(self, target: float) -> bool:
         return self.attainment is not None and self.attainment >= target
 
     def to_dict(self, target: float) -> dict[str, Any]:
-        return {"hardware": self.hardware, "tp": self.tp, "replicas": self.replicas,
+        return {"hardware": self.hardware, "tp": self.tp, "pp": self.pp, "ep": self.ep,
+                "replicas": self.replicas,
                 "gpus": self.gpus, "fits": self.fits, "slo_attainment": self.attainment,
                 "ttft_p90_s": self.ttft_p90_s, "tpot_p90_s": self.tpot_p90_s,
                 "output_tokens_per_s": self.output_tokens_per_s,
@@ -79,30 +86,39 @@ def plan(point: ScenarioPoint, slo: SloSection, hardware: tuple[str, ...] = DEFA
     for name in hardware:
         hw: HardwareSpec = get_hardware(name)
         hw = derate(hw) if derate is not None else hw
-        for tp in (t for t in TP_DEGREES if t <= max_gpus):
-            par = ParallelConfig(tp=tp)
+        layouts = [(tp, pp, ep) for pp in PP_DEGREES for tp in TP_DEGREES
+                   for ep in ((1, tp) if cfg.moe is not None and tp > 1 else (1,))
+                   if tp * pp <= max_gpus and pp <= cfg.num_layers]
+        for tp, pp, ep in layouts:
+            par = ParallelConfig(tp=tp, pp=pp, ep=ep)
             try:
                 par.check_model(cfg)
             except UserError as exc:
-                out.append(Candidate(hw.name, tp, 0, False, reason=str(exc)))
+                out.append(Candidate(hw.name, tp, 0, False, reason=str(exc), pp=pp, ep=ep))
                 continue
-            if tp > 1 and hw.interconnect is None:
-                out.append(Candidate(hw.name, tp, 0, False, reason="no interconnect"))
+            if tp * pp > 1 and hw.interconnect is None:
+                out.append(Candidate(hw.name, tp, 0, False, reason="no interconnect", pp=pp,
+                                     ep=ep))
                 continue
             mem = device_memory(cfg, hw, point.dtype, quant, longest, 1, par, DEFAULT_RESERVE)
             if not mem.fits:
                 out.append(Candidate(hw.name, tp, 0, False,
-                                     reason="weights + one request do not fit"))
+                                     reason="weights + one request do not fit", pp=pp,
+                                     ep=ep))
+                continue
+            if pp > 1 and (point.workload.kind == "sessions" or point.speculative.enabled):
+                out.append(Candidate(hw.name, tp, 0, False, pp=pp, ep=ep, reason=(
+                    "pp > 1 is not simulated with sessions or speculative decoding")))
                 continue
             best: Candidate | None = None
-            for replicas in range(1, max_gpus // tp + 1):
+            for replicas in range(1, max_gpus // (tp * pp) + 1):
                 layout = replace(point, parallel=replace(par, replicas=replicas),
                                  hardware=hw.name)
                 sim = simulate_point(layout, cfg, hw, requests=requests)
                 m = sim.metrics
                 best = Candidate(hw.name, tp, replicas, True, _attainment(sim.rows, slo),
                                  m["ttft_s"].get("p90"), m["tpot_s"].get("p90"),
-                                 m["output_tokens_per_s"])
+                                 m["output_tokens_per_s"], pp=pp, ep=ep)
                 if best.feasible(slo.target):
                     break
             assert best is not None

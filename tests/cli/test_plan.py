@@ -29,8 +29,11 @@ def test_plan_picks_the_fewest_gpus_and_says_when_none_fits(
                              "--json")
     assert code == 0, err
     doc = json.loads(out)
-    assert {(c["hardware"], c["tp"]) for c in doc["candidates"]} == {
-        ("h100-sxm", 1), ("h100-sxm", 2), ("a100-80g", 1), ("a100-80g", 2)}
+    assert {(c["hardware"], c["tp"], c["pp"]) for c in doc["candidates"]} == {
+        (hw, tp, pp) for hw in ("h100-sxm", "a100-80g") for tp, pp in ((1, 1), (2, 1), (1, 2))}
+    # a two-stage pipeline is simulated (virtual engines) and counts both GPUs
+    (piped,) = [c for c in doc["candidates"] if c["hardware"] == "h100-sxm" and c["pp"] == 2]
+    assert piped["fits"] and piped["gpus"] == 2 and piped["slo_attainment"] is not None
     assert doc["plan"]["gpus"] == 1 and doc["plan"]["feasible"]
     code, out, err = run_cli(monkeypatch, capsys, *args, "--slo", "ttft_ms=0.001")
     assert code == 0, err
@@ -61,3 +64,19 @@ def test_efficiency_derates_every_candidate(tmp_path: Path, monkeypatch: pytest.
     assert "vllm" in json.loads(out)["efficiency"]
     code, out, err = run_cli(monkeypatch, capsys, *args, "--efficiency", "2")
     assert code == 2 and err.startswith("error: --efficiency 2: ") and err.count("\n") == 1
+
+
+def test_an_moe_model_is_planned_with_its_experts_sharded_and_spread() -> None:
+    from infbench.measure.plan import plan
+    from infbench.scenario.schema import scenario_from_document
+
+    point = scenario_from_document({
+        "name": "moe", "model": {"preset": "tiny-moe"}, "hardware": "h100-sxm",
+        "dtype": "bfloat16", "measure": {"slo": {"ttft_ms": 500, "tpot_ms": 50}},
+        "workload": {"kind": "poisson", "rate": 50, "num_requests": 8, "prompt_len": 16,
+                     "gen_len": 4}}, "moe.yaml").points()[0]
+    rows = plan(point, point.measure.slo, ("h100-sxm",), max_gpus=2)
+    layouts = {(c.tp, c.pp, c.ep): c for c in rows}
+    assert set(layouts) == {(1, 1, 1), (2, 1, 1), (2, 1, 2), (1, 2, 1)}
+    for c in layouts.values():  # each simulated, every GPU counted
+        assert c.fits and c.attainment is not None and c.gpus == c.tp * c.pp * c.replicas
