@@ -65,14 +65,14 @@ def test_virtual_engines_keep_both_stages_busy() -> None:
 
 def test_a_client_cap_holds_and_a_rate_queues() -> None:
     def at(rate: float, cap: int | None = None) -> dict[str, Any]:
-        w = {"kind": "poisson", "rate": rate, "num_requests": 80, "prompt_len": 512,
-             "gen_len": 32, "seed": 0, **({"max_concurrency": cap} if cap else {})}
+        w = {"kind": "poisson", "rate": rate, "num_requests": 24, "prompt_len": 256,
+             "gen_len": 8, "seed": 0, **({"max_concurrency": cap} if cap else {})}
         point = _point(w, {"tp": 4, "pp": 2})
         return simulate_point(point, point.model_config(), HW).metrics
 
     low, high, capped = at(1.0), at(500.0), at(500.0, cap=4)
     assert high["ttft_s"]["p90"] > 5 * low["ttft_s"]["p90"]
-    assert capped["num_requests"] == 80
+    assert capped["num_requests"] == 24
     assert capped["output_tokens_per_s"] < high["output_tokens_per_s"]
 
 
