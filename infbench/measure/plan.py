@@ -18,12 +18,13 @@ derate them with `--efficiency` for an engine's achievable fraction.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from infbench.core.errors import UserError
 from infbench.hardware.spec import HardwareSpec, get_hardware
 from infbench.measure.goodput import meets_slo
-from infbench.measure.simulation import point_requests, simulate_point
+from infbench.measure.simulation import point_requests, simulate_point, unsimulated
 from infbench.roofline.analysis import DEFAULT_RESERVE, device_memory
 
 if TYPE_CHECKING:
@@ -91,24 +92,22 @@ def plan(point: ScenarioPoint, slo: SloSection, hardware: tuple[str, ...] = DEFA
                    if tp * pp <= max_gpus and pp <= cfg.num_layers]
         for tp, pp, ep in layouts:
             par = ParallelConfig(tp=tp, pp=pp, ep=ep)
+            skipped = partial(Candidate, hw.name, tp, 0, False, pp=pp, ep=ep)
             try:
                 par.check_model(cfg)
             except UserError as exc:
-                out.append(Candidate(hw.name, tp, 0, False, reason=str(exc), pp=pp, ep=ep))
+                out.append(skipped(reason=str(exc)))
                 continue
             if tp * pp > 1 and hw.interconnect is None:
-                out.append(Candidate(hw.name, tp, 0, False, reason="no interconnect", pp=pp,
-                                     ep=ep))
+                out.append(skipped(reason="no interconnect"))
                 continue
             mem = device_memory(cfg, hw, point.dtype, quant, longest, 1, par, DEFAULT_RESERVE)
             if not mem.fits:
-                out.append(Candidate(hw.name, tp, 0, False,
-                                     reason="weights + one request do not fit", pp=pp,
-                                     ep=ep))
+                out.append(skipped(reason="weights + one request do not fit"))
                 continue
-            if pp > 1 and (point.workload.kind == "sessions" or point.speculative.enabled):
-                out.append(Candidate(hw.name, tp, 0, False, pp=pp, ep=ep, reason=(
-                    "pp > 1 is not simulated with sessions or speculative decoding")))
+            why = unsimulated(replace(point, parallel=par))  # e.g. sessions with pp > 1
+            if why:
+                out.append(skipped(reason=why))
                 continue
             best: Candidate | None = None
             for replicas in range(1, max_gpus // (tp * pp) + 1):
